@@ -1,0 +1,15 @@
+"""quanta: a quantization-centric LLM inference engine and model-conversion toolkit."""
+from quanta.quant.errors import QuantaError
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The engine pulls in torch models and transformers; import it only when asked for.
+    if name in ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput"):
+        import quanta.engine as engine
+        return getattr(engine, name)
+    raise AttributeError(name)
+
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError"]

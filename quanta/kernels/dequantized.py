@@ -1,0 +1,30 @@
+"""Any QTensor, dequantized once at load to the compute dtype, then torch's matmul.
+
+The universal fallback and the float oracle of every kernel: exact up to the matmul's own
+rounding, but it gives up the memory saving, so the registry names it as a fallback when it runs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quanta.quant.qtensor import QTensor
+
+NAME = "dequantized"
+
+
+def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ dequantize(W).T + bias, computed in x's dtype."""
+    return F.linear(x, weight.dequantize(x.dtype).to(x.device), bias)
+
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    return None if isinstance(weight, QTensor) else "not a QTensor"
+
+
+def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return weight.to(device).dequantize(dtype)
+
+
+def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, state, bias)

@@ -1,0 +1,74 @@
+"""Which kernel runs a weight: one table from scheme to candidate kernel modules, tried in order.
+
+Every kernel module exposes
+    NAME: str
+    supports(weight, device, dtype) -> str | None   None if it can run this weight, else why not
+    prepare(weight, device, dtype) -> state          repack once at load time (kernel layout)
+    apply(x, state, bias) -> y                       y = x @ W.T + bias, x [..., K] -> [..., N]
+`select()` returns the first module that supports the weight, and a reason naming why earlier
+candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from types import ModuleType
+
+import torch
+
+from quanta.quant.errors import UnsupportedError
+from quanta.quant.qtensor import QTensor
+
+log = logging.getLogger(__name__)
+
+# (weight kind, device type) -> kernel modules, best first. "dense" is a plain torch.Tensor weight.
+CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("dense", "cpu"): ("quanta.kernels.dense",),
+    ("dense", "cuda"): ("quanta.kernels.dense",),
+    ("affine", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
+    ("affine", "cuda"): ("quanta.kernels.dequantized",),
+    ("gguf", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
+    ("gguf", "cuda"): ("quanta.kernels.dequantized",),
+    ("codebook", "cpu"): ("quanta.kernels.dequantized",),
+    ("codebook", "cuda"): ("quanta.kernels.dequantized",),
+    ("fp8", "cpu"): ("quanta.kernels.dequantized",),
+    ("fp8", "cuda"): ("quanta.kernels.dequantized",),
+}
+
+_warned: set[tuple[str, str]] = set()
+
+
+def weight_kind(weight: torch.Tensor | QTensor) -> str:
+    return weight.kind if isinstance(weight, QTensor) else "dense"
+
+
+def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dtype,
+           force: str | None = None) -> tuple[ModuleType, str]:
+    """The kernel module for `weight` on `device` computing in `dtype`, and the reason for the choice.
+
+    `force` names a kernel (its NAME) to use regardless of order; it must still support the weight.
+    """
+    device = torch.device(device)
+    key = (weight_kind(weight), device.type)
+    names = CANDIDATES.get(key)
+    if names is None:
+        raise UnsupportedError(f"no kernel for {key[0]} weights on {key[1]}")
+    passed = []
+    for path in names:
+        module = importlib.import_module(path)
+        if force is not None and module.NAME != force:
+            continue
+        why_not = module.supports(weight, device, dtype)
+        if why_not is None:
+            reason = "first choice" if not passed else "fallback: " + "; ".join(passed)
+            if passed and (module.NAME, reason) not in _warned:
+                _warned.add((module.NAME, reason))
+                log.info("kernel %s for %s on %s (%s)", module.NAME, _describe(weight), device.type, reason)
+            return module, reason
+        passed.append(f"{module.NAME}: {why_not}")
+    raise UnsupportedError(f"no kernel can run {_describe(weight)} on {device.type} in {dtype}: "
+                              + "; ".join(passed))
+
+
+def _describe(weight: torch.Tensor | QTensor) -> str:
+    return weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"

@@ -1,0 +1,87 @@
+"""What every loader returns: a normalized model config, canonical tensors and the tokenizer."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quanta.quant.errors import ConfigError
+from quanta.quant.qtensor import QTensor
+
+# Architectures the llama-family decoder implements (HF `architectures[0]` / GGUF general.architecture).
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The llama-family hyper-parameters, normalized from config.json or GGUF metadata.
+
+    Names follow transformers' LlamaConfig so that `to_hf_dict()` builds a transformers config.
+    """
+
+    model_type: str                     # llama | mistral | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None         # defaults to hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None   # e.g. {"rope_type": "llama3", "factor": 8.0, ...}
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False        # bias on q/k/v (Qwen2)
+    qk_norm: bool = False               # per-head RMSNorm on q and k (Qwen3)
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    torch_dtype: torch.dtype = torch.float32   # the checkpoint's own float dtype
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model config: {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"model config: num_attention_heads={self.num_attention_heads} is not a multiple "
+                              f"of num_key_value_heads={self.num_key_value_heads}")
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.eos_token_id
+        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+@dataclass
+class Checkpoint:
+    """A loaded model: config, tensors under canonical HF llama names, tokenizer.
+
+    `tensors` maps names like "model.layers.0.self_attn.q_proj.weight" to a plain torch.Tensor
+    (norms, embeddings and unquantized layers) or a QTensor (quantized linear weights). It may be
+    lazy (a Mapping that reads on access), so iterate it once.
+    """
+
+    path: Path
+    format: str                                  # "gguf" | "hf" | "awq" | "gptq" | "bnb" | "fp8" | ...
+    config: ModelConfig
+    tensors: Mapping[str, torch.Tensor | QTensor]
+    tokenizer: Any = None                        # transformers PreTrainedTokenizerBase
+    quant_config: dict[str, Any] = field(default_factory=dict)   # the source's quantization metadata
+    chat_template: str | None = None

@@ -1,0 +1,86 @@
+"""QTensor: a quantized 2-D weight W[n, k] (n = output row, k = input column) in one canonical kind.
+
+Every checkpoint format maps INTO one of a few kinds losslessly (see quant/kinds/), every kernel
+consumes those kinds, and `dequantize()` in torch is the oracle for all of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from quanta.quant.errors import ShapeError
+
+
+class QTensor:
+    """Base of the canonical quantized kinds; subclasses register themselves by `kind=`.
+
+    A subclass is a dataclass whose tensor fields hold the quantized data. It implements
+    `dequantize()` and `_validate()`; the base gives it device moves, byte counts and the registry.
+    """
+
+    kind: ClassVar[str]
+    kinds: ClassVar[dict[str, type[QTensor]]] = {}
+    shape: tuple[int, int]
+
+    def __init_subclass__(cls, kind: str | None = None, **kw):
+        super().__init_subclass__(**kw)
+        if kind is not None:
+            assert kind not in QTensor.kinds, f"kind {kind!r} registered twice"
+            cls.kind = kind
+            QTensor.kinds[kind] = cls
+
+    def __post_init__(self):
+        self.shape = tuple(int(s) for s in self.shape)
+        if len(self.shape) != 2 or min(self.shape) <= 0:
+            raise ShapeError(f"{self.kind}: shape must be (out_features, in_features), got {self.shape}")
+        self._validate()
+
+    # --- what each kind implements -----------------------------------------------------------
+    def _validate(self) -> None:
+        """Check that the tensors agree with each other and with `shape`; raise ShapeError if not."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The full-precision weight [N, K] (computed in float32, then cast to `dtype`)."""
+        raise NotImplementedError
+
+    def to_affine(self):
+        """This weight as an exactly equal `Affine`, or None where the kind has no affine form."""
+        return None
+
+    # --- shared -------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields of this QTensor by name (None fields left out)."""
+        return {f.name: v for f in dataclasses.fields(self)
+                if isinstance(v := getattr(self, f.name), torch.Tensor)}
+
+    def to(self, device: torch.device | str) -> QTensor:
+        """A copy with every tensor moved to `device` (dtypes kept)."""
+        moved = {name: t.to(device) for name, t in self.tensors().items()}
+        return dataclasses.replace(self, **moved)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.tensors().values())).device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this weight takes as stored on disk in its source format (what a kernel must read)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.numel
+
+    def describe(self) -> str:
+        """A short human-readable scheme name, e.g. 'affine int4 g128 asym'."""
+        return self.kind
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()}, shape={self.shape}, {self.bits_per_weight:.3f} bpw)"
