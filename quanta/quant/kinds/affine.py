@@ -17,7 +17,7 @@ from quanta.quant.errors import ShapeError
 from quanta.quant.qtensor import QTensor
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Affine(QTensor, kind="affine"):
     codes: torch.Tensor                       # uint8 [N, K]
     scales: torch.Tensor                      # float [N, G]

@@ -25,7 +25,7 @@ NF4_TABLE = (
 FP4_TABLE = tuple(v / 12 for v in (0, 0.0625, 8, 12, 4, 6, 2, 3, -0.0, -0.0625, -8, -12, -4, -6, -2, -3))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Codebook(QTensor, kind="codebook"):
     codes: torch.Tensor                         # uint8 [N, K], values 0..15
     table: torch.Tensor                         # float32 [16]

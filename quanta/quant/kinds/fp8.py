@@ -17,7 +17,7 @@ from quanta.quant.qtensor import QTensor
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Fp8(QTensor, kind="fp8"):
     data: torch.Tensor                          # float8_e4m3fn | float8_e5m2 [N, K]
     scale: torch.Tensor                         # float32 [], [N] or [N/bn, K/bk]
