@@ -1,0 +1,59 @@
+"""Build the decoder on the meta device and fill it from a Checkpoint (gpt-fast's `_load_model`):
+plain tensors are materialized with assign, linear weights go to QuantLinear.load (kernel pick +
+repack). Every module must receive its tensor and every tensor must be used."""
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from quanta.engine.layers import Embedding, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.models.llama import LlamaForCausalLM
+from quanta.loaders.checkpoint import Checkpoint
+from quanta.quant.errors import CorruptFileError, ShapeError
+
+
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
+                force_kernel: str | None = None, quiet: bool = False) -> LlamaForCausalLM:
+    """A ready-to-run model for `ckpt` on `device`, computing in `dtype`."""
+    cfg = ckpt.config
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    tensors = dict(ckpt.tensors)
+    if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
+        tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
+    used: set[str] = set()
+
+    def take(name: str, required: bool = True):
+        if name not in tensors or tensors[name] is None:
+            if required:
+                raise CorruptFileError(f"{ckpt.path}: tensor {name!r} is missing from the checkpoint")
+            return None
+        used.add(name)
+        return tensors[name]
+
+    modules = [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantLinear, RMSNorm, Embedding))]
+    for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
+        if isinstance(module, QuantLinear):
+            module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, dtype,
+                        name=f"{name}.weight", force_kernel=force_kernel)
+        elif isinstance(module, Embedding):
+            module.load(take(f"{name}.weight"), device, dtype)
+        else:
+            weight = take(f"{name}.weight")
+            if tuple(weight.shape) != tuple(module.weight.shape):
+                raise ShapeError(f"{name}.weight: shape {list(weight.shape)} != {list(module.weight.shape)}")
+            module.weight = torch.nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+    unused = sorted(set(tensors) - used - {"lm_head.weight"})
+    unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
+    if unused:
+        raise CorruptFileError(f"{ckpt.path}: {len(unused)} tensors match no module of {cfg.model_type}, "
+                               f"e.g. {unused[:3]}")
+    return model.eval()
+
+
+def kernel_table(model: LlamaForCausalLM) -> list[dict]:
+    """Per linear layer: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`)."""
+    return [{"name": n, "shape": [m.out_features, m.in_features], "scheme": m.scheme,
+             "kernel": m.kernel.NAME, "reason": m.kernel_reason}
+            for n, m in model.named_modules() if isinstance(m, QuantLinear)]

@@ -1,0 +1,70 @@
+"""4-bit affine weights on the CPU through torch's own int4 kernel (`_weight_int4pack_mm_for_cpu`,
+the one torchao and gpt-fast use): weights stay packed at 4 bits, activations in bfloat16.
+
+torch's format computes W = (q - 8) * scale + zero with float zeros, so every affine form maps
+onto it exactly in real arithmetic: integer zeros z give zero = (8 - z) * s, float mins m give
+zero = m + 8 * s. Scales and zeros are then held in bfloat16, the kernel's only accepted dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quanta.quant.qtensor import QTensor
+
+NAME = "cpu_int4"
+GROUP_SIZES = (32, 64, 128, 256)
+
+
+@dataclass
+class State:
+    packed: torch.Tensor           # uint8, torch's CPU int4 tile layout
+    scales_zeros: torch.Tensor     # bf16 [K / group, N, 2]
+    group_size: int
+    out_features: int
+
+
+def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What apply() computes, in float32 from the exact weight."""
+    return torch.nn.functional.linear(x.float(), weight.dequantize(), None if bias is None else bias.float())
+
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type != "cpu":
+        return "CPU only"
+    if dtype != torch.bfloat16:
+        return f"needs bfloat16 activations, compute dtype is {dtype}"
+    affine = weight.to_affine() if isinstance(weight, QTensor) else None
+    if affine is None:
+        return "no exact affine form"
+    n, k = affine.shape
+    if affine.bits != 4 or affine.g_idx is not None:
+        return f"needs plain 4-bit groups, weight is {affine.describe()}"
+    if affine.group_size not in GROUP_SIZES or k % affine.group_size:
+        return f"group size {affine.group_size} with K={k} (needs one of {GROUP_SIZES} dividing K)"
+    if n % 16:
+        return f"N={n} is not a multiple of 16"
+    return None
+
+
+def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
+    a = weight.to_affine()
+    scales = a.scales.float()
+    if a.mins is not None:
+        zero = a.mins.float() + 8 * scales
+    elif isinstance(a.zeros, torch.Tensor):
+        zero = (8 - a.zeros.float()) * scales
+    else:
+        zero = (8 - float(a.zeros)) * scales
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(a.codes.to(torch.int32), 1)
+    scales_zeros = torch.stack([scales.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()
+    return State(packed, scales_zeros, a.group_size, a.shape[0])
+
+
+def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
+    lead = x.shape[:-1]
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.reshape(-1, x.shape[-1]).to(torch.bfloat16), state.packed, state.group_size, state.scales_zeros)
+    y = y.reshape(*lead, state.out_features)
+    return y if bias is None else y + bias

@@ -1,0 +1,113 @@
+"""Which checkpoint family a path holds, read from its metadata (never from file names).
+
+- a file that starts with the GGUF magic                       -> "gguf"
+- a directory with config.json: `quantization_config.quant_method` picks the family, else a
+  quantization sidecar (quant_config.json, quantize_config.json, hf_quant_config.json), else "hf"
+- a directory without config.json holding exactly one GGUF file -> "gguf"
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quanta.loaders.safetensors_io import read_config, read_json
+from quanta.quant.errors import ConfigError, UnsupportedError
+
+GGUF_MAGIC = b"GGUF"
+
+# quant_method as written by transformers / the quantizing tool -> our loader family.
+QUANT_METHODS = {
+    "awq": "awq",
+    "gptq": "gptq",
+    "bitsandbytes": "bnb",
+    "bnb": "bnb",
+    "fp8": "fp8",
+    "fbgemm_fp8": "fp8",
+    "modelopt": "fp8",
+    "compressed-tensors": "compressed-tensors",
+    "compressed_tensors": "compressed-tensors",
+}
+
+# Quantization sidecar files written beside config.json by tools that predate `quantization_config`.
+QUANT_SIDECARS = ("quant_config.json", "quantize_config.json", "hf_quant_config.json")
+
+
+def is_gguf_file(path: Path) -> bool:
+    """True if `path` is a file whose first four bytes are the GGUF magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except (IsADirectoryError, FileNotFoundError, PermissionError):
+        return False
+
+
+def quant_family(qc: dict[str, Any], source: Path) -> str:
+    """The loader family of a quantization config dict (`quantization_config` or a sidecar file).
+
+    `quant_method` decides where present; sidecars without it are recognized by their keys
+    (AutoAWQ: w_bit / q_group_size; AutoGPTQ: bits + group_size; modelopt: quantization.quant_algo).
+    """
+    method = qc.get("quant_method")
+    if method is None and isinstance(qc.get("quantization"), dict):       # modelopt hf_quant_config.json
+        method = "modelopt"
+        qc = qc["quantization"]
+    if method is None and ("w_bit" in qc or "q_group_size" in qc):
+        method = "awq"
+    if method is None and "bits" in qc and "group_size" in qc:
+        method = "gptq"
+    if method is None:
+        raise UnsupportedError(f"{source}: quantization config has no quant_method and no known keys "
+                               f"({sorted(qc)})")
+    method = str(method).lower()
+    if method not in QUANT_METHODS:
+        raise UnsupportedError(f"{source}: quant_method {method!r} is not supported "
+                               f"(supported: {', '.join(sorted(QUANT_METHODS))})")
+    algo = qc.get("quant_algo")
+    if method == "modelopt" and algo is not None and "FP8" not in str(algo).upper():
+        raise UnsupportedError(f"{source}: modelopt quant_algo {algo!r} is not supported (only FP8)")
+    return QUANT_METHODS[method]
+
+
+def detect_dir(path: Path, config: dict[str, Any] | None = None) -> str:
+    """Family of checkpoint directory `path` holding config.json ("hf" or a quantized family).
+
+    `config` may be passed when the caller has already read config.json.
+    """
+    config = read_config(path) if config is None else config
+    qc = config.get("quantization_config")
+    if qc is not None:
+        if not isinstance(qc, dict):
+            raise ConfigError(f"{path / 'config.json'}: quantization_config must be an object, got {qc!r}")
+        return quant_family(qc, path / "config.json")
+    for name in QUANT_SIDECARS:
+        if (path / name).is_file():
+            return quant_family(read_json(path / name, name), path / name)
+    return "hf"
+
+
+def detect(path: str | Path) -> str:
+    """The checkpoint family at `path`: "gguf", "hf", "awq", "gptq", "bnb", "fp8" or "compressed-tensors".
+
+    UnsupportedError naming the path when nothing recognizable is there.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    if path.is_file():
+        if is_gguf_file(path):
+            return "gguf"
+        raise UnsupportedError(f"{path}: not a GGUF file (no GGUF magic) and not a checkpoint directory")
+    if (path / "config.json").is_file():
+        return detect_dir(path)
+    ggufs = gguf_files_in(path)
+    if len(ggufs) == 1:
+        return "gguf"
+    if len(ggufs) > 1:
+        raise UnsupportedError(f"{path}: holds {len(ggufs)} GGUF files ({', '.join(p.name for p in ggufs)}); "
+                               "pass the one to load")
+    raise UnsupportedError(f"{path}: no config.json and no GGUF file: not a checkpoint quanta can read")
+
+
+def gguf_files_in(path: Path) -> list[Path]:
+    """The .gguf files in directory `path` that really start with the GGUF magic, sorted."""
+    return [p for p in sorted(path.iterdir()) if p.suffix == ".gguf" and is_gguf_file(p)]
