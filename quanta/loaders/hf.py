@@ -74,7 +74,7 @@ def model_config_from_hf(cfg: dict[str, Any], path: str | Path) -> ModelConfig:
     """
     source = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else None
+    arch = archs[0] if archs else {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}.get(cfg.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -144,10 +144,10 @@ class TensorView(Mapping[str, torch.Tensor]):
     """A lazy Mapping over the chosen names of a TensorStore (reads each tensor on access)."""
 
     def __init__(self, store: TensorStore, names: list[str]):
-        self.store, self.names = store, names
+        self.store, self.names, self._chosen = store, names, frozenset(names)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self.store or name not in set(self.names):
+        if name not in self._chosen:
             raise KeyError(name)
         return self.store[name]
 

@@ -312,8 +312,12 @@ def open_weights(path: str | Path, *, allow_pickle: bool = False) -> TensorStore
     if (path.is_file() and path.suffix == ".safetensors") or (path.is_dir() and (
             (path / SAFETENSORS_INDEX).is_file() or (path / SAFETENSORS_FILE).is_file())):
         return SafetensorsDir(path)
-    if path.is_dir() and len(singles := sorted(path.glob("*.safetensors"))) == 1:
+    singles = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if len(singles) == 1:
         return SafetensorsDir(singles[0])
+    if singles:
+        raise CorruptFileError(f"{path}: {len(singles)} .safetensors files but no {SAFETENSORS_INDEX} "
+                               "saying which tensor is in which")
     if pickles := find_pickle_weights(path):
         if not allow_pickle:
             raise UnsupportedError(
