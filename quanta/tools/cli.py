@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Further sub-commands, each a module with register(subparsers): name -> module path.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {"inspect": "quanta.tools.inspect_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:
