@@ -1,0 +1,277 @@
+"""GGUF loader (llama.cpp files): metadata -> ModelConfig, tensors -> canonical HF names, tokenizer.
+
+Quantized weights stay `Gguf` QTensors holding the ggml blocks as stored (never dequantized here);
+F32/F16/BF16 tensors become plain torch tensors. llama.cpp's converter permutes the rows of the
+llama/mistral q and k projections (convert_hf_to_gguf.py `LlamaModel.permute`, for interleaved RoPE);
+that is undone here by selecting whole rows, which is exact for blocks too. Qwen2/Qwen3 files are
+written unpermuted (`Qwen2Model` does not permute). Tensors are read lazily from the memory-mapped
+file, so iterating `Checkpoint.tensors` costs one tensor at a time.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, UnsupportedError
+from quanta.quant.ggml_types import GgmlType, ggml_type
+from quanta.quant.kinds.gguf import Gguf
+
+GGUF_MAGIC = b"GGUF"
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")   # general.architecture values we run
+PERMUTED_QK = ("llama", "mistral")                        # archs whose q/k rows the converter permutes
+FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_REQUIRED = object()
+
+
+def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
+    """Read a GGUF file into a Checkpoint (format "gguf"); see the module docstring."""
+    path = Path(path)
+    reader = open_reader(path)
+    meta = _Meta(reader, path)
+    arch = meta("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
+                               f"(supported: {', '.join(ARCHITECTURES)})")
+    config = read_config(meta, arch, reader)
+    tensors = _LazyTensors()
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            continue                                   # folded into config.rope_scaling
+        name = hf_name(t.name)
+        if name is None:
+            raise UnsupportedError(f"{path}: tensor {t.name!r} is not part of the {arch} architecture")
+        tensors.add(name, _tensor_reader(path, t, arch, config))
+    quant_config = {"quant_method": "gguf", "file_type": meta("general.file_type", None),
+                    "tensor_types": dict(Counter(ggml_type(int(t.tensor_type)).name for t in reader.tensors))}
+    return Checkpoint(path=path, format="gguf", config=config, tensors=tensors,
+                      tokenizer=load_tokenizer(path) if tokenizer else None, quant_config=quant_config,
+                      chat_template=meta("tokenizer.chat_template", None))
+
+
+# --- file -----------------------------------------------------------------------------------------
+def open_reader(path: Path):
+    """A gguf.GGUFReader over `path`; CorruptFileError / UnsupportedError naming the file if unusable."""
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        def _build_tensors(self, start_offs, fields):   # check types and extents before gguf-py does
+            for f in fields:
+                name, dims, type_id, offset = bytes(f.parts[1]).decode(), f.parts[3], f.parts[4][0], f.parts[5][0]
+                t = ggml_type(int(type_id), f"{path}: tensor {name!r}")
+                n_elems = math.prod(int(x) for x in dims)
+                row = int(dims[0]) if len(dims) else 1
+                if row % t.block_size:
+                    raise CorruptFileError(f"{path}: tensor {name!r} rows of {row} elements are not "
+                                           f"a whole number of {t.name} blocks of {t.block_size}")
+                end = int(start_offs) + int(offset) + n_elems // t.block_size * t.type_size
+                if end > len(self.data):
+                    raise CorruptFileError(f"{path}: truncated: tensor {name!r} ({t.name} {dims.tolist()}) "
+                                           f"ends at byte {end}, the file has {len(self.data)}")
+            super()._build_tensors(start_offs, fields)
+
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise CorruptFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        reader = Reader(path, "r")
+    except QuantaError:
+        raise
+    except (ValueError, IndexError, OverflowError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CorruptFileError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+    if reader.byte_order != "I":
+        raise UnsupportedError(f"{path}: big-endian GGUF files are not supported")
+    return reader
+
+
+class _Meta:
+    """Metadata lookup: meta(key) or meta(key, default); a missing required key is a ConfigError."""
+
+    def __init__(self, reader, path: Path):
+        self.fields, self.path = reader.fields, path
+
+    def __call__(self, key: str, default: Any = _REQUIRED) -> Any:
+        field = self.fields.get(key)
+        if field is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.path}: required GGUF metadata key {key!r} is missing")
+            return default
+        return field.contents()
+
+    def count(self, key: str) -> int | None:
+        field = self.fields.get(key)
+        return None if field is None else len(field.data)
+
+
+# --- config ---------------------------------------------------------------------------------------
+def read_config(meta: _Meta, arch: str, reader) -> ModelConfig:
+    """The ModelConfig of a GGUF file from its `{arch}.*` and `tokenizer.ggml.*` metadata."""
+    tensors = {t.name: t for t in reader.tensors}
+    name = str(meta("general.name", "") or "")
+    model_type = "mistral" if arch == "llama" and "mistral" in name.lower() else arch
+    heads = meta(f"{arch}.attention.head_count")
+    hidden = meta(f"{arch}.embedding_length")
+    vocab = meta(f"{arch}.vocab_size", None) or meta.count("tokenizer.ggml.tokens")
+    if vocab is None:
+        raise ConfigError(f"{meta.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
+    head_dim = meta(f"{arch}.attention.key_length", None) or meta(f"{arch}.rope.dimension_count", None)
+    theta = meta(f"{arch}.rope.freq_base", 10000.0)
+    eos, eot = meta("tokenizer.ggml.eos_token_id", None), meta("tokenizer.ggml.eot_token_id", None)
+    bf16 = any(ggml_type(int(t.tensor_type)).name == "bf16" for t in reader.tensors)
+    kw = dict(
+        model_type=model_type,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=meta(f"{arch}.feed_forward_length"),
+        num_hidden_layers=meta(f"{arch}.block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=meta(f"{arch}.attention.head_count_kv", heads),
+        head_dim=head_dim or hidden // heads,
+        rms_norm_eps=meta(f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=theta,
+        rope_scaling=read_rope_scaling(meta, arch, tensors.get("rope_freqs.weight"), theta),
+        max_position_embeddings=meta(f"{arch}.context_length", 4096),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        sliding_window=meta(f"{arch}.attention.sliding_window", None),
+        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
+        eos_token_id=[eos, eot] if None not in (eos, eot) and eot != eos else eos,
+        torch_dtype=torch.bfloat16 if bf16 else torch.float16,   # GGUF scales and activations: f16
+    )
+    try:
+        return ModelConfig(**kw)
+    except ConfigError as e:   # a field of the wrong value: name the file
+        raise ConfigError(f"{meta.path}: {e}") from e
+
+
+def read_rope_scaling(meta: _Meta, arch: str, rope_freqs, theta: float) -> dict[str, Any] | None:
+    """`{arch}.rope.scaling.*` keys, or the Llama-3 `rope_freqs` tensor, as an HF-style rope_scaling.
+
+    llama.cpp divides frequency i by rope_freqs[i]; those factors are kept exactly as "freq_factors".
+    Where they equal HF's llama3 formula with Llama 3.1's low/high factors (1, 4) and original
+    context (8192), those parameters are filled in too, so the dict is a valid transformers one.
+    """
+    kind = meta(f"{arch}.rope.scaling.type", None)
+    if kind not in (None, "none"):
+        keys = {"factor": "factor", "original_max_position_embeddings": "original_context_length",
+                "attention_factor": "attn_factor", "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
+        out = {hf: meta(f"{arch}.rope.scaling.{g}", None) for hf, g in keys.items()}
+        return {"rope_type": kind, **{k: v for k, v in out.items() if v is not None}}
+    if rope_freqs is None:
+        return None
+    factors = np.asarray(rope_freqs.data, dtype=np.float32).reshape(-1)
+    spec = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    if not np.allclose(llama3_freq_factors(theta, 2 * factors.size, spec), factors, rtol=1e-5):
+        spec = {"rope_type": "llama3", "factor": spec["factor"]}
+    return {**spec, "freq_factors": factors.tolist()}
+
+
+def llama3_freq_factors(theta: float, dim: int, spec: dict[str, Any]) -> np.ndarray:
+    """The divisors llama.cpp's converter writes as rope_freqs for an HF llama3 rope_scaling."""
+    freqs = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = spec["factor"], spec["low_freq_factor"], spec["high_freq_factor"]
+    old = spec["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freqs
+    smooth = (old / wavelen - low) / (high - low)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, mid))
+
+
+# --- tensors --------------------------------------------------------------------------------------
+def hf_name(gguf_name: str) -> str | None:
+    """The canonical HF llama name of a GGUF tensor name, or None for a name we do not know."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in GLOBAL_NAMES:
+        return f"{GLOBAL_NAMES[base]}.{suffix}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if m and m[2] in LAYER_NAMES:
+        return f"model.layers.{m[1]}.{LAYER_NAMES[m[2]]}.{suffix}"
+    return None
+
+
+def qk_unpermute_index(rows: int, n_head: int) -> torch.Tensor:
+    """Row order undoing convert_hf_to_gguf's q/k `permute` (transformers' reverse_permute_weights)."""
+    dim = rows // n_head // 2
+    return torch.arange(rows).view(n_head, dim, 2).transpose(1, 2).reshape(rows)
+
+
+def _tensor_reader(path: Path, t, arch: str, config: ModelConfig) -> Callable[[], Any]:
+    what = f"{path}: tensor {t.name!r}"
+    gt: GgmlType = ggml_type(int(t.tensor_type), what)
+    dims = [int(x) for x in reversed(t.shape.tolist())]            # numpy order: [N, K] or [K]
+    if len(dims) > 2:
+        raise UnsupportedError(f"{what}: {len(dims)}-D tensors are not supported")
+    if t.data.nbytes != math.prod(dims) // gt.block_size * gt.type_size:
+        raise CorruptFileError(f"{what}: {t.data.nbytes} data bytes disagree with {gt.name} {dims}")
+    perm = None
+    if arch in PERMUTED_QK and re.fullmatch(r"blk\.\d+\.attn_[qk]\.(weight|bias)", t.name):
+        heads = config.num_attention_heads if ".attn_q." in t.name else config.num_key_value_heads
+        if dims[0] % (2 * heads):
+            raise CorruptFileError(f"{what}: {dims[0]} rows do not split into {heads} heads of pairs")
+        perm = qk_unpermute_index(dims[0], heads)
+
+    def raw() -> torch.Tensor:
+        return torch.from_numpy(np.array(t.data).view(np.uint8))      # a copy: the memmap stays read-only
+
+    if gt.name in FLOAT_TYPES:
+        def read():
+            x = raw().view(FLOAT_TYPES[gt.name]).reshape(dims)
+            return x if perm is None else x[perm]
+    elif gt.block_size > 1:
+        def read():
+            if len(dims) == 1:                                        # a quantized vector: decode it
+                return Gguf(raw().view(1, -1), gt.id, (1, dims[0])).dequantize().view(dims)
+            q = Gguf(raw().view(dims[0], -1), gt.id, tuple(dims))
+            return q if perm is None else q.take_rows(perm)
+    else:
+        raise UnsupportedError(f"{what}: GGML type {gt.name} is not a weight type")
+    return read
+
+
+class _LazyTensors(Mapping):
+    """name -> tensor, each read from the memory-mapped file when asked for."""
+
+    def __init__(self):
+        self._read: dict[str, Callable[[], Any]] = {}
+
+    def add(self, name: str, read: Callable[[], Any]) -> None:
+        assert name not in self._read, name    # the reader already rejects duplicated tensor names
+        self._read[name] = read
+
+    def __getitem__(self, name: str):
+        return self._read[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read)
+
+    def __len__(self) -> int:
+        return len(self._read)
+
+
+# --- tokenizer ------------------------------------------------------------------------------------
+def load_tokenizer(path: Path):
+    """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline)."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as e:   # re-raised typed: transformers raises many kinds here
+        raise UnsupportedError(f"{path}: transformers could not build the tokenizer from the GGUF "
+                               f"metadata ({type(e).__name__}: {e})") from e

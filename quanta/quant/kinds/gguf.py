@@ -1,0 +1,93 @@
+"""GGUF native kind: the ggml blocks of a weight exactly as stored, decoded by type.
+
+    data[n] = row n of W: K / block_size blocks of type_size bytes (ggml_types.GGML_TYPES)
+    W[n, k] = decode(block k // block_size of row n)[k % block_size]
+
+Blocks run along K inside a row, so rows can be selected or permuted without decoding (`take_rows`).
+The legacy types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 also have an exactly equal `Affine` form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import quanta.quant.ggml_iquants  # noqa: F401  (registers the i-quant decoders)
+from quanta.quant.errors import ShapeError, UnsupportedError
+from quanta.quant.ggml_blocks import DECODERS, legacy_codes
+from quanta.quant.ggml_types import GgmlType, ggml_type
+from quanta.quant.kinds.affine import Affine
+from quanta.quant.qtensor import QTensor
+
+# Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
+_CHUNK_BLOCKS = 1 << 16
+
+# type -> (bits, integer zero) for `to_affine`; zero None means a float min m stored after d (q*d + m)
+_AFFINE = {"q4_0": (4, 8), "q4_1": (4, None), "q5_0": (5, 16), "q5_1": (5, None), "q8_0": (8, 128)}
+
+
+@dataclass(eq=False, repr=False)
+class Gguf(QTensor, kind="gguf"):
+    data: torch.Tensor          # uint8 [N, K / block_size * type_size], the ggml blocks as stored
+    ggml_type: int              # GGML type id (GGMLQuantizationType value)
+    shape: tuple[int, int]      # (N, K)
+
+    @property
+    def type(self) -> GgmlType:
+        """The GgmlType (name, block geometry) of this weight."""
+        return ggml_type(self.ggml_type, "gguf weight")
+
+    def _validate(self) -> None:
+        n, k = self.shape
+        t = ggml_type(self.ggml_type, f"gguf weight {list(self.shape)}")
+        if k % t.block_size:
+            raise ShapeError(f"gguf {t.name}: K={k} is not a multiple of the block size {t.block_size}")
+        want = [n, t.row_bytes(k)]
+        if self.data.dtype != torch.uint8 or list(self.data.shape) != want:
+            raise ShapeError(f"gguf {t.name} {[n, k]}: data must be uint8 {want}, "
+                             f"got {self.data.dtype} {list(self.data.shape)}")
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Decode every block (vectorized, in chunks of blocks) to W [N, K] of `dtype`."""
+        t = self.type
+        decode = DECODERS.get(t.name)
+        if decode is None:
+            raise UnsupportedError(f"gguf {t.name}: dequantization of this GGML type is not supported")
+        blocks = self.data.reshape(-1, t.type_size)
+        out = torch.empty(blocks.shape[0], t.block_size, dtype=dtype, device=self.data.device)
+        for start in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+            stop = start + _CHUNK_BLOCKS
+            out[start:stop] = decode(blocks[start:stop]).to(dtype)
+        return out.view(self.shape)
+
+    def to_affine(self) -> Affine | None:
+        """The exactly equal Affine form of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (scales, mins kept float16)."""
+        t = self.type
+        if t.name not in _AFFINE:
+            return None
+        bits, zero = _AFFINE[t.name]
+        n, k = self.shape
+        blocks = self.data.reshape(-1, t.type_size)
+        if t.name == "q8_0":
+            codes = (blocks[:, 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        else:
+            codes = legacy_codes(t.name, blocks).to(torch.uint8)
+
+        def half(at):
+            return blocks[:, at:at + 2].contiguous().view(torch.float16).view(n, k // 32)
+        return Affine(codes=codes.view(n, k), scales=half(0), bits=bits, group_size=32,
+                      zeros=zero, mins=half(2) if zero is None else None, shape=(n, k))
+
+    def take_rows(self, index: torch.Tensor | list[int] | slice) -> Gguf:
+        """The weight made of rows `index` of this one (blocks copied as they are, no decoding)."""
+        data = self.data[index] if isinstance(index, slice) else self.data[torch.as_tensor(index).long()]
+        return Gguf(data=data, ggml_type=self.ggml_type, shape=(data.shape[0], self.shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the ggml blocks: what the weight costs on disk and on the GPU."""
+        return self.data.numel()
+
+    def describe(self) -> str:
+        return f"gguf {self.type.name}"
+
