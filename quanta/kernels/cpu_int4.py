@@ -35,14 +35,14 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return "CPU only"
     if dtype != torch.bfloat16:
         return f"needs bfloat16 activations, compute dtype is {dtype}"
-    affine = weight.to_affine() if isinstance(weight, QTensor) else None
-    if affine is None:
+    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
+    if scheme is None:
         return "no exact affine form"
-    n, k = affine.shape
-    if affine.bits != 4 or affine.g_idx is not None:
-        return f"needs plain 4-bit groups, weight is {affine.describe()}"
-    if affine.group_size not in GROUP_SIZES or k % affine.group_size:
-        return f"group size {affine.group_size} with K={k} (needs one of {GROUP_SIZES} dividing K)"
+    n, k = weight.shape
+    if scheme.bits != 4 or scheme.act_order:
+        return f"needs plain 4-bit groups, weight is {weight.describe()}"
+    if scheme.group_size not in GROUP_SIZES or k % scheme.group_size:
+        return f"group size {scheme.group_size} with K={k} (needs one of {GROUP_SIZES} dividing K)"
     if n % 16:
         return f"N={n} is not a multiple of 16"
     return None
@@ -50,7 +50,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     a = weight.to_affine()
-    scales = a.scales.float()
+    scales = a.effective_scales()
     if a.mins is not None:
         zero = a.mins.float() + 8 * scales
     elif isinstance(a.zeros, torch.Tensor):

@@ -27,18 +27,19 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return "CPU only"
     if dtype not in (torch.bfloat16, torch.float32):
         return f"needs bfloat16 or float32 activations, compute dtype is {dtype}"
-    affine = weight.to_affine() if isinstance(weight, QTensor) else None
-    if affine is None:
+    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
+    if scheme is None:
         return "no exact affine form"
-    if affine.bits != 8 or affine.num_groups != 1 or affine.g_idx is not None or affine.zeros != 128:
-        return f"needs symmetric per-channel 8-bit, weight is {affine.describe()}"
+    if scheme.bits != 8 or scheme.num_groups != 1 or scheme.act_order or scheme.zero != "sym" \
+            or weight.to_affine().zeros != 128:
+        return f"needs symmetric per-channel 8-bit, weight is {weight.describe()}"
     return None
 
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     a = weight.to_affine()
     codes = (a.codes.to(torch.int16) - 128).to(torch.int8)
-    return State(codes.contiguous(), a.scales[:, 0].to(dtype).contiguous())
+    return State(codes.contiguous(), a.effective_scales()[:, 0].to(dtype).contiguous())
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:

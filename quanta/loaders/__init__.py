@@ -13,6 +13,11 @@ from quanta.quant.errors import UnsupportedError
 LOADERS = {
     "gguf": "quanta.loaders.gguf:load_gguf",
     "hf": "quanta.loaders.hf:load_hf",
+    "awq": "quanta.loaders.awq:load_awq",
+    "gptq": "quanta.loaders.gptq:load_gptq",
+    "bnb": "quanta.loaders.bnb:load_bnb",
+    "fp8": "quanta.loaders.fp8:load_fp8",
+    "compressed-tensors": "quanta.loaders.compressed_tensors:load_compressed_tensors",
 }
 
 

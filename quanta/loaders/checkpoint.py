@@ -84,4 +84,6 @@ class Checkpoint:
     tensors: Mapping[str, torch.Tensor | QTensor]
     tokenizer: Any = None                        # transformers PreTrainedTokenizerBase
     quant_config: dict[str, Any] = field(default_factory=dict)   # the source's quantization metadata
+    # Calibrated FP8 KV-cache scales by canonical name, "model.layers.{i}.self_attn.{k,v}_scale".
+    kv_cache_scales: dict[str, torch.Tensor] = field(default_factory=dict)
     chat_template: str | None = None

@@ -2,6 +2,8 @@
 
     W[n, k] = (codes[n, k] - zeros[n, g]) * scales[n, g]     integer zeros (or one int for all)
     W[n, k] = codes[n, k] * scales[n, g] + mins[n, g]        float mins (GGUF Q4_1 / Q5_1 style)
+    W[n, k] = ((codes[n, k] - zeros) * scales[n, g]) * post_scale   with a post_scale (bnb LLM.int8:
+              scales = SCB, post_scale = 1/127, reproducing bitsandbytes' two float32 roundings)
     g = k // group_size, or g_idx[k] when g_idx is given (GPTQ act-order)
 
 Codes are unsigned, one per uint8, in [0, 2**bits). Symmetric formats store their implicit zero
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import QTensor
+from quanta.quant.qtensor import AffineScheme, QTensor
 
 
 @dataclass(eq=False, repr=False)
@@ -26,6 +28,7 @@ class Affine(QTensor, kind="affine"):
     zeros: torch.Tensor | int | None = None   # integer [N, G], or one int for every group
     mins: torch.Tensor | None = None          # float [N, G]; exclusive with zeros
     g_idx: torch.Tensor | None = None         # int [K], group of each input column
+    post_scale: float | None = None           # one constant multiplier applied last
     shape: tuple[int, int] = None             # (N, K); defaults to codes.shape
 
     def __post_init__(self):
@@ -77,10 +80,21 @@ class Affine(QTensor, kind="affine"):
             w = (q - self.zeros.float()[:, g]) * scales
         else:
             w = (q - float(self.zeros)) * scales
+        if self.post_scale is not None:
+            w = w * torch.tensor(self.post_scale, dtype=torch.float32)
         return w.to(dtype)
+
+    def effective_scales(self) -> torch.Tensor:
+        """float32 scales [N, G] with post_scale folded in (what a kernel multiplies by)."""
+        scales = self.scales.float()
+        return scales if self.post_scale is None else scales * self.post_scale
 
     def to_affine(self) -> Affine:
         return self
+
+    def affine_scheme(self) -> AffineScheme:
+        zero = "float" if self.mins is not None else ("int" if isinstance(self.zeros, torch.Tensor) else "sym")
+        return AffineScheme(self.bits, self.group_size, self.num_groups, self.g_idx is not None, zero)
 
     @property
     def nbytes(self) -> int:
