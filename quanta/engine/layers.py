@@ -93,6 +93,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         return inv_freq
     if kind == "linear":
         return inv_freq / scaling["factor"]
+    if kind == "llama3" and "low_freq_factor" not in scaling and "freq_factors" in scaling:
+        # GGUF rope_freqs: llama.cpp's exact per-frequency divisors
+        return inv_freq / torch.tensor(scaling["freq_factors"], dtype=torch.float)
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_len = scaling["original_max_position_embeddings"]

@@ -6,11 +6,20 @@ consumes those kinds, and `dequantize()` in torch is the oracle for all of them.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
 from quanta.quant.errors import ShapeError
+
+
+class AffineScheme(NamedTuple):
+    """The geometry of an affine weight, enough for a kernel to decide whether it can run it."""
+    bits: int
+    group_size: int
+    num_groups: int
+    act_order: bool
+    zero: str          # "sym" (one integer zero for all), "int" (integer per group), "float" (mins)
 
 
 class QTensor:
@@ -48,6 +57,10 @@ class QTensor:
 
     def to_affine(self):
         """This weight as an exactly equal `Affine`, or None where the kind has no affine form."""
+        return None
+
+    def affine_scheme(self) -> AffineScheme | None:
+        """What `to_affine()` would give (bits, groups, zero form) without building it; None if no form."""
         return None
 
     # --- shared -------------------------------------------------------------------------------

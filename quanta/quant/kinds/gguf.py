@@ -17,7 +17,7 @@ from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml_blocks import DECODERS, legacy_codes
 from quanta.quant.ggml_types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
-from quanta.quant.qtensor import QTensor
+from quanta.quant.qtensor import AffineScheme, QTensor
 
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
@@ -77,6 +77,12 @@ class Gguf(QTensor, kind="gguf"):
             return blocks[:, at:at + 2].contiguous().view(torch.float16).view(n, k // 32)
         return Affine(codes=codes.view(n, k), scales=half(0), bits=bits, group_size=32,
                       zeros=zero, mins=half(2) if zero is None else None, shape=(n, k))
+
+    def affine_scheme(self) -> AffineScheme | None:
+        if self.type.name not in _AFFINE:
+            return None
+        bits, zero = _AFFINE[self.type.name]
+        return AffineScheme(bits, 32, self.shape[1] // 32, False, "float" if zero is None else "sym")
 
     def take_rows(self, index: torch.Tensor | list[int] | slice) -> Gguf:
         """The weight made of rows `index` of this one (blocks copied as they are, no decoding)."""
