@@ -269,3 +269,28 @@ def test_bad_config_value_and_rope_scaling_keys(tmp_path):
     meta = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
     ck = load_gguf(llama_file(tmp_path / "lin.gguf", meta=meta), tokenizer=False)
     assert ck.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+
+
+def test_tokenizer_cache_round_trips_exactly(default_model_path, tmp_path, monkeypatch):
+    """The cached conversion tokenizes, decodes and templates exactly as a fresh conversion."""
+    from quanta.loaders.gguf import load_tokenizer, tokenizer_cache_dir
+    monkeypatch.setenv("QUANTA_CACHE", str(tmp_path))
+    fresh = load_tokenizer(default_model_path)
+    assert (tokenizer_cache_dir(default_model_path) / "tokenizer_config.json").is_file()
+    cached = load_tokenizer(default_model_path)
+    texts = ["Hello world", "  leading spaces\tand tabs\n", "<|im_start|>user\nhi<|im_end|>", "naïve café 日本語 🙂",
+             "def f(x):\n    return x**2"]
+    for text in texts:
+        ids = fresh(text)["input_ids"]
+        assert cached(text)["input_ids"] == ids
+        assert cached.decode(ids) == fresh.decode(ids)
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    assert cached.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        fresh.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert (cached.bos_token_id, cached.eos_token_id) == (fresh.bos_token_id, fresh.eos_token_id)
+
+
+def test_tokenizer_cache_can_be_turned_off(default_model_path, monkeypatch):
+    from quanta.loaders.gguf import tokenizer_cache_dir
+    monkeypatch.setenv("QUANTA_CACHE", "")
+    assert tokenizer_cache_dir(default_model_path) is None

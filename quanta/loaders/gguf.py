@@ -9,8 +9,13 @@ file, so iterating `Checkpoint.tensors` costs one tensor at a time.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -23,6 +28,8 @@ from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, UnsupportedError
 from quanta.quant.ggml_types import GgmlType, ggml_type
 from quanta.quant.kinds.gguf import Gguf
+
+log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")   # general.architecture values we run
@@ -268,10 +275,46 @@ class _LazyTensors(Mapping):
 
 # --- tokenizer ------------------------------------------------------------------------------------
 def load_tokenizer(path: Path):
-    """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline)."""
+    """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline).
+
+    The conversion takes seconds (transformers rebuilds the BPE model from tokens and merges), so the
+    result is kept in a per-file cache directory and later loads read that; the cache key covers the
+    file's path, size and modification time, and a cache that cannot be written is simply skipped.
+    """
     from transformers import AutoTokenizer
+    cache = tokenizer_cache_dir(path)
+    if cache is not None and (cache / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+        except Exception as e:   # a damaged cache entry: rebuild it below
+            log.warning("ignoring unreadable tokenizer cache %s (%s)", cache, e)
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except Exception as e:   # re-raised typed: transformers raises many kinds here
         raise UnsupportedError(f"{path}: transformers could not build the tokenizer from the GGUF "
                                f"metadata ({type(e).__name__}: {e})") from e
+    if cache is not None:
+        _save_atomically(tok, cache)
+    return tok
+
+
+def tokenizer_cache_dir(path: Path) -> Path | None:
+    """Where the converted tokenizer of `path` is cached ($QUANTA_CACHE or ~/.cache/quanta), or None
+    when QUANTA_CACHE is set to an empty string (caching off)."""
+    root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
+    if not root:
+        return None
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    return Path(root) / "gguf-tokenizers" / key
+
+
+def _save_atomically(tok, cache: Path) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=".tmp-"))
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, cache)
+    except OSError as e:    # read-only home, a concurrent writer won: run without the cache
+        log.info("tokenizer cache not written (%s)", e)
+        shutil.rmtree(locals().get("tmp", ""), ignore_errors=True)
