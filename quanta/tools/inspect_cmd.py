@@ -36,13 +36,19 @@ def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto"
                 entry.update(kernel=None, reason=str(e))
         layers.append(entry)
     cfg = ckpt.config
+    if cfg.tie_word_embeddings and "lm_head.weight" not in ckpt.tensors:
+        embed = ckpt.tensors["model.embed_tokens.weight"]
+        kernel, reason = registry.select(embed, dev, compute)
+        layers.append({"name": "lm_head.weight (tied)", "shape": list(embed.shape), "bytes": 0,
+                       "bits_per_weight": 0.0, "scheme": layers[[l["name"] for l in layers].index(
+                           "model.embed_tokens.weight")]["scheme"], "kernel": kernel.NAME, "reason": reason})
     return {"path": str(path), "format": detect(path), "architecture": cfg.model_type,
             "device": str(dev), "compute_dtype": str(compute).replace("torch.", ""),
             "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                     "num_hidden_layers", "num_attention_heads",
                                                     "num_key_value_heads", "head_dim", "tie_word_embeddings")},
             "parameters": total_params, "bytes": total_bytes, "bits_per_weight": round(8 * total_bytes / total_params, 4),
-            "schemes": dict(Counter(layer["scheme"] for layer in layers)),
+            "schemes": dict(Counter(layer["scheme"] for layer in layers if layer["bytes"])),
             "kernels": dict(Counter(f"{layer['scheme']} -> {layer['kernel']}" for layer in layers if "kernel" in layer)),
             "layers": layers}
 
