@@ -21,12 +21,32 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
     kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
+    # Paged engine.
+    kv_cache_dtype: str = "auto"        # auto (model dtype) | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2
+    block_size: int = 16                # tokens per KV block
+    gpu_memory_utilization: float = 0.9   # share of GPU memory for weights + activations + KV cache
+    max_num_batched_tokens: int = 8192  # token budget of one step (chunked prefill beyond it)
+    max_num_seqs: int = 256             # sequences in one step
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False         # no CUDA graphs
+    num_kv_blocks: int | None = None    # fix the KV pool size (overrides the memory sizing)
+    kv_cache_memory: int | None = None  # CPU: bytes of KV cache (default 1 GiB)
 
     def __post_init__(self):
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, fp8, fp8_e4m3, fp8_e5m2")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ConfigError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():

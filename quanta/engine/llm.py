@@ -1,53 +1,87 @@
-"""LLM: the offline API. `LLM(model=...).generate(prompts, SamplingParams(...))` -> RequestOutputs.
+"""LLM: the offline API and the incremental engine loop.
 
-This first engine runs one sequence at a time over a contiguous KV cache; the paged,
-continuously batched engine replaces `_run_request` and keeps this API.
+    llm = LLM(model=..., kv_cache_dtype="fp8")
+    llm.generate(prompts, SamplingParams(...))            # -> RequestOutputs, in prompt order
+    rid = llm.add_request(prompt, params); llm.step() ... # the server's loop; llm.abort(rid)
+
+Each step the scheduler picks sequences and token counts (continuous batching, chunked prefill,
+preemption), the runner runs them as one flat batch over the paged KV cache and samples, and the
+results are folded back into the sequences. `n > 1` samples share the prompt's blocks (fork after
+the first sample's prefill).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from quanta.engine.attention import ContiguousKVCache
+from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
+from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
 from quanta.engine.model_loader import build_model, kernel_table
 from quanta.engine.outputs import Logprob, RequestOutput
-from quanta.engine.sampler import apply_penalties, sample_row, top_logprobs
+from quanta.engine.runner import ModelRunner
+from quanta.engine.sampler import top_logprobs
 from quanta.engine.sampling_params import SamplingParams
+from quanta.engine.scheduler import ScheduledSeq, Scheduler
 from quanta.engine.sequence import Sequence
+from quanta.engine.synthetic import is_synthetic, load_synthetic
 from quanta.loaders import detect, load
 from quanta.quant.errors import ConfigError, QuantaError
 
+log = logging.getLogger(__name__)
 PromptType = str | list[int] | dict[str, Any]
+CPU_KV_CACHE_BYTES = 1 << 30
+GRAPH_MEMORY_MARGIN = 512 << 20
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence] = field(default_factory=list)
+    forked: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.finished for s in self.seqs)
 
 
 class LLM:
     def __init__(self, model: str, **kwargs):
         self.config = cfg = EngineConfig.from_kwargs(str(model), **kwargs)
-        family = detect(cfg.model)
-        if cfg.quantization not in ("auto", family):
-            raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
-        self.checkpoint = load(cfg.model)
-        if cfg.tokenizer is not None:
-            from transformers import AutoTokenizer
-            self.checkpoint.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
-        self.tokenizer = self.checkpoint.tokenizer
-        if self.tokenizer is None:
-            raise QuantaError(f"{cfg.model}: no tokenizer found; pass tokenizer=DIR")
-        mc = self.checkpoint.config
         self.device = torch.device(cfg.device)
+        self.checkpoint = self._load(cfg)
+        mc = self.checkpoint.config
+        self.tokenizer = self.checkpoint.tokenizer
         self.dtype = cfg.compute_dtype(mc.torch_dtype)
         self.max_model_len = cfg.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
+        kv_scales = self._pop_kv_scales()
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self.model = build_model(self.checkpoint, self.device, self.dtype, force_kernel=cfg.kernel)
-        self.eos_ids = sorted(set(mc.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None}))
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.runner = ModelRunner(self.model, self.device, self.max_model_len, cfg.block_size, cfg.max_num_seqs,
+                                  cfg.max_num_batched_tokens, self.generator)
+        self.weight_bytes = torch.cuda.memory_allocated(self.device) - before if self.device.type == "cuda" else 0
+        self.num_kv_blocks = self._plan_kv_blocks()
+        self.kv_cache = self._make_cache(self.num_kv_blocks, kv_scales)
+        self.runner.kv_cache = self.kv_cache
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            self.runner.capture_graphs()
+        self.pool = BlockPool(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
         self._request_counter = itertools.count()
 
     # --- public API ---------------------------------------------------------------------------
@@ -62,11 +96,15 @@ class LLM:
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ConfigError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
-        outputs = []
-        for prompt, p in tqdm(list(zip(prompts, params)), desc="generating", disable=not use_tqdm):
-            text, ids = self._tokenize(prompt)
-            outputs.append(self._run_request(str(next(self._request_counter)), text, ids, p))
-        return outputs
+        tokenized = [self._tokenize(prompt) for prompt in prompts]
+        ids = [self.add_request(prompt, p) for prompt, p in zip(tokenized, params)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generating", disable=not use_tqdm) as bar:
+            while len(done) < len(ids) and self.has_unfinished():
+                for out in self.step(stream=False):
+                    done[out.request_id] = out
+                    bar.update(1)
+        return [done[i] for i in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
@@ -80,6 +118,46 @@ class LLM:
             for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def add_request(self, prompt: PromptType | tuple[str | None, list[int]], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one prompt; its outputs come from step(). Returns the request id."""
+        text, ids = prompt if isinstance(prompt, tuple) else self._tokenize(prompt)
+        p = params or SamplingParams()
+        if not ids:
+            raise ConfigError("prompt is empty: it must have at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ConfigError(f"prompt of {len(ids)} tokens leaves no room under max_model_len={self.max_model_len}")
+        rid = str(next(self._request_counter)) if request_id is None else str(request_id)
+        if rid in self.requests:
+            raise ConfigError(f"request id {rid!r} is already running")
+        req = self.requests[rid] = Request(rid, text, ids, p)
+        self._new_seq(req, 0)
+        return rid
+
+    def step(self, stream: bool = True) -> list[RequestOutput]:
+        """One iteration: schedule, run and sample, fold the tokens back. Returns the outputs of the
+        requests that advanced (only the finished ones unless `stream`)."""
+        batch = self.scheduler.schedule()
+        result = self.runner.run(batch) if batch else ([], [], None)
+        self.scheduler.update(batch)
+        touched = self._apply(*result)
+        return [self._output(r) for r in touched if stream or r.finished]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; its output so far, finish_reason "abort"."""
+        req = self.requests.get(str(request_id))
+        if req is None:
+            return None
+        self.scheduler.abort(req.request_id)
+        for seq in req.seqs:
+            seq.finish_reason = seq.finish_reason or "abort"
+        while len(req.seqs) < req.params.n:
+            self._new_seq(req, len(req.seqs), queue=False).finish_reason = "abort"
+        return self._output(req)
+
     def kernels(self) -> list[dict]:
         """Which kernel every linear layer runs, and why."""
         return kernel_table(self.model)
@@ -87,67 +165,126 @@ class LLM:
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Float32 next-token logits [T, V] at every position of one token sequence."""
-        cache = self._new_cache(len(token_ids))
-        return self._forward(token_ids, 0, cache, all_logits=True)
+        seq = Sequence("prompt_logits", 0, list(token_ids), SamplingParams())
+        if not self.pool.can_allocate(seq, reserve=False) or len(token_ids) > self.max_model_len:
+            raise ConfigError(f"{len(token_ids)} tokens do not fit the KV cache / max_model_len")
+        self.pool.allocate(seq, use_cache=False)
+        try:
+            fb, input_ids, positions, _, _ = self.runner.prepare([ScheduledSeq(seq, len(token_ids))])
+            fb.calibrate, self.kv_cache.needs_calibration = self.kv_cache.needs_calibration, False
+            return self.model.compute_logits(self.model(input_ids, positions, fb))
+        finally:
+            self.pool.free(seq)
 
     # --- internals ----------------------------------------------------------------------------
+    def _load(self, cfg: EngineConfig):
+        if is_synthetic(cfg.model):
+            return load_synthetic(cfg.model, self.device)
+        family = detect(cfg.model)
+        if cfg.quantization not in ("auto", family):
+            raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
+        ckpt = load(cfg.model)
+        if cfg.tokenizer is not None:
+            from transformers import AutoTokenizer
+            ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        return ckpt
+
+    def _pop_kv_scales(self):
+        """Checkpoint k/v scales (fp8 KV), taken out of the tensors the model loads."""
+        mc = self.checkpoint.config
+        if not any(n.endswith(("self_attn.k_scale", "self_attn.v_scale")) for n in self.checkpoint.tensors):
+            return None
+        self.checkpoint.tensors = tensors = dict(self.checkpoint.tensors)
+        return checkpoint_kv_scales(tensors, mc.num_hidden_layers, mc.num_key_value_heads)
+
+    def _make_cache(self, num_blocks: int, scales=None) -> PagedKVCache:
+        mc = self.checkpoint.config
+        return PagedKVCache(mc.num_hidden_layers, num_blocks, self.config.block_size, mc.num_key_value_heads,
+                            mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales)
+
+    def _plan_kv_blocks(self) -> int:
+        """KV blocks: the override, else CPU kv_cache_memory, else this engine's share of the GPU
+        (gpu_memory_utilization x total, less memory used outside torch) minus its weights and the
+        activation peak of a dry run."""
+        cfg, mc = self.config, self.checkpoint.config
+        per_block = bytes_per_block(mc.num_hidden_layers, cfg.block_size, mc.num_key_value_heads, mc.head_dim,
+                                    self.dtype, cfg.kv_cache_dtype)
+        if cfg.num_kv_blocks is not None:
+            blocks = cfg.num_kv_blocks
+        elif self.device.type != "cuda":
+            blocks = (cfg.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block
+        else:
+            peak = self.runner.profile_peak_memory(self._make_cache)
+            free, total = torch.cuda.mem_get_info(self.device)
+            non_torch = total - free - torch.cuda.memory_reserved(self.device)
+            margin = 0 if cfg.enforce_eager else GRAPH_MEMORY_MARGIN
+            budget = total * cfg.gpu_memory_utilization - self.weight_bytes - peak - non_torch - margin
+            blocks = int(budget) // per_block
+            log.info("KV cache: %d blocks (%.2f GiB); weights %.2f GiB, activation peak %.2f GiB", blocks,
+                     blocks * per_block / 2**30, self.weight_bytes / 2**30, peak / 2**30)
+        if blocks * cfg.block_size < self.max_model_len:
+            raise ConfigError(f"the KV cache holds {max(blocks, 0) * cfg.block_size} tokens ({max(blocks, 0)} blocks "
+                              f"of {cfg.block_size}), less than max_model_len={self.max_model_len}: lower "
+                              "max_model_len or give the cache more memory (gpu_memory_utilization, "
+                              "kv_cache_memory, num_kv_blocks)")
+        return blocks
+
+    def _new_seq(self, req: Request, index: int, queue: bool = True) -> Sequence:
+        p = req.params
+        generator = torch.Generator(device=self.device).manual_seed(p.seed) if p.seed is not None else None
+        if index and req.seqs:
+            generator = req.seqs[0].generator
+        seq = Sequence(req.request_id, index, req.prompt_ids, p, generator,
+                       logprobs=[] if p.logprobs is not None else None,
+                       max_len=self.max_model_len if p.max_tokens is None
+                       else min(self.max_model_len, len(req.prompt_ids) + p.max_tokens))
+        req.seqs.append(seq)
+        if queue:
+            self.scheduler.add(seq)
+        return seq
+
+    def _apply(self, seqs: list[Sequence], tokens: list[int], raw: torch.Tensor | None) -> list[Request]:
+        """Fold sampled tokens into their sequences: logprobs, stop rules, n > 1 forks, finishing."""
+        touched: dict[str, Request] = {}
+        for row, (seq, token) in enumerate(zip(seqs, tokens)):
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.logprobs is not None:
+                chosen, top = top_logprobs(raw[row], token, seq.params.logprobs)
+                seq.cumulative_logprob += chosen
+                seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t]) if self.tokenizer else None)
+                                     for t, (lp, rank) in top.items()})
+            seq.append(token, self.tokenizer, self.eos_ids, seq.max_len)
+            while not req.forked and len(req.seqs) < req.params.n:
+                self.scheduler.fork(seq, self._new_seq(req, len(req.seqs), queue=False))
+            req.forked = True
+            if seq.finished:
+                self.scheduler.finish(seq)
+        return list(touched.values())
+
+    def _output(self, req: Request) -> RequestOutput:
+        done = req.finished or any(s.finish_reason == "abort" for s in req.seqs)
+        if done:
+            self.requests.pop(req.request_id, None)
+        for seq in req.seqs:
+            if not seq.finished:
+                seq.decode_text(self.tokenizer)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_ids, [s.to_output() for s in req.seqs],
+                             finished=done)
+
     @staticmethod
     def _token_ids(encoded) -> list[int]:
         ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
         return list(ids)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, tuple):
+            return prompt
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise QuantaError(f"{self.config.model}: no tokenizer; pass prompts as token ids or tokenizer=DIR")
             return prompt, self._token_ids(self.tokenizer(prompt)["input_ids"])
         return None, list(prompt)
-
-    def _new_cache(self, length: int) -> ContiguousKVCache:
-        mc = self.checkpoint.config
-        return ContiguousKVCache(mc.num_hidden_layers, length, mc.num_key_value_heads, mc.head_dim,
-                                 self.dtype, self.device, mc.sliding_window)
-
-    def _forward(self, ids: list[int], start: int, cache: ContiguousKVCache, all_logits: bool = False):
-        input_ids = torch.tensor(ids, device=self.device)
-        positions = torch.arange(start, start + len(ids), device=self.device)
-        cache.begin_step(positions)
-        hidden = self.model(input_ids, positions, cache)
-        return self.model.compute_logits(hidden if all_logits else hidden[-1:])
-
-    @torch.inference_mode()
-    def _run_request(self, request_id: str, text: str | None, ids: list[int], p: SamplingParams) -> RequestOutput:
-        if not ids:
-            raise ConfigError("prompt is empty: it must have at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ConfigError(f"prompt of {len(ids)} tokens leaves no room under max_model_len={self.max_model_len}")
-        budget = self.max_model_len if p.max_tokens is None else min(self.max_model_len, len(ids) + p.max_tokens)
-        generator = torch.Generator().manual_seed(p.seed) if p.seed is not None else self.generator
-        prefill_cache = self._new_cache(budget)
-        prefill_logits = self._forward(ids, 0, prefill_cache)[0]
-        seqs = []
-        for index in range(p.n):
-            seq = Sequence(request_id, index, ids, p, generator, logprobs=[] if p.logprobs is not None else None)
-            cache = prefill_cache if index == p.n - 1 else prefill_cache.fork()
-            logits = prefill_logits
-            while True:
-                token = self._sample(logits.clone(), seq)
-                seq.append(token, self.tokenizer, self.eos_ids, budget)
-                if seq.finished:
-                    break
-                logits = self._forward([token], seq.num_tokens - 1, cache)[0]
-            seqs.append(seq)
-        return RequestOutput(request_id, text, ids, [s.to_output() for s in seqs], finished=True)
-
-    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
-        p = seq.params
-        raw = logits.clone() if p.logprobs is not None else None
-        token = sample_row(apply_penalties(logits, seq.prompt_ids, seq.output_ids, p), p, seq.generator)
-        if raw is not None:
-            chosen, top = top_logprobs(raw, token, p.logprobs)
-            seq.cumulative_logprob += chosen
-            seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t])) for t, (lp, rank) in top.items()})
-        return token
-

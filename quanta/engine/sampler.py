@@ -41,11 +41,46 @@ def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
     """One token id from one row of (already penalized) logits [V]."""
+    return int(sample_row_tensor(logits, p, generator))
+
+
+def sample_row_tensor(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """sample_row without the host sync: a 0-d long tensor on the logits' device."""
     if p.greedy:
-        return int(logits.argmax())
+        return logits.argmax()
     probs = filter_logits(logits, p).softmax(-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+    return (probs / noise).argmax()
+
+
+def is_plain(p: SamplingParams) -> bool:
+    """Greedy or temperature-only sampling without penalties: the batched path applies."""
+    return (p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+            and not p.top_k and p.top_p >= 1.0 and p.min_p <= 0.0)
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                 histories: list[tuple[list[int], list[int]]], default_generator: torch.Generator | None = None,
+                 ) -> torch.Tensor:
+    """Token ids [B] (on the logits' device, no host sync) for logits [B, V]. Plain rows without their
+    own generator are drawn together (one softmax, one noise draw); the others row by row with
+    apply_penalties + sample_row's rules and their own generator. `logits` is modified."""
+    plain = [is_plain(p) and g is None for p, g in zip(params, generators)]
+    tokens = logits.argmax(-1)
+    if any(pl and not p.greedy for pl, p in zip(plain, params)):
+        temps = torch.tensor([p.temperature if pl and not p.greedy else 1.0 for p, pl in zip(params, plain)],
+                             dtype=logits.dtype, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
+        probs = (logits / temps[:, None]).softmax(-1)
+        noise = torch.empty_like(probs).exponential_(generator=default_generator)
+        drawn = (probs / noise).argmax(-1)
+        sampled = torch.tensor([pl and not p.greedy for p, pl in zip(params, plain)],
+                               pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
+        tokens = torch.where(sampled, drawn, tokens)
+    for i, (p, g) in enumerate(zip(params, generators)):
+        if not plain[i]:
+            row = apply_penalties(logits[i], histories[i][0], histories[i][1], p)
+            tokens[i] = sample_row_tensor(row, p, g if g is not None else default_generator)
+    return tokens
 
 
 def top_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, dict[int, tuple[float, int]]]:

@@ -1,4 +1,4 @@
-"""One generated sample: its tokens, its sampling state and the rules that end it."""
+"""One generated sample: its tokens, its sampling state, its KV blocks and the rules that end it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +22,12 @@ class Sequence:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    max_len: int | None = None               # prompt + max_tokens, capped at max_model_len
+    # Paged-engine state (block_pool.py / scheduler.py).
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0             # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0               # of those, how many came from the prefix cache
+    num_hashed_blocks: int = 0               # leading full blocks registered in the prefix cache
 
     @property
     def num_tokens(self) -> int:
@@ -36,16 +42,18 @@ class Sequence:
         return self.finish_reason is not None
 
     def append(self, token: int, tokenizer, eos_ids: list[int], max_len: int) -> None:
-        """Add a sampled token, re-decode the text and decide whether the sample is finished."""
+        """Add a sampled token and decide whether the sample is finished. The text is re-decoded
+        every token only when stop strings need it, else once at the end (or by `decode_text`)."""
         p = self.params
         self.output_ids.append(token)
         previous_len = len(self.text)
-        self.text = tokenizer.decode(self.output_ids, skip_special_tokens=p.skip_special_tokens)
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
             self.finish_reason, self.stop_reason = "stop", token
-            if token not in p.stop_token_ids or p.skip_special_tokens:
-                self.text = tokenizer.decode(self.output_ids[:-1], skip_special_tokens=p.skip_special_tokens)
+            drop = token not in p.stop_token_ids or p.skip_special_tokens
+            self.decode_text(tokenizer, self.output_ids[:-1] if drop else self.output_ids)
             return
+        if p.stop:
+            self.decode_text(tokenizer)
         for stop in p.stop:
             # Only text reaching into the newly decoded tail can hold a new match.
             at = self.text.find(stop, max(0, previous_len - len(stop) + 1))
@@ -55,6 +63,12 @@ class Sequence:
                 return
         if (p.max_tokens is not None and len(self.output_ids) >= p.max_tokens) or self.num_tokens >= max_len:
             self.finish_reason = "length"
+            self.decode_text(tokenizer)
+
+    def decode_text(self, tokenizer, ids: list[int] | None = None) -> None:
+        if tokenizer is not None:
+            ids = self.output_ids if ids is None else ids
+            self.text = tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(index=self.index, text=self.text, token_ids=list(self.output_ids),

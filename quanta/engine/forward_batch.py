@@ -1,0 +1,45 @@
+"""ForwardBatch: one step's attention metadata, handed to the model explicitly as its attention
+context. Sequences are ordered decodes first (one query each), then prefill chunks; `attend` stores
+the step's K/V in the paged cache and runs the decode and prefill kernels over their parts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quanta.engine.kv_cache import PagedKVCache
+from quanta.kernels import paged_attention
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    kv_cache: PagedKVCache
+    slot_mapping: torch.Tensor          # [T] int64, < 0: padding (not stored)
+    block_tables: torch.Tensor          # [B, max_blocks] int32
+    seq_lens: torch.Tensor              # [B] int32: cached tokens after this step (0: padding)
+    query_start_loc: torch.Tensor       # [B + 1] int32 over all sequences
+    prefill_start_loc: torch.Tensor | None   # [B - num_decodes + 1] int32, the prefill part from 0
+    num_decodes: int                    # the first num_decodes sequences have exactly one query
+    max_query_len: int                  # over the prefill part
+    num_splits: int                     # decode kernel's KV splits
+    sliding_window: int | None = None
+    calibrate: bool = False             # compute fp8 scales from this batch (first real prefill)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        cache = self.kv_cache
+        cache.write(layer, k, v, self.slot_mapping, self.calibrate)
+        k_cache, v_cache = cache.layer(layer)
+        kw = dict(sliding_window=self.sliding_window, k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer],
+                  fmt=cache.fmt)
+        if not cache.use_triton:
+            return paged_attention.reference(q, k_cache, v_cache, self.block_tables, self.seq_lens,
+                                             self.query_start_loc, scale, **kw)
+        out = torch.empty_like(q)
+        nd = self.num_decodes
+        if nd:
+            paged_attention.decode(q[:nd], k_cache, v_cache, self.block_tables[:nd], self.seq_lens[:nd], scale,
+                                   num_splits=self.num_splits, out=out[:nd], **kw)
+        if self.prefill_start_loc is not None:
+            paged_attention.prefill(q[nd:], k_cache, v_cache, self.block_tables[nd:], self.seq_lens[nd:],
+                                    self.prefill_start_loc, self.max_query_len, scale, out=out[nd:], **kw)
+        return out

@@ -1,0 +1,174 @@
+"""ModelRunner: turns a scheduled step into flat tensors, runs the model and samples.
+
+A step's sequences are ordered decodes first; their tokens are laid out back to back as
+input_ids / positions / slot_mapping [T], with block_tables [B, W], seq_lens [B] and
+query_start_loc [B + 1]. Step tensors are built on the host and moved with pinned memory and
+non_blocking copies. Decode-only steps replay a CUDA graph captured per batch-size bucket
+[1, 2, 4, 8, 16, ...] (static buffers, one shared memory pool), unless enforce_eager.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.engine.forward_batch import ForwardBatch
+from quanta.engine.kv_cache import PagedKVCache
+from quanta.engine.sampler import sample_batch
+from quanta.engine.sampling_params import SamplingParams
+from quanta.engine.scheduler import ScheduledSeq
+from quanta.engine.sequence import Sequence
+from quanta.kernels.paged_attention import default_num_splits
+
+
+class ModelRunner:
+    def __init__(self, model, device: torch.device, max_model_len: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, generator: torch.Generator | None = None):
+        self.model, self.device = model, device
+        cfg = model.config
+        self.num_kv_heads, self.sliding_window = cfg.num_key_value_heads, cfg.sliding_window
+        self.max_model_len, self.block_size = max_model_len, block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.generator = generator
+        self.kv_cache: PagedKVCache | None = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardBatch]] = {}
+        self.pin = device.type == "cuda"
+
+    # --- step tensors ---------------------------------------------------------------------------
+    def _tensor(self, data, dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
+
+    def prepare(self, batch: list[ScheduledSeq], kv_cache: PagedKVCache | None = None):
+        """-> (ForwardBatch, input_ids, positions, the items in step order, last-token row of each)."""
+        items = sorted(batch, key=lambda it: it.num_tokens != 1)
+        num_decodes = sum(it.num_tokens == 1 for it in items)
+        bs = self.block_size
+        ids, positions, slots, tables, lens, starts, last = [], [], [], [], [], [0], []
+        for it in items:
+            seq, start = it.seq, it.seq.num_computed_tokens
+            end = start + it.num_tokens
+            n_prompt = len(seq.prompt_ids)
+            ids += seq.prompt_ids[start:end] + seq.output_ids[max(0, start - n_prompt):max(0, end - n_prompt)]
+            positions += range(start, end)
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            tables.append(table)
+            lens.append(end)
+            starts.append(starts[-1] + it.num_tokens)
+            last.append(starts[-1] - 1)
+        width = max(len(t) for t in tables)
+        prefill = starts[num_decodes:]
+        fb = ForwardBatch(
+            kv_cache=kv_cache or self.kv_cache, slot_mapping=self._tensor(slots, torch.int64),
+            block_tables=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            seq_lens=self._tensor(lens, torch.int32), query_start_loc=self._tensor(starts, torch.int32),
+            prefill_start_loc=self._tensor([s - prefill[0] for s in prefill], torch.int32)
+            if len(prefill) > 1 else None,
+            num_decodes=num_decodes, max_query_len=max((it.num_tokens for it in items[num_decodes:]), default=1),
+            num_splits=self._num_splits(num_decodes),
+            sliding_window=self.sliding_window)
+        return fb, self._tensor(ids, torch.long), self._tensor(positions, torch.long), items, last
+
+    def _num_splits(self, num_decodes: int) -> int:
+        """The decode kernel's splits for a batch, as for its CUDA-graph bucket (few kernel variants)."""
+        bucket = 1 << max(0, num_decodes - 1).bit_length()
+        return default_num_splits(min(bucket, self.max_num_seqs), self.num_kv_heads, self.max_model_len)
+
+    # --- running --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSeq]):
+        """Run one step; -> (items that sample, their tokens as ints, raw logits rows or None)."""
+        fb, input_ids, positions, items, last = self.prepare(batch)
+        if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
+            fb.calibrate, self.kv_cache.needs_calibration = True, False
+        hidden = self._forward(fb, input_ids, positions)
+        rows = [r for it, r in zip(items, last) if it.samples]
+        sampling = [it for it in items if it.samples]
+        if not sampling:
+            return [], [], None
+        logits = self.model.compute_logits(hidden[self._tensor(rows, torch.long)])
+        seqs = [it.seq for it in sampling]
+        raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
+        tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                              [(s.prompt_ids, s.output_ids) for s in seqs], self.generator)
+        return seqs, tokens.tolist(), raw
+
+    def _forward(self, fb: ForwardBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        n = input_ids.shape[0]
+        if fb.prefill_start_loc is None and not fb.calibrate and self.graphs and n <= max(self.graphs):
+            bucket = min(b for b in self.graphs if b >= n)
+            graph, static = self.graphs[bucket]
+            self.static_ids[:n].copy_(input_ids)
+            self.static_pos[:n].copy_(positions)
+            static.slot_mapping.fill_(-1)
+            static.slot_mapping[:n].copy_(fb.slot_mapping)
+            static.seq_lens.zero_()
+            static.seq_lens[:n].copy_(fb.seq_lens)
+            static.block_tables[:n, :fb.block_tables.shape[1]].copy_(fb.block_tables)
+            graph.replay()
+            return self.static_out[:n]
+        return self.model(input_ids, positions, fb)
+
+    # --- start-up: memory profile, CUDA graphs ----------------------------------------------------
+    def _dummy_batch(self, num_tokens: int, first_block: int = 0) -> list[ScheduledSeq]:
+        """Sequences of at most max_model_len tokens, num_tokens in all, on consecutive blocks."""
+        batch, block = [], first_block
+        while num_tokens > 0:
+            n = min(num_tokens, self.max_model_len)
+            seq = Sequence("profile", 0, [0] * n, SamplingParams(temperature=1.0))
+            blocks = -(-n // self.block_size)
+            seq.block_table = list(range(block, block + blocks))
+            batch.append(ScheduledSeq(seq, n))
+            block, num_tokens = block + blocks, num_tokens - n
+        return batch
+
+    @torch.inference_mode()
+    def profile_peak_memory(self, make_cache) -> int:
+        """Peak activation bytes of a forward over max_num_batched_tokens tokens plus sampling
+        max_num_seqs rows, on a temporary cache from make_cache(num_blocks) (not counted)."""
+        tokens = self.max_num_batched_tokens
+        cache = make_cache(sum(len(it.seq.block_table) for it in self._dummy_batch(tokens)))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fb, input_ids, positions, items, last = self.prepare(self._dummy_batch(tokens), kv_cache=cache)
+        hidden = self.model(input_ids, positions, fb)
+        rows = min(tokens, self.max_num_seqs)
+        logits = self.model.compute_logits(hidden[-rows:])
+        sample_batch(logits, [SamplingParams(temperature=1.0)] * rows, [None] * rows, [([], [])] * rows)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del cache, fb, hidden, logits
+        torch.cuda.empty_cache()
+        return peak
+
+    def graph_buckets(self) -> list[int]:
+        sizes, b = [], 1
+        while b < self.max_num_seqs:
+            sizes.append(b)
+            b *= 2
+        return sizes + [self.max_num_seqs]
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """One CUDA graph per decode bucket, largest first, sharing one memory pool."""
+        buckets = self.graph_buckets()
+        top, hidden = buckets[-1], self.model.config.hidden_size
+        width = -(-self.max_model_len // self.block_size)
+        self.static_ids = torch.zeros(top, dtype=torch.long, device=self.device)
+        self.static_pos = torch.zeros(top, dtype=torch.long, device=self.device)
+        slots = torch.full((top,), -1, dtype=torch.int64, device=self.device)
+        tables = torch.zeros(top, width, dtype=torch.int32, device=self.device)
+        lens = torch.zeros(top, dtype=torch.int32, device=self.device)
+        starts = torch.arange(top + 1, dtype=torch.int32, device=self.device)
+        self.static_out = torch.empty(top, hidden, dtype=self.model.model.norm.weight.dtype, device=self.device)
+        pool = None
+        for b in reversed(buckets):
+            fb = ForwardBatch(self.kv_cache, slots[:b], tables[:b], lens[:b], starts[:b + 1], None, b, 1,
+                              self._num_splits(b), self.sliding_window)
+            self.static_out[:b] = self.model(self.static_ids[:b], self.static_pos[:b], fb)   # warm-up / JIT
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool):
+                self.static_out[:b] = self.model(self.static_ids[:b], self.static_pos[:b], fb)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[b] = (graph, fb)
+        torch.cuda.synchronize()

@@ -1,0 +1,293 @@
+"""Attention over the paged KV cache: decode (flash-decoding split over KV) and (chunked) prefill.
+
+    q                [T, Hq, D]      the step's queries, sequences back to back
+    k_cache, v_cache [num_blocks, block_size, Hk, D]   model dtype, or uint8 fp8 codes (paged_kv.py)
+    block_tables     [B, max_blocks] int32   the blocks of each sequence, in order
+    seq_lens         [B] int32       tokens cached for each sequence, this step's included (0: padding)
+    query_start_loc  [B + 1] int32   prefill only: sequence b owns queries qsl[b]:qsl[b+1]
+    k_scale, v_scale [Hk] float32    fp8 only (per-tensor scales are repeated over the heads)
+
+Queries of sequence b sit at the last positions seq_lens[b] - qlen ... seq_lens[b] - 1: they see
+every earlier cached token and are causal among themselves, within an optional sliding window.
+GQA/MQA: query head h reads kv head h // (Hq / Hk). The step's K/V must be stored first.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_fp32, fp8_constexprs
+
+
+def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:
+    blocks = table[: -(-length // cache.shape[1])].long()
+    x = cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+    return dequantize(x, scale, fmt) if fmt is not None else x.float()
+
+
+def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float,
+              sliding_window: int | None = None, k_scale=None, v_scale=None,
+              fmt: Fp8Format | None = None) -> torch.Tensor:
+    """The oracle and CPU path: per sequence, gather its K/V, float32 masked softmax attention."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[2]
+    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, length in enumerate(lens):
+        start, end = qsl[b], qsl[b + 1]
+        if end == start:
+            continue
+        k = _gather(k_cache, block_tables[b], length, k_scale, fmt).repeat_interleave(group, 1)
+        v = _gather(v_cache, block_tables[b], length, v_scale, fmt).repeat_interleave(group, 1)
+        pos = torch.arange(length - (end - start), length, device=q.device)
+        keys = torch.arange(length, device=q.device)
+        allowed = keys[None, :] <= pos[:, None]
+        if sliding_window is not None:
+            allowed &= keys[None, :] > pos[:, None] - sliding_window
+        scores = torch.einsum("thd,shd->hts", q[start:end].float(), k) * scale
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        out[start:end] = torch.einsum("hts,shd->thd", probs, v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, scale,
+               stride_block, stride_slot, BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
+               FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """K or V rows at positions offs_n [N] of one sequence -> [N, BLOCK_D] in OUT_DTYPE."""
+    block = tl.load(block_table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    rows = block * stride_block + (offs_n % BLOCK_SIZE) * stride_slot
+    ptrs = cache_ptr + rows[:, None] + d[None, :]
+    x = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0)
+    if FP8 != 0:
+        x = fp8_bits_to_fp32(x, FP8_UP_SHIFT, FP8_UP_MUL) * scale
+    return x.to(OUT_DTYPE)
+
+
+@triton.jit
+def _decode_kernel(
+    # pointers
+    q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr,
+    k_scale_ptr, v_scale_ptr,
+    # sizes / scalars
+    sm_scale, num_q_heads,
+    # strides (elements)
+    stride_qt, stride_qh, stride_bt, stride_block, stride_slot,
+    # constexpr meta
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
+    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+):
+    """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
+    Writes the split's normalized output and log-sum-exp; _combine_kernel merges the splits."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    # --- this split's range of key positions
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(seq_len - WINDOW, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(seq_len, start + per_split)
+    # --- the group's queries [GROUP_PAD, BLOCK_D]
+    g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_mask = (g < GROUP)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    k_scale = 1.0
+    v_scale = 1.0
+    if FP8 != 0:
+        k_scale = tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * HEAD_DIM
+    v_base = v_cache_ptr + kv_head * HEAD_DIM
+    # --- online softmax over the split
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    # --- normalized partial output and its log-sum-exp (-inf for an empty split)
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
+    row = (b * num_q_heads + heads) * NUM_SPLITS + split
+    tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
+    tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_q_heads,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr):
+    """grid (B, Hq): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    row = (b * num_q_heads + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp(lse - m), 0.0)
+    o = tl.load(part_o_ptr + (row + s)[:, None] * BLOCK_D + d[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * stride_ot + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(
+    # pointers
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    k_scale_ptr, v_scale_ptr,
+    # sizes / scalars
+    sm_scale,
+    # strides (elements)
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_block, stride_slot,
+    # constexpr meta
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
+    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+):
+    """grid (B, cdiv(max_query_len, BLOCK_M), Hq): BLOCK_M queries of one sequence and head."""
+    b = tl.program_id(0)
+    tile = tl.program_id(1)
+    h = tl.program_id(2)
+    kv_head = h // GROUP
+    # --- the tile's queries and their positions
+    q_start = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = seq_len - q_len + offs_m
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    k_scale = 1.0
+    v_scale = 1.0
+    if FP8 != 0:
+        k_scale = tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
+    # --- key range: causal up to the tile's last query, from the window's start; empty tiles skip
+    hi = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(seq_len - q_len + tile * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    hi = tl.where(tile * BLOCK_M < q_len, hi, lo)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * HEAD_DIM
+    v_base = v_cache_ptr + kv_head * HEAD_DIM
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if WINDOW > 0:
+            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _check(q, k_cache, v_cache, fmt):
+    assert q.dim() == 3 and q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert q.shape[1] % k_cache.shape[2] == 0 and q.shape[2] == k_cache.shape[3]
+    assert (fmt is None) == (k_cache.dtype != torch.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
+    """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 64
+    want = -(-2 * sms // max(1, batch * num_kv_heads))
+    return max(1, min(want, 32, -(-max_len // block_n)))
+
+
+def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding_window: int | None = None,
+           k_scale=None, v_scale=None, fmt: Fp8Format | None = None, num_splits: int = 8,
+           out: torch.Tensor | None = None, block_n: int = 64) -> torch.Tensor:
+    """One query per sequence: q [B, Hq, D] -> [B, Hq, D]. `num_splits` is fixed per launch (and
+    so per CUDA graph); each sequence divides its own context over the splits."""
+    _check(q, k_cache, v_cache, fmt)
+    bsz, hq, d = q.shape
+    hk, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = hq // hk
+    block_d = triton.next_power_of_2(d)
+    out = torch.empty_like(q) if out is None else out
+    part_o = torch.empty(bsz, hq, num_splits, block_d, device=q.device, dtype=torch.float32)
+    part_lse = torch.empty(bsz, hq, num_splits, device=q.device, dtype=torch.float32)
+    dummy = k_scale if k_scale is not None else seq_lens
+    fp8 = fp8_constexprs(fmt)
+    _decode_kernel[(bsz, hk, num_splits)](
+        q, k_cache, v_cache, part_o, part_lse, block_tables, seq_lens, dummy,
+        v_scale if v_scale is not None else dummy, scale, hq,
+        q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
+        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
+        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"])
+    _combine_kernel[(bsz, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq, HEAD_DIM=d,
+                               BLOCK_D=block_d, NUM_SPLITS=num_splits,
+                               SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)))
+    return out
+
+
+def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int, scale: float, *,
+            sliding_window: int | None = None, k_scale=None, v_scale=None, fmt: Fp8Format | None = None,
+            out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """Queries of a chunk against all cached tokens: q [T, Hq, D] -> [T, Hq, D]."""
+    _check(q, k_cache, v_cache, fmt)
+    t, hq, d = q.shape
+    hk, block_size = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    bsz = seq_lens.shape[0]
+    if t == 0 or bsz == 0:
+        return out
+    dummy = k_scale if k_scale is not None else seq_lens
+    fp8 = fp8_constexprs(fmt)
+    grid = (bsz, triton.cdiv(max_query_len, block_m), hq)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, dummy,
+        v_scale if v_scale is not None else dummy, scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1),
+        GROUP=hq // hk, BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0,
+        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"])
+    return out

@@ -1,0 +1,143 @@
+"""Writing K/V into the paged cache, and the FP8 (e4m3 / e5m2 stored as uint8) conversions.
+
+    cache      [num_blocks, block_size, Hk, D]   model dtype, or uint8 fp8 codes
+    k, v       [T, Hk, D]                        the step's new keys / values
+    slot       [T] int64                          block_id * block_size + offset; < 0 skips the token
+    scale      [Hk] float32                       fp8 only: stored code = fp8(x / scale)
+
+The Triton kernels convert by bit operations only (no fp8 dtypes), so they run on sm75/sm80 where
+Triton lacks `fp8e4nv`: fp32 -> fp8 rounds to nearest even through the fp32 bit pattern (normals) and
+a magic-number add (subnormals); fp8 -> fp16 is a shift of the code into the fp16 bit pattern times
+2^(15 - bias). The torch path (CPU, oracle) uses torch's own float8 casts; tests check the two agree
+bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    name: str
+    code: int                 # the kernels' FP8 constexpr: 0 = no fp8
+    mantissa: int
+    bias: int
+    max: float
+    torch_dtype: torch.dtype
+
+    def constexprs(self) -> dict:
+        """The kernels' conversion constants (see the module docstring)."""
+        sub_unit_exp = 1 - self.bias - self.mantissa           # subnormal step = 2^sub_unit_exp
+        magic = 2.0 ** (sub_unit_exp + 23)                     # fp32 whose ulp is that step
+        return dict(FP8=self.code, FP8_MAX=self.max, FP8_SHIFT=23 - self.mantissa,
+                    FP8_REBIAS=(127 - self.bias) << self.mantissa, FP8_MIN_NORMAL=2.0 ** (1 - self.bias),
+                    FP8_MAGIC=magic, FP8_MAGIC_BITS=int(torch.tensor(magic).view(torch.int32)),
+                    FP8_UP_SHIFT=10 - self.mantissa, FP8_UP_MUL=2.0 ** (15 - self.bias))
+
+
+FP8_FORMATS = {
+    "fp8_e4m3": Fp8Format("fp8_e4m3", 1, 3, 7, 448.0, torch.float8_e4m3fn),
+    "fp8_e5m2": Fp8Format("fp8_e5m2", 2, 2, 15, 57344.0, torch.float8_e5m2),
+}
+NO_FP8 = dict(FP8=0, FP8_MAX=0.0, FP8_SHIFT=0, FP8_REBIAS=0, FP8_MIN_NORMAL=0.0, FP8_MAGIC=0.0,
+              FP8_MAGIC_BITS=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
+
+
+def fp8_constexprs(fmt: Fp8Format | None) -> dict:
+    return NO_FP8 if fmt is None else fmt.constexprs()
+
+
+# --- torch path (CPU and oracle) ------------------------------------------------------------------
+def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """x [..., Hk, D] float -> uint8 fp8 codes of x / scale[Hk] (saturating)."""
+    y = (x.float() / scale.float()[:, None]).clamp(-fmt.max, fmt.max)
+    return y.to(fmt.torch_dtype).view(torch.uint8)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype=torch.float32) -> torch.Tensor:
+    """uint8 codes [..., Hk, D] -> codes * scale[Hk] in `dtype`."""
+    return (codes.view(fmt.torch_dtype).float() * scale.float()[:, None]).to(dtype)
+
+
+def reference_store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Format | None = None):
+    """What store() does, in torch: cache.view(-1, Hk, D)[slot] = (quantized) k, v for slot >= 0."""
+    keep = slot >= 0
+    slot, k, v = slot[keep], k[keep], v[keep]
+    if fmt is not None:
+        k, v = quantize(k, k_scale, fmt), quantize(v, v_scale, fmt)
+    k_cache.view(-1, *k_cache.shape[2:])[slot] = k.to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slot] = v.to(v_cache.dtype)
+
+
+# --- Triton bit-level conversions ---------------------------------------------------------------
+@triton.jit
+def fp32_to_fp8_bits(x, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
+                     FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
+    """fp32 -> uint8 fp8 code, round to nearest even, saturating at +-FP8_MAX."""
+    x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    a = tl.abs(x)
+    bits = a.to(tl.uint32, bitcast=True)
+    rounded = bits + ((1 << (FP8_SHIFT - 1)) - 1) + ((bits >> FP8_SHIFT) & 1)
+    normal = (rounded >> FP8_SHIFT) - FP8_REBIAS
+    subnormal = (a + FP8_MAGIC).to(tl.uint32, bitcast=True) - FP8_MAGIC_BITS
+    code = tl.where(a < FP8_MIN_NORMAL, subnormal, normal)
+    sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def fp8_bits_to_fp32(code, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr):
+    """uint8 fp8 code -> fp32 (exact): the code's bits moved into an fp16 pattern, times 2^(15-bias)."""
+    b = code.to(tl.uint16)
+    half = ((b & 0x80) << 8) | ((b & 0x7F) << FP8_UP_SHIFT)
+    return half.to(tl.float16, bitcast=True).to(tl.float32) * FP8_UP_MUL
+
+
+@triton.jit
+def _store_kernel(
+    # pointers
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    # strides (elements): inputs per token / head; the cache is contiguous [slots, Hk, D]
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    # constexpr meta
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
+    FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr,
+    FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+):
+    """grid (T, Hk): one token's one kv head."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    # --- where the token goes
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = (d < HEAD_DIM) & ((d * 0 + slot) >= 0)
+    dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h * HEAD_DIM + d
+    # --- load, (quantize), store
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    if FP8 != 0:
+        k = fp32_to_fp8_bits(k.to(tl.float32) / tl.load(k_scale_ptr + h), FP8_MAX, FP8_SHIFT, FP8_REBIAS,
+                             FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+        v = fp32_to_fp8_bits(v.to(tl.float32) / tl.load(v_scale_ptr + h), FP8_MAX, FP8_SHIFT, FP8_REBIAS,
+                             FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Format | None = None) -> None:
+    """Write k, v [T, Hk, D] at `slot` [T] into the caches (quantizing for fp8). Triton launch."""
+    t, hk, d = k.shape
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2:] == (hk, d)
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and slot.shape == (t,)
+    assert (fmt is None) == (k_cache.dtype != torch.uint8)
+    if t == 0:
+        return
+    dummy = k_scale if k_scale is not None else slot
+    _store_kernel[(t, hk)](k, v, k_cache, v_cache, slot, dummy, v_scale if v_scale is not None else dummy,
+                           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_constexprs(fmt))

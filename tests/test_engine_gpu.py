@@ -1,0 +1,94 @@
+"""The paged engine on a CUDA GPU: Triton paged attention + fp8 KV inside the model, CUDA graphs
+against eager, memory sizing, and transformers agreement. Run with `pytest -m gpu`."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quanta.engine import LLM, SamplingParams
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def release_memory():
+    """Each LLM sizes its KV cache from gpu_memory_utilization; free the previous tests' engines."""
+    yield
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def prompts(lengths, vocab=500, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"prompt_token_ids": torch.randint(3, vocab, (n,), generator=g).tolist()} for n in lengths]
+
+
+def tokens(outs):
+    return [c.token_ids for o in outs for c in o.outputs]
+
+
+def agreement(a, b) -> float:
+    """Share of generated tokens before the first divergence (greedy fp16 may split on near-ties)."""
+    total = same = 0
+    for x, y in zip(a, b):
+        n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x))
+        same, total = same + n, total + len(x)
+    return same / total
+
+
+def assert_pool_empty(llm):
+    assert llm.pool.num_free == llm.pool.num_blocks and not llm.has_unfinished()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8", "fp8_e5m2"])
+def test_graphs_match_eager_and_batch_matches_alone(kv):
+    model = "synthetic:tiny:fp16"
+    graphs = LLM(model=model, kv_cache_dtype=kv, gpu_memory_utilization=0.2, max_num_seqs=16)
+    eager = LLM(model=model, kv_cache_dtype=kv, gpu_memory_utilization=0.2, max_num_seqs=16, enforce_eager=True)
+    assert graphs.runner.graphs and not eager.runner.graphs
+    ps = prompts((1, 5, 16, 17, 63, 200, 31))
+    a = tokens(graphs.generate(ps, GREEDY, use_tqdm=False))
+    b = tokens(eager.generate(ps, GREEDY, use_tqdm=False))
+    alone = [tokens(graphs.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]
+    assert agreement(a, b) >= 0.9 and agreement(a, alone) >= 0.9
+    for llm in (graphs, eager):
+        assert_pool_empty(llm)
+
+
+def test_memory_sizing_and_fp8_capacity():
+    auto = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True)
+    fp8 = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True, kv_cache_dtype="fp8")
+    assert auto.num_kv_blocks > 0
+    assert fp8.num_kv_blocks >= 1.9 * auto.num_kv_blocks
+
+
+def test_tiny_hf_model_matches_transformers_on_gpu(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tiny_models import make_tiny_hf
+    make_tiny_hf("mistral", tmp_path / "m")                 # GQA + sliding window 16
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float16).cuda()
+    ours = LLM(model=str(tmp_path / "m"), dtype="float16", gpu_memory_utilization=0.2, max_model_len=512)
+    ids = prompts([45], vocab=theirs.config.vocab_size)[0]["prompt_token_ids"]
+    with torch.no_grad():
+        ref = theirs(torch.tensor([ids], device="cuda")).logits[0].float()
+    got = ours.prompt_logits(ids)
+    assert (got - ref).abs().max().item() < 5e-2
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
+    out = ours.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    hf = theirs.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, min_new_tokens=24,
+                         do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+    assert agreement([out], [hf]) >= 0.5
+
+
+def test_preemption_and_prefix_cache_on_gpu():
+    llm = LLM(model="synthetic:tiny:fp16", num_kv_blocks=12, max_model_len=128, max_num_seqs=8)
+    ps = prompts((40, 41, 42, 43, 44, 45))
+    a = tokens(llm.generate(ps, GREEDY, use_tqdm=False))
+    assert llm.scheduler.num_preemptions > 0
+    big = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, max_num_seqs=8, enable_prefix_caching=False)
+    assert agreement(a, tokens(big.generate(ps, GREEDY, use_tqdm=False))) >= 0.9
+    assert_pool_empty(llm)
+    assert_pool_empty(big)
