@@ -253,3 +253,24 @@ def test_missing_layer_is_named(tmp_path):
 def test_errors_are_quanta_errors():
     for cls in (ConfigError, CorruptFileError, ShapeError, UnsupportedError):
         assert issubclass(cls, QuantaError)
+
+
+def test_fp8_kv_cache_takes_the_checkpoint_scales(tmp_path):
+    """A compressed-tensors checkpoint calibrated for an FP8 KV cache runs with its own k/v scales."""
+    from quanta.engine import LLM, SamplingParams
+    path = _copy("fp8/ct_tensor_static_kv", tmp_path)
+    llm = LLM(model=str(path), dtype=torch.float32, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=64)
+    scales = load_checkpoint_kv_scales(path)
+    cache = llm.kv_cache
+    for layer in range(llm.checkpoint.config.num_hidden_layers):
+        assert torch.allclose(cache.k_scale[layer], scales[f"model.layers.{layer}.self_attn.k_scale"].float().expand(
+            cache.k_scale.shape[1]))
+        assert torch.allclose(cache.v_scale[layer], scales[f"model.layers.{layer}.self_attn.v_scale"].float().expand(
+            cache.v_scale.shape[1]))
+    assert not cache.needs_calibration
+    out = llm.generate({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def load_checkpoint_kv_scales(path: Path) -> dict:
+    return load(path).kv_cache_scales

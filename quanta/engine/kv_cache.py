@@ -36,7 +36,7 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_di
 
 
 def checkpoint_kv_scales(tensors: dict, num_layers: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Pop `...self_attn.{k,v}_scale` out of `tensors` -> (k_scale, v_scale) [L, Hk] float32, or None."""
+    """`...self_attn.{k,v}_scale` tensors (popped from `tensors`) -> (k_scale, v_scale) [L, Hk] float32, or None."""
     names = [n for n in tensors if n.endswith(("self_attn.k_scale", "self_attn.v_scale"))]
     if not names:
         return None

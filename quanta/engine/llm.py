@@ -66,7 +66,7 @@ class LLM:
         if self.max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
-        kv_scales = self._pop_kv_scales()
+        kv_scales = self._checkpoint_kv_scales()
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self.model = build_model(self.checkpoint, self.device, self.dtype, force_kernel=cfg.kernel)
         self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
@@ -189,13 +189,11 @@ class LLM:
             ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
         return ckpt
 
-    def _pop_kv_scales(self):
-        """Checkpoint k/v scales (fp8 KV), taken out of the tensors the model loads."""
+    def _checkpoint_kv_scales(self):
+        """Calibrated k/v scales the checkpoint carries for an fp8 KV cache ([L, Hk] each), or None."""
         mc = self.checkpoint.config
-        if not any(n.endswith(("self_attn.k_scale", "self_attn.v_scale")) for n in self.checkpoint.tensors):
-            return None
-        self.checkpoint.tensors = tensors = dict(self.checkpoint.tensors)
-        return checkpoint_kv_scales(tensors, mc.num_hidden_layers, mc.num_key_value_heads)
+        scales = dict(self.checkpoint.kv_cache_scales)
+        return checkpoint_kv_scales(scales, mc.num_hidden_layers, mc.num_key_value_heads) if scales else None
 
     def _make_cache(self, num_blocks: int, scales=None) -> PagedKVCache:
         mc = self.checkpoint.config

@@ -2,7 +2,7 @@
 
 Built on the meta device, then filled from a Checkpoint by `load_weights` (quantized linear
 weights go through QuantLinear's kernels). forward() takes a flat list of a step's tokens and an
-attention context that owns the KV cache (engine/attention.py).
+attention context that owns the KV cache (engine/forward_batch.py).
 """
 from __future__ import annotations
 
