@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -33,22 +34,23 @@ def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scal
               fmt: Fp8Format | None = None) -> torch.Tensor:
     """The oracle and CPU path: per sequence, gather its K/V, float32 masked softmax attention."""
     out = torch.empty_like(q)
-    group = q.shape[1] // k_cache.shape[2]
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
     for b, length in enumerate(lens):
         start, end = qsl[b], qsl[b + 1]
         if end == start:
             continue
-        k = _gather(k_cache, block_tables[b], length, k_scale, fmt).repeat_interleave(group, 1)
-        v = _gather(v_cache, block_tables[b], length, v_scale, fmt).repeat_interleave(group, 1)
-        pos = torch.arange(length - (end - start), length, device=q.device)
-        keys = torch.arange(length, device=q.device)
-        allowed = keys[None, :] <= pos[:, None]
-        if sliding_window is not None:
-            allowed &= keys[None, :] > pos[:, None] - sliding_window
-        scores = torch.einsum("thd,shd->hts", q[start:end].float(), k) * scale
-        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-        out[start:end] = torch.einsum("hts,shd->thd", probs, v).to(q.dtype)
+        k = _gather(k_cache, block_tables[b], length, k_scale, fmt).transpose(0, 1)
+        v = _gather(v_cache, block_tables[b], length, v_scale, fmt).transpose(0, 1)
+        mask = None
+        if end - start > 1 or sliding_window is not None:     # one last-position query sees every key
+            pos = torch.arange(length - (end - start), length, device=q.device)
+            keys = torch.arange(length, device=q.device)
+            mask = keys[None, :] <= pos[:, None]
+            if sliding_window is not None:
+                mask &= keys[None, :] > pos[:, None] - sliding_window
+        o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1).float(), k, v, attn_mask=mask,
+                                           scale=scale, enable_gqa=True)
+        out[start:end] = o.transpose(0, 1).to(q.dtype)
     return out
 
 
