@@ -5,6 +5,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when its module is first imported, so
+# it is set here, before any test module imports quanta: without CUDA every Triton kernel then runs
+# under the interpreter on the CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # No test may reach a model hub: transformers and huggingface_hub stay offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -3,22 +3,11 @@ compiled on a GPU) against the torch reference, odd lengths and block boundaries
 bit-level fp8 conversion against torch's float8 casts; the fp8 KV error against fp32 attention."""
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"        # before the kernels are (re)defined below
-
-import quanta.kernels.paged_kv as paged_kv  # noqa: E402
-import quanta.kernels.paged_attention as paged_attention  # noqa: E402
-
-if not torch.cuda.is_available():
-    # Another test module may have imported the kernels before the variable was set: redefine them.
-    paged_kv = importlib.reload(paged_kv)
-    paged_attention = importlib.reload(paged_attention)
+import quanta.kernels.paged_attention as paged_attention
+import quanta.kernels.paged_kv as paged_kv    # conftest set TRITON_INTERPRET=1 when there is no GPU
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FORMATS = [None, "fp8_e4m3", "fp8_e5m2"]
