@@ -26,13 +26,13 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dense", "cpu"): ("quanta.kernels.dense",),
     ("dense", "cuda"): ("quanta.kernels.dense",),
     ("affine", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
-    ("affine", "cuda"): ("quanta.kernels.dequantized",),
+    ("affine", "cuda"): ("quanta.kernels.affine_gemm", "quanta.kernels.dequantized"),
     ("gguf", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
     ("gguf", "cuda"): ("quanta.kernels.dequantized",),
     ("codebook", "cpu"): ("quanta.kernels.dequantized",),
-    ("codebook", "cuda"): ("quanta.kernels.dequantized",),
+    ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
     ("fp8", "cpu"): ("quanta.kernels.dequantized",),
-    ("fp8", "cuda"): ("quanta.kernels.dequantized",),
+    ("fp8", "cuda"): ("quanta.kernels.fp8_gemm", "quanta.kernels.dequantized"),
 }
 
 _warned: set[tuple[str, str]] = set()
@@ -46,9 +46,12 @@ def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dt
            force: str | None = None) -> tuple[ModuleType, str]:
     """The kernel module for `weight` on `device` computing in `dtype`, and the reason for the choice.
 
-    `force` names a kernel (its NAME) to use regardless of order; it must still support the weight.
+    `force` names a kernel (its NAME) to use for quantized weights regardless of order; it must still
+    support the weight. Plain tensors always run the dense kernel.
     """
     device = torch.device(device)
+    if not isinstance(weight, QTensor):
+        force = None
     key = (weight_kind(weight), device.type)
     names = CANDIDATES.get(key)
     if names is None:

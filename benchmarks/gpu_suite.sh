@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU evidence for the Triton kernels, on a machine with no network: GPU tests at real shapes against
+# the references, then benchmarks/kernels.py (full JSON to $OUT/kernels.json, a short table printed last).
+#   usage: [SKIP_TESTS=1] bash benchmarks/gpu_suite.sh [kernels.py args, e.g. --models 8b --sweep]
+# bitsandbytes (the NF4 peer) comes as a wheel in .whl/ (../shared/tools/gpu-wheels.sh .whl).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/quanta-gpu}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_codebook_gemm.py \
+  tests/test_fp8_gemm.py tests/test_fused_norm.py} 2>&1 | tee "$OUT/pytest.log" | tail -n 25
+python3 benchmarks/kernels.py --out "$OUT/kernels.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'

@@ -1,0 +1,347 @@
+"""Affine int4 / int8 weights (AWQ, GPTQ, RTN, HQQ...) times fp16/bf16 activations, dequantized in registers.
+
+Layout made once by `prepare()` (Marlin's lessons in Triton terms):
+  packed [K_pad / PACK, N] int32, PACK = 32 // bits codes per word, packed along K so that every load is
+  coalesced along N. Within each tile of TILE_K = PACK * R input columns (R = 16 rows of words), word
+  row r holds the columns k = i * R + r for i = 0..PACK-1 (code i in bits [bits*i, bits*(i+1))), so that
+  unpacking code i of a [R, BLOCK_N] tile is one shift and gives the contiguous K slice i of the tile.
+  scales as int32 words [rows, N] of two 16-bit floats in the compute dtype, so that a scale row loads in
+  the same register layout as a row of codes: with zero points, word g = (s_g | zbias_g << 16) where
+  zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
+  integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
+  Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
+Three paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor
+cores, M <= 2), this file's split-K `tl.dot` kernel (M up to ~128), and above that either the same
+kernel as a plain tiled GEMM or dequantize-to-fp16 + cuBLAS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quanta.kernels.fp8_bits import fp8_to_f16
+from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton, why_not_device
+from quanta.quant.errors import UnsupportedError
+from quanta.quant.kinds.affine import Affine
+
+NAME = "triton_affine"
+AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
+R = 16                      # word rows per tile: the K of one tensor-core step
+GEMV_MAX_M = 2              # M at or below this runs the GEMV (see affine_gemv.py)
+CUBLAS_MIN_M = 256          # M at or above this dequantizes to fp16 and calls cuBLAS (H100, M=256: the fused
+                            # 128x256 GEMM won on o/down but lost 30% on qkv, and only cuBLAS beat bnb on all 8)
+
+
+def reference(x: torch.Tensor, weight: Affine, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ dequantize(W).T + bias, in x's dtype: the oracle for every path below."""
+    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
+
+
+@triton.jit
+def load_scales(sz_ptr, g, cols, mask, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, DT: tl.constexpr):
+    """(scale, zbias) in dtype DT of groups g at columns cols (broadcastable), from the int32 scale words."""
+    if HAS_ZB:
+        v = tl.load(sz_ptr + g * N + cols, mask=mask, other=0)
+        s = (v & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        zb = (v >> 16).to(tl.int16).to(DT, bitcast=True)
+    else:
+        v = tl.load(sz_ptr + (g // 2) * N + cols, mask=mask, other=0)
+        s = ((v >> ((g % 2) * 16)) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        zb = (s.to(tl.float32) * -ZERO).to(DT)
+    return s, zb
+
+
+@triton.jit
+def _affine_gemm_kernel(
+    # pointers
+    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
+    # sizes
+    M, N, K, GS, tiles_per_split, num_tiles,
+    # strides (x and y are row-major; packed and scale-word rows are N long)
+    stride_xm, stride_ym,
+    # meta
+    BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    FP16_MAGIC: tl.constexpr, MODE: tl.constexpr,
+):
+    """y[M, N] (+)= x[M, K] @ dequant(packed)[K, N]; program (tile of M x N, split of K tiles).
+
+    MODE: AFFINE w = (code - zero) * s (+ zbias); LUT w = lut[code] * s; FP8_* w = fp8(code) * s.
+    """
+    PACK: tl.constexpr = 32 // BITS
+    TILE_K: tl.constexpr = PACK * R
+    MASK: tl.constexpr = (1 << BITS) - 1
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    # --- which tile and which K range
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_m                       # M fastest: programs sharing a weight tile run together
+    pid_n = pid // num_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, R)
+    offs_i = tl.arange(0, PACK)
+    offs_kk = tl.arange(0, TILE_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    shifts = (offs_i * BITS)[:, None, None]
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # --- main loop: one tile of TILE_K input columns per step
+    for t in range(t_begin, t_end):
+        kt = t * TILE_K
+        p = tl.load(w_ptr + (t * R + offs_r)[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0)
+        k = kt + offs_kk
+        kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :],
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        g = ((kt + offs_i * R) // GS)[:, None, None]
+        s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB, DT)
+        code = (p[None, :, :] >> shifts) & MASK                       # [PACK, R, BLOCK_N]
+        # --- dequantize in registers: exact integer through a magic-number float, then one FMA
+        if MODE == 1:
+            w = (tl.load(lut_ptr + code) * s.to(tl.float32)).to(DT)
+        elif MODE >= 2:
+            w = (fp8_to_f16(code, MODE - 2).to(DT) * s).to(DT)
+        elif FP16_MAGIC:
+            q = (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)        # 1024 + code
+            if HAS_ZB:
+                w = (q - 1024.0) * s + zb
+            else:
+                w = (q - (1024.0 + ZERO)) * s
+        else:
+            q = (code | 0x4B000000).to(tl.float32, bitcast=True)                  # 2**23 + code
+            if HAS_ZB:
+                w = ((q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)).to(DT)
+            else:
+                w = ((q - (8388608.0 + ZERO)) * s.to(tl.float32)).to(DT)
+        acc = tl.dot(x, tl.reshape(w, (TILE_K, BLOCK_N)), acc)
+    # --- epilogue: bias once (first split), then store or accumulate the split's partial sum
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _affine_dequant_kernel(
+    # pointers
+    w_ptr, sz_ptr, lut_ptr, out_ptr,
+    # sizes
+    N, GS,
+    # meta
+    BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ZB: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """out[K_pad, N] = dequant(packed) in out's dtype (the transposed weight for cuBLAS)."""
+    PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, R)
+    offs_i = tl.arange(0, PACK)
+    mask_n = offs_n < N
+    # --- load one tile of words and its scales
+    p = tl.load(w_ptr + (t * R + offs_r)[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0)
+    g = ((t * PACK * R + offs_i * R) // GS)[:, None, None]
+    s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB,
+                        out_ptr.dtype.element_ty)
+    # --- dequantize (exact integer in fp32, then scale)
+    code = (p[None, :, :] >> (offs_i * BITS)[:, None, None]) & MASK
+    q = (code | 0x4B000000).to(tl.float32, bitcast=True)
+    if MODE == 1:
+        w = tl.load(lut_ptr + code) * s.to(tl.float32)
+    elif MODE >= 2:
+        w = fp8_to_f16(code, MODE - 2).to(tl.float32) * s.to(tl.float32)
+    elif HAS_ZB:
+        w = (q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)
+    else:
+        w = (q - (8388608.0 + ZERO)) * s.to(tl.float32)
+    # --- store rows k = t*TILE_K + i*R + r
+    rows = t * PACK * R + offs_i[:, None, None] * R + offs_r[None, :, None]
+    tl.store(out_ptr + rows * N + offs_n[None, None, :], w.to(out_ptr.dtype.element_ty), mask=mask_n[None, None, :])
+
+
+@dataclass(slots=True)
+class AffineState:
+    """An affine weight in kernel layout (see the module docstring)."""
+    packed: torch.Tensor            # int32 [K_pad // PACK, N]
+    sz: torch.Tensor                # int32 [G_pad or G_pad / 2, N]: scale words (see the module docstring)
+    has_zb: bool                    # words hold (scale, zbias) pairs; else pairs of symmetric scales
+    perm: torch.Tensor | None       # int32 [K]: column k of the sorted weight reads x[:, perm[k]]
+    n: int
+    k: int
+    k_pad: int
+    bits: int
+    group_size: int                 # group of column k is k // group_size (k_pad for per-channel)
+    zero: int                       # the symmetric zero point (unused when zbias is given)
+    dtype: torch.dtype
+    mode: int = AFFINE              # AFFINE, LUT (codebook_gemm) or FP8_* (fp8_gemm)
+    lut: torch.Tensor | None = None  # float32 [2**bits] for LUT
+
+    @property
+    def num_tiles(self) -> int:
+        return self.k_pad // ((32 // self.bits) * R)
+
+
+# --- the launchers: check -> allocate -> launch ---------------------------------------------------
+
+# M bucket -> (BLOCK_M, BLOCK_N, num_warps, num_stages, waves of split-K programs per SM)
+GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64, 64, 4, 3, 2.0)),
+                (128, (64, 128, 4, 3, 1.5)), (1 << 30, (128, 256, 8, 3, 1.0)))
+
+
+def plan(m: int, st: AffineState) -> tuple[str, str]:
+    """Which path runs M rows of this weight, and why."""
+    if m <= GEMV_MAX_M:
+        return "gemv", f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV, FMAs in fp32 without tensor cores"
+    if m >= CUBLAS_MIN_M:
+        return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
+    return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"
+
+
+def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
+         config: tuple | None = None) -> torch.Tensor:
+    """The tl.dot path: y[M, N] = x2[M, K] @ W.T (+ bias); split-K for small M."""
+    m = x2.shape[0]
+    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
+    bm, bn, warps, stages, waves = config or next(c for top, c in GEMM_CONFIGS if m <= top)
+    if capability(x2.device) not in ((8, 0), (9, 0)):     # ~100 KB of shared memory (sm86, sm89) or less
+        bm, bn, warps, stages = min(bm, 64), min(bn, 128), min(warps, 4), 2
+    elif st.mode != AFFINE:                                # table / fp8 decoding: 128x256 overflows 227 KB
+        bn = min(bn, 128)
+    min_tiles = 4 if st.bits == 4 else 8
+    splits, per = split_k(cdiv(m, bm) * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
+    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
+         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
+    grid = (cdiv(m, bm) * cdiv(st.n, bn), splits)
+    _affine_gemm_kernel[grid](
+        x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
+        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+        m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
+        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, BLOCK_N=bn, HAS_ZB=st.has_zb,
+        HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        FP16_MAGIC=st.dtype == torch.float16, MODE=st.mode, num_warps=warps, num_stages=stages)
+    return y if y.dtype == st.dtype else y.to(st.dtype)
+
+
+def dequantize_t(st: AffineState, block_n: int = 128) -> torch.Tensor:
+    """The weight transposed, [K, N] in the compute dtype (rows in sorted order when act-ordered)."""
+    out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
+    _affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
+        st.packed, st.sz, st.lut if st.lut is not None else st.sz, out, st.n, st.group_size,
+        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=4)
+    return out[: st.k]
+
+
+def cublas(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize to the compute dtype, then cuBLAS: wins once the GEMM is compute-bound."""
+    if st.perm is not None:
+        x2 = x2.index_select(1, st.perm)
+    w_t = dequantize_t(st)
+    return torch.addmm(bias, x2, w_t) if bias is not None else x2 @ w_t
+
+
+def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
+           path: str | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias for x [..., K]; `path` forces one of plan()'s paths (benchmarks, tests)."""
+    x2 = x.reshape(-1, st.k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    path = path or plan(x2.shape[0], st)[0]
+    if path == "gemv":
+        y = affine_gemv.gemv(x2, st, bias)
+    elif path == "cublas":
+        y = cublas(x2, st, bias)
+    else:
+        y = gemm(x2, st, bias)
+    return y.reshape(*x.shape[:-1], st.n)
+
+
+# --- registry protocol ----------------------------------------------------------------------------
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    if not isinstance(weight, Affine):
+        return "not an affine weight"
+    if weight.bits not in (4, 8):
+        return f"int{weight.bits}: only 4- and 8-bit codes are packed"
+    if weight.num_groups > 1 and weight.group_size % R:
+        return f"group size {weight.group_size} is not a multiple of {R}"
+    return why_not_device(device, dtype)
+
+
+def prepare(weight: Affine, device: torch.device, dtype: torch.dtype) -> AffineState:
+    """Repack once: sort act-order columns, pack codes along K, fold zero points into scale words."""
+    w = weight.to(device)
+    n, k = w.shape
+    codes, perm = w.codes, None
+    if w.g_idx is not None:
+        order = torch.argsort(w.g_idx.long(), stable=True)
+        if not torch.equal(w.g_idx.long()[order], torch.arange(k, device=order.device) // w.group_size):
+            raise UnsupportedError(f"{w.describe()} {list(w.shape)}: g_idx groups are not "
+                                   f"{w.group_size} columns each once sorted")
+        if not torch.equal(order, torch.arange(k, device=order.device)):
+            codes, perm = codes[:, order], order.to(torch.int32)
+    group = w.group_size if w.num_groups > 1 else None
+    scales = w.effective_scales()           # bnb int8's post_scale (1/127) folded in
+    if w.mins is not None:
+        mins = w.mins.float() if w.post_scale is None else w.mins.float() * w.post_scale
+        return pack(codes, w.bits, group, scales, dtype, zbias=mins, perm=perm)
+    if isinstance(w.zeros, torch.Tensor):
+        return pack(codes, w.bits, group, scales, dtype, zbias=-scales * w.zeros.float(), perm=perm)
+    return pack(codes, w.bits, group, scales, dtype, zero=int(w.zeros), perm=perm)
+
+
+def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor, dtype: torch.dtype,
+         zbias: torch.Tensor | None = None, zero: int = 0, perm: torch.Tensor | None = None,
+         mode: int = AFFINE, lut: torch.Tensor | None = None) -> AffineState:
+    """Kernel layout of codes [N, K] (uint8) with scales [N, G] over groups of `group` columns (None: one
+    group per row); shared by the affine, codebook and FP8 weight-only kernels."""
+    n, k = codes.shape
+    pack_n = 32 // bits
+    tile_k = pack_n * R
+    k_pad = cdiv(k, tile_k) * tile_k
+    group = group or k_pad
+    # codes [N, K_pad] -> [tiles, PACK, R, N] -> words [tiles * R, N]
+    c = F.pad(codes, (0, k_pad - k)).view(n, k_pad // tile_k, pack_n, R).permute(1, 2, 3, 0)
+    words = torch.zeros(k_pad // tile_k, R, n, dtype=torch.int64, device=codes.device)
+    for i in range(pack_n):
+        words |= c[:, i].to(torch.int64) << (bits * i)
+    packed = _int32(words).reshape(-1, n)
+    g_pad = cdiv(k_pad, group)
+
+    def by_group(t: torch.Tensor) -> torch.Tensor:       # [N, G] float -> 16-bit patterns [G_pad, N], int64
+        out = torch.zeros(g_pad, n, dtype=torch.float32, device=t.device)
+        out[: t.shape[1]] = t.float().t()
+        return out.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+
+    s = by_group(scales)
+    if zbias is not None:
+        sz = s | by_group(zbias) << 16
+    else:                                                # two groups' scales per word
+        s = F.pad(s, (0, 0, 0, g_pad % 2))
+        sz = s[0::2] | s[1::2] << 16
+    return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
+                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None)
+
+
+def _int32(words: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit patterns held in int64 -> the same bits as int32."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return matmul(x, state, bias)
+
+
+from quanta.kernels import affine_gemv  # noqa: E402  (imports this module's names: kept last)

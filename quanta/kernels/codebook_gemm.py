@@ -1,0 +1,47 @@
+"""Codebook (bitsandbytes NF4 / FP4) weights times fp16/bf16 activations: the affine kernels with a table.
+
+When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
+are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. `prepare()` packs the codes exactly as
+affine_gemm does, stores absmax (double quantization undone once, in the compute dtype) as the group
+scales, and the kernels run in MODE=LUT: one 16-entry table gather per code (served from L1) in place
+of the magic-number conversion. Paths by M as in affine_gemm.plan().
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quanta.kernels import affine_gemm
+from quanta.kernels.affine_gemm import LUT, R, AffineState, pack
+from quanta.kernels.triton_support import why_not_device
+from quanta.quant.kinds.codebook import Codebook
+
+NAME = "triton_codebook"
+
+
+def reference(x: torch.Tensor, weight: Codebook, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ dequantize(W).T + bias, in x's dtype."""
+    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
+
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    if not isinstance(weight, Codebook):
+        return "not a codebook weight"
+    k = weight.shape[1]
+    if k % weight.blocksize:
+        return f"blocks of {weight.blocksize} straddle rows of {k} (K not a multiple of the blocksize)"
+    if weight.blocksize % R:
+        return f"blocksize {weight.blocksize} is not a multiple of {R}"
+    return why_not_device(device, dtype)
+
+
+def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> AffineState:
+    w = weight.to(device)
+    n, k = w.shape
+    absmax = w.block_absmax().reshape(n, k // w.blocksize)
+    group = w.blocksize if absmax.shape[1] > 1 else None
+    return pack(w.codes, 4, group, absmax, dtype, mode=LUT, lut=w.table)
+
+
+def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return affine_gemm.matmul(x, state, bias)

@@ -1,0 +1,133 @@
+"""Compile every Triton kernel for sm75 / sm80 / sm89 / sm90 with no GPU present (CI), down to cubin.
+
+Triton compiles for a named target without a device: `triton.compile(ASTSource(...), target=GPUTarget)`
+runs the whole pipeline (TTIR -> TTGIR -> LLVM -> PTX -> ptxas from the wheel). Each case names the
+argument types and the constexprs the launcher passes; pointers and the sizes a real launch would
+specialize as multiples of 16 carry that hint, so the code compiled here is the code a GPU runs.
+
+    python -m quanta.kernels.compile_check            # every case, every target, a table
+    python -m quanta.kernels.compile_check --sass gemv --cc 90   # dump one kernel's SASS
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import tempfile
+
+TARGETS = (75, 80, 89, 90)
+DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
+         "stride_q", "stride_k", "half", "stride_gm", "stride_um", "HALF_D"}
+
+# name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
+#          lowest target): one case per distinct code path (dtype, bits, special features)
+_P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr="*fp32", bias_ptr="*fp16",
+            y_ptr="*fp16")
+_PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
+_AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
+CASES = {
+    "affine_gemv_w4": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                       dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),
+    "affine_gemv_w8_g32_perm": ("affine_gemv", "_affine_gemv_kernel", _PBF,
+                                dict(_AFF, BITS=8, RS=4, ZERO=128, BLOCK_N=512, HAS_ZB=True, HAS_PERM=True,
+                                     HAS_BIAS=True, SPLIT_K=2, TILE_SCALE=False, EVEN_K=False), 2, 1, 80),
+    "affine_gemm_w4_f16": ("affine_gemm", "_affine_gemm_kernel", _P16,
+                           dict(_AFF, BITS=4, BLOCK_M=16, BLOCK_N=64, SPLIT_K=2, FP16_MAGIC=True), 4, 3, 75),
+    "affine_gemm_w8_bf16": ("affine_gemm", "_affine_gemm_kernel", _PBF,
+                            dict(_AFF, BITS=8, ZERO=128, BLOCK_M=64, BLOCK_N=128, HAS_ZB=True, HAS_PERM=True,
+                                 HAS_BIAS=True, SPLIT_K=1, FP16_MAGIC=False), 4, 3, 80),
+    "affine_gemm_w4_large": ("affine_gemm", "_affine_gemm_kernel", _P16,
+                             dict(_AFF, BITS=4, BLOCK_M=128, BLOCK_N=256, SPLIT_K=1, FP16_MAGIC=True), 8, 3, 90),
+    "affine_gemm_w4_large_small_smem": ("affine_gemm", "_affine_gemm_kernel", _P16,
+                                        dict(_AFF, BITS=4, BLOCK_M=64, BLOCK_N=128, SPLIT_K=1, FP16_MAGIC=True),
+                                        4, 2, 75),
+    "affine_dequant": ("affine_gemm", "_affine_dequant_kernel",
+                       dict(w_ptr="*i32", sz_ptr="*i32", lut_ptr="*fp32", out_ptr="*fp16"),
+                       dict(BITS=4, R=16, ZERO=8, BLOCK_N=128, HAS_ZB=True, MODE=0), 4, 1, 75),
+    "codebook_gemv_nf4": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                          dict(_AFF, BITS=4, RS=4, ZERO=0, BLOCK_N=1024, SPLIT_K=2, TILE_SCALE=False,
+                               EVEN_K=True, MODE=1), 4, 1, 75),
+    "codebook_gemm_nf4": ("affine_gemm", "_affine_gemm_kernel", _P16,
+                          dict(_AFF, BITS=4, ZERO=0, BLOCK_M=16, BLOCK_N=64, SPLIT_K=2, FP16_MAGIC=True, MODE=1),
+                          4, 3, 75),
+    "fp8_wo_gemv_e4m3": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                         dict(_AFF, BITS=8, RS=4, ZERO=0, BLOCK_N=1024, SPLIT_K=2, TILE_SCALE=True,
+                              EVEN_K=True, MODE=2), 4, 1, 75),
+    "fp8_wo_gemm_e5m2_bf16": ("affine_gemm", "_affine_gemm_kernel", _PBF,
+                              dict(_AFF, BITS=8, ZERO=0, BLOCK_M=32, BLOCK_N=64, SPLIT_K=2, FP16_MAGIC=False,
+                                   MODE=3), 4, 3, 80),
+    "fp8_quant_rows": ("fp8_gemm", "_quant_rows_kernel", dict(x_ptr="*fp16", q_ptr="*fp8e4nv", scale_ptr="*fp32"),
+                       dict(BLOCK_K=1024, FP8_MAX=448.0), 4, 1, 89),
+    "rms_norm_residual": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
+                          y_ptr="*fp16", h_ptr="*fp16", eps="fp32"), dict(BLOCK_D=4096, HAS_RESIDUAL=True), 8, 1, 75),
+    "rotary": ("rotary", "_rotary_kernel", dict(x_ptr="*bf16", y_ptr="*bf16", pos_ptr="*i64", freq_ptr="*fp32"),
+               dict(BLOCK_H=32, BLOCK_HALF=64), 4, 1, 80),
+    "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
+                     dict(BLOCK=1024), 4, 1, 75),
+}
+
+
+def compile_case(name: str, cc: int):
+    """Compile one case for compute capability `cc` (e.g. 90); returns Triton's CompiledKernel."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    module, kernel, types, constexprs, warps, stages, _ = CASES[name]
+    fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
+    signature, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+            continue
+        signature[arg] = types.get(arg, "i32")
+        if signature[arg].startswith("*") or arg in DIV16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def cases_for(cc: int) -> list[str]:
+    return [name for name, case in CASES.items() if cc >= case[6]]
+
+
+def sass(name: str, cc: int) -> str:
+    """The SASS of one case (cuobjdump from the Triton wheel)."""
+    import subprocess
+
+    import triton
+    compiled = compile_case(name, cc)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sass", help="dump the SASS of the case whose name contains this")
+    ap.add_argument("--cc", type=int, default=90)
+    ap.add_argument("--target", type=int, help="compile every case for this target only; exit 1 on a failure")
+    args = ap.parse_args()
+    if args.sass:
+        print(sass(next(n for n in CASES if args.sass in n), args.cc))
+        return
+    if args.target:
+        for name in cases_for(args.target):
+            assert compile_case(name, args.target).asm["cubin"], name
+        print(f"sm{args.target}: {len(cases_for(args.target))} kernels compiled")
+        return
+    for name in CASES:
+        row = []
+        for cc in TARGETS:
+            if cc not in [c for c in TARGETS if name in cases_for(c)]:
+                row.append(f"sm{cc}: n/a")
+                continue
+            k = compile_case(name, cc)
+            row.append(f"sm{cc}: {k.metadata.shared}B smem")
+        print(f"{name:32s} " + "  ".join(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""FP8 weights: W8A8 through cuBLASLt on sm89+, weight-only with bit-level conversion below.
+
+sm89+ (Ada, Hopper): activations are quantized per token to e4m3 by `_quant_rows_kernel` (one launch,
+scale = amax / 448) and `torch._scaled_mm` (cuBLASLt) multiplies with row-wise scales; the weight stays
+in its checkpoint bytes, transposed by view. DESIGN measured cuBLASLt FP8 at 1.6-1.9x bf16 cuBLAS for
+M >= 256 on Llama shapes, which a Triton FP8 `tl.dot` would have to beat; it is the first choice.
+sm75 / sm80 (and e5m2 weights, or block scales, anywhere): weight-only. The bytes are packed like affine
+int8 codes and the affine kernels run with MODE=FP8_*: each byte becomes fp16 by integer operations
+(fp8_bits.py), never through the hardware FP8 type, which Triton rejects below sm89.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quanta.kernels import affine_gemm
+from quanta.kernels.affine_gemm import FP8_E4M3, FP8_E5M2, AffineState, pack
+from quanta.kernels.triton_support import capability, tl, triton, why_not_device
+from quanta.quant.kinds.fp8 import Fp8
+
+NAME = "triton_fp8"
+E4M3_MAX = 448.0
+
+
+def reference(x: torch.Tensor, weight: Fp8, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ dequantize(W).T + bias (weight-only semantics: activations are not quantized)."""
+    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
+
+
+@triton.jit
+def _quant_rows_kernel(
+    # pointers
+    x_ptr, q_ptr, scale_ptr,
+    # sizes
+    K,
+    # strides
+    stride_xm, stride_qm,
+    # meta
+    BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
+):
+    """q[m, :] = x[m, :] / scale[m] in e4m3, scale[m] = max|x[m, :]| / FP8_MAX; one program per row."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    # --- pass 1: the row's absolute maximum
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+    tl.store(scale_ptr + row, scale)
+    # --- pass 2: scale and round to e4m3 (the row is still in L2)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * stride_qm + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+
+
+def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token dynamic e4m3 quantization of x2 [M, K]: (q [M, K] float8_e4m3fn, scales [M, 1] float32)."""
+    m, k = x2.shape
+    assert x2.stride(1) == 1
+    q = torch.empty(m, k, device=x2.device, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(m, 1, device=x2.device, dtype=torch.float32)
+    _quant_rows_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK_K=1024, FP8_MAX=E4M3_MAX,
+                             num_warps=4)
+    return q, scale
+
+
+@dataclass(slots=True)
+class W8A8State:
+    """cuBLASLt operands: the weight [K, N] (column-major view of the checkpoint's [N, K]) and its scales."""
+    w_t: torch.Tensor                # float8_e4m3fn [K, N], stride (1, K)
+    w_scale: torch.Tensor            # float32 [1, N]
+    n: int
+    k: int
+    dtype: torch.dtype
+
+
+def w8a8(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None = None) -> torch.Tensor:
+    q, scale = quantize_rows(x2)
+    return torch._scaled_mm(q, st.w_t, scale_a=scale, scale_b=st.w_scale, bias=bias, out_dtype=st.dtype)
+
+
+def _w8a8_reason(weight: Fp8, device: torch.device) -> str | None:
+    """None if the W8A8 cuBLASLt path can run this weight here, else why it falls back to weight-only."""
+    if capability(device) < (8, 9):
+        return "no FP8 units below sm89: weight-only FP8 with bit-level conversion"
+    if weight.fmt != "e4m3" or weight.strategy == "block":
+        return f"{weight.describe()}: cuBLASLt row-wise scaling needs e4m3 with tensor/channel scales"
+    if weight.shape[1] % 16 or weight.shape[0] % 16:
+        return "cuBLASLt FP8 needs N and K multiples of 16"
+    return None
+
+
+def plan(weight: Fp8, device: torch.device) -> tuple[str, str]:
+    why = _w8a8_reason(weight, device)
+    if why is None:
+        return "w8a8", "sm89+: per-token e4m3 activations + torch._scaled_mm (cuBLASLt), 1.6-1.9x bf16 at M>=256"
+    return "weight_only", why
+
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    if not isinstance(weight, Fp8):
+        return "not an fp8 weight"
+    if weight.block_size is not None and weight.block_size[1] % affine_gemm.R:
+        return f"block scales of {weight.block_size[1]} columns are not a multiple of {affine_gemm.R}"
+    return why_not_device(device, dtype)
+
+
+def prepare(weight: Fp8, device: torch.device, dtype: torch.dtype) -> W8A8State | AffineState:
+    w = weight.to(device)
+    n, k = w.shape
+    if plan(w, torch.device(device))[0] == "w8a8":
+        scale = w.scale.float().reshape(-1, 1).expand(n, 1).reshape(1, n).contiguous()
+        return W8A8State(w.data.t(), scale, n, k, dtype)
+    mode = FP8_E4M3 if w.fmt == "e4m3" else FP8_E5M2
+    if w.block_size is None:
+        return pack(w.data.view(torch.uint8), 8, None, w.scale.float().reshape(-1, 1).expand(n, 1), dtype, mode=mode)
+    bn, bk = w.block_size
+    scales = w.scale.float().repeat_interleave(bn, 0)[:n]               # [N, ceil(K / bk)]
+    return pack(w.data.view(torch.uint8), 8, bk if scales.shape[1] > 1 else None, scales, dtype, mode=mode)
+
+
+def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(state, AffineState):
+        return affine_gemm.matmul(x, state, bias)
+    x2 = x.reshape(-1, state.k)
+    return w8a8(x2.contiguous(), state, bias).reshape(*x.shape[:-1], state.n)

@@ -1,0 +1,70 @@
+"""RMSNorm, optionally fused with the residual add before it (one read and one write of the hidden state).
+
+    h = x + residual (when given);  y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
+as transformers' LlamaRMSNorm and engine.layers.RMSNorm compute it; returns y, or (y, h) with a residual.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.kernels.triton_support import tl, triton, why_not_device
+
+NAME = "triton_rms_norm"
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    h = x if residual is None else x + residual
+    y = weight * (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if residual is None else (y, h)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    # pointers
+    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr,
+    # sizes
+    D, eps,
+    # strides (rows)
+    stride_x, stride_r, stride_y, stride_h,
+    # meta
+    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    """One program per row of D features (BLOCK_D >= D: the row stays in registers)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    # --- h = x (+ residual), written back for the next layer's residual
+    # (arithmetic in fp32, rounded where the reference rounds: a 16-bit sum or product rounded once is
+    # the same number as the native 16-bit operation)
+    h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        h = (h.to(tl.float32) + tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+             ).to(h.dtype)
+        tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
+    # --- normalize in fp32, round to the dtype, then scale (the reference's order)
+    hf = h.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = w * (hf * inv).to(h.dtype).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """x [..., D] (and residual, same shape) -> y, or (y, x + residual)."""
+    d = x.shape[-1]
+    assert weight.shape == (d,) and (residual is None or residual.shape == x.shape)
+    x2 = x.reshape(-1, d)
+    r2 = residual.reshape(-1, d) if residual is not None else x2
+    assert x2.stride(-1) == 1 and r2.stride(-1) == 1
+    y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
+    h = torch.empty_like(x2) if residual is not None else y
+    block = triton.next_power_of_2(d)
+    _rms_norm_kernel[(x2.shape[0],)](
+        x2, r2, weight, y, h, d, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
+        BLOCK_D=block, HAS_RESIDUAL=residual is not None, num_warps=min(16, max(1, block // 256)))
+    y = y.reshape(x.shape)
+    return y if residual is None else (y, h.reshape(x.shape))
+
+
+def supports(x: torch.Tensor) -> str | None:
+    return why_not_device(x.device, x.dtype, (torch.float16, torch.bfloat16, torch.float32))

@@ -1,0 +1,75 @@
+"""What every Triton kernel module shares: the import guard, the device checks, small launch helpers.
+
+Kernels run on CUDA devices, and on the CPU only under Triton's interpreter (`TRITON_INTERPRET=1`,
+set by the tests before the kernel modules are imported).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    TRITON_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - triton ships with torch on Linux
+    triton = tl = None
+    TRITON_ERROR = f"triton is not importable ({exc})"
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU through its interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def why_not_device(device: torch.device, dtype: torch.dtype,
+                   dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)) -> str | None:
+    """None if a Triton kernel can run on `device` computing in `dtype`, else the reason."""
+    if TRITON_ERROR is not None:
+        return TRITON_ERROR
+    if torch.device(device).type != "cuda":
+        return f"Triton kernels run on CUDA devices, not {torch.device(device).type}"
+    if dtype not in dtypes:
+        return f"computes in {', '.join(str(d).removeprefix('torch.') for d in dtypes)}, not {dtype}"
+    if dtype == torch.bfloat16 and capability(device) < (8, 0):
+        return "bfloat16 needs sm80 or newer"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _props(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """Compute capability of a CUDA device; (0, 0) for the CPU (interpreter)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (0, 0)
+    props = _props(device.index if device.index is not None else torch.cuda.current_device())
+    return (props.major, props.minor)
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; a nominal 132 (an H100) under the interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 132
+    return _props(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int) -> tuple[int, int]:
+    """Split the K loop so that about `waves * sms` programs run; returns (splits, k tiles per split).
+
+    Each split keeps at least `min_tiles` K tiles so the partial sums stay worth their atomics.
+    """
+    want = max(1, round(waves * sms / max(tiles_out, 1)))
+    splits = max(1, min(want, k_tiles // max(min_tiles, 1)))
+    per = cdiv(k_tiles, splits)
+    return cdiv(k_tiles, per), per
