@@ -63,6 +63,11 @@ class QTensor:
         """What `to_affine()` would give (bits, groups, zero form) without building it; None if no form."""
         return None
 
+    def _cat_rows(self, others: list[QTensor]) -> QTensor | None:
+        """[self; *others] (same kind, same K) as one weight of N = sum of theirs, or None when their
+        formats differ; see `cat_rows`. Kinds whose rows are independent implement it."""
+        return None
+
     # --- shared -------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensor fields of this QTensor by name (None fields left out)."""
@@ -97,3 +102,37 @@ class QTensor:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.describe()}, shape={self.shape}, {self.bits_per_weight:.3f} bpw)"
+
+
+def cat_rows(weights: list) -> torch.Tensor | QTensor | None:
+    """Weights [N_i, K] over the same input (q/k/v, gate/up) stacked along N into one weight, exactly
+    (its dequantization is the concatenation of theirs), or None when they cannot share one format."""
+    first = weights[0]
+    if isinstance(first, torch.Tensor):
+        if all(isinstance(w, torch.Tensor) and w.dtype == first.dtype and w.shape[1:] == first.shape[1:]
+               for w in weights):
+            return torch.cat(weights)
+        return None
+    if not all(type(w) is type(first) and w.shape[1] == first.shape[1] for w in weights):
+        return None
+    return first._cat_rows(list(weights[1:]))
+
+
+def same(parts: list, key) -> bool:
+    """True when key(part) is equal for every part (tensors compared by value)."""
+    ref = key(parts[0])
+    for p in parts[1:]:
+        v = key(p)
+        if isinstance(ref, torch.Tensor) or isinstance(v, torch.Tensor):
+            if not (isinstance(ref, torch.Tensor) and isinstance(v, torch.Tensor) and ref.shape == v.shape
+                    and torch.equal(ref.cpu(), v.cpu())):
+                return False
+        elif v != ref:
+            return False
+    return True
+
+
+def cat_field(parts: list, name: str) -> torch.Tensor | None:
+    """torch.cat of one tensor field over the parts along dim 0 (None when the field is None)."""
+    first = getattr(parts[0], name)
+    return None if first is None else torch.cat([getattr(p, name) for p in parts])

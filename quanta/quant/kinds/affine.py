@@ -11,12 +11,13 @@ Codes are unsigned, one per uint8, in [0, 2**bits). Symmetric formats store thei
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import AffineScheme, QTensor
+from quanta.quant.qtensor import AffineScheme, QTensor, cat_field, same
 
 
 @dataclass(eq=False, repr=False)
@@ -83,6 +84,20 @@ class Affine(QTensor, kind="affine"):
         if self.post_scale is not None:
             w = w * torch.tensor(self.post_scale, dtype=torch.float32)
         return w.to(dtype)
+
+    def _cat_rows(self, others: list[QTensor]) -> Affine | None:
+        parts = [self, *others]
+        if not same(parts, lambda p: (p.bits, p.group_size, p.num_groups, p.post_scale, p.mins is None,
+                                      isinstance(p.zeros, torch.Tensor), p.g_idx is None)):
+            return None
+        if not isinstance(self.zeros, torch.Tensor) and not same(parts, lambda p: p.zeros):
+            return None
+        if self.g_idx is not None and not same(parts, lambda p: p.g_idx):
+            return None                       # act-order permutations differ: no shared column order
+        return dataclasses.replace(
+            self, codes=cat_field(parts, "codes"), scales=cat_field(parts, "scales"), mins=cat_field(parts, "mins"),
+            zeros=cat_field(parts, "zeros") if isinstance(self.zeros, torch.Tensor) else self.zeros,
+            shape=(sum(p.shape[0] for p in parts), self.shape[1]))
 
     def effective_scales(self) -> torch.Tensor:
         """float32 scales [N, G] with post_scale folded in (what a kernel multiplies by)."""

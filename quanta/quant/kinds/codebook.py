@@ -8,12 +8,13 @@ quantization the absmax itself is stored as 8-bit codes:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import QTensor
+from quanta.quant.qtensor import QTensor, cat_field, same
 
 # bitsandbytes functional.get_4bit_type: the NF4 and FP4 tables, index 0..15.
 NF4_TABLE = (
@@ -81,6 +82,20 @@ class Codebook(QTensor, kind="codebook"):
         flat = self.table.float()[self.codes.reshape(-1).long()]
         scale = self.block_absmax().repeat_interleave(self.blocksize)[: flat.numel()]
         return (flat * scale).reshape(self.shape).to(dtype)
+
+    def _cat_rows(self, others: list[QTensor]) -> Codebook | None:
+        parts = [self, *others]
+        if not same(parts, lambda p: (p.blocksize, p.quant_type, p.dtype, p.double_quant, p.nested_blocksize,
+                                      p.nested_offset)) or not same(parts, lambda p: p.table):
+            return None
+        if any(p.numel % p.blocksize for p in parts[:-1]):
+            return None                       # a block would straddle two weights
+        if self.double_quant and (not same(parts, lambda p: p.nested_table)
+                                  or any(p.num_blocks % p.nested_blocksize for p in parts[:-1])):
+            return None
+        return dataclasses.replace(self, codes=cat_field(parts, "codes"), absmax=cat_field(parts, "absmax"),
+                                   nested_absmax=cat_field(parts, "nested_absmax"),
+                                   shape=(sum(p.shape[0] for p in parts), self.shape[1]))
 
     @property
     def nbytes(self) -> int:

@@ -7,12 +7,13 @@ type (below sm89) reinterpret the same bytes as uint8 and convert with bit opera
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import QTensor
+from quanta.quant.qtensor import QTensor, cat_field, same
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -63,6 +64,21 @@ class Fp8(QTensor, kind="fp8"):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.data.float() * self.expanded_scale()).to(dtype)
+
+    def _cat_rows(self, others: list[QTensor]) -> Fp8 | None:
+        parts = [self, *others]
+        if not same(parts, lambda p: (p.data.dtype, p.block_size)) or not same(parts, lambda p: p.input_scale):
+            return None
+        if self.block_size is not None:
+            if any(p.shape[0] % self.block_size[0] for p in parts[:-1]):
+                return None                   # a block would straddle two weights
+            scale = cat_field(parts, "scale")
+        elif all(p.strategy == "tensor" for p in parts) and same(parts, lambda p: p.scale.reshape(())):
+            scale = self.scale
+        else:                                 # per-tensor scales of different weights become per-channel
+            scale = torch.cat([p.scale.float().reshape(-1).expand(p.shape[0]) for p in parts])
+        return dataclasses.replace(self, data=cat_field(parts, "data"), scale=scale,
+                                   shape=(sum(p.shape[0] for p in parts), self.shape[1]))
 
     def describe(self) -> str:
         blk = f" {self.block_size[0]}x{self.block_size[1]}" if self.block_size else ""

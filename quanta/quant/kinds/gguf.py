@@ -17,7 +17,7 @@ from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml_blocks import DECODERS, legacy_codes
 from quanta.quant.ggml_types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
-from quanta.quant.qtensor import AffineScheme, QTensor
+from quanta.quant.qtensor import AffineScheme, QTensor, cat_field
 
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
@@ -88,6 +88,13 @@ class Gguf(QTensor, kind="gguf"):
         """The weight made of rows `index` of this one (blocks copied as they are, no decoding)."""
         data = self.data[index] if isinstance(index, slice) else self.data[torch.as_tensor(index).long()]
         return Gguf(data=data, ggml_type=self.ggml_type, shape=(data.shape[0], self.shape[1]))
+
+    def _cat_rows(self, others: list[QTensor]) -> Gguf | None:
+        parts = [self, *others]
+        if any(p.ggml_type != self.ggml_type for p in parts):
+            return None
+        return Gguf(data=cat_field(parts, "data"), ggml_type=self.ggml_type,
+                    shape=(sum(p.shape[0] for p in parts), self.shape[1]))
 
     @property
     def nbytes(self) -> int:

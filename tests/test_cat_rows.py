@@ -1,0 +1,73 @@
+"""cat_rows: q/k/v or gate/up weights stacked into one weight of the same kind, exactly (the stacked
+weight dequantizes to the stacked dequantizations), or None when the formats cannot be shared."""
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.codebook import Codebook
+from quanta.quant.kinds.fp8 import Fp8
+from quanta.quant.kinds.gguf import Gguf
+from quanta.quant.qtensor import cat_rows
+
+G = torch.Generator().manual_seed(0)
+
+
+def affine(n, k=128, group=32, zero="int", g_idx=None):
+    groups = k // group
+    kw = {"zeros": torch.randint(0, 16, (n, groups), generator=G, dtype=torch.int32)} if zero == "int" else \
+        {"mins": torch.randn(n, groups, generator=G)} if zero == "float" else {"zeros": 8}
+    return Affine(codes=torch.randint(0, 16, (n, k), generator=G, dtype=torch.uint8),
+                  scales=torch.rand(n, groups, generator=G), bits=4, group_size=group, g_idx=g_idx, **kw)
+
+
+def gguf_weight(n, k=64, qtype=gguf.GGMLQuantizationType.Q5_1):
+    data = gguf.quants.quantize(np.random.default_rng(n).standard_normal((n, k)).astype(np.float32), qtype)
+    return Gguf(data=torch.from_numpy(data), ggml_type=int(qtype), shape=(n, k))
+
+
+def fp8(n, k=64, scale=None):
+    data = torch.randn(n, k, generator=G).to(torch.float8_e4m3fn)
+    return Fp8(data=data, scale=torch.tensor(scale) if scale is not None else torch.rand(n, generator=G))
+
+
+def codebook(n, k=64):
+    table = torch.linspace(-1, 1, 16)
+    return Codebook(codes=torch.randint(0, 16, (n, k), generator=G, dtype=torch.uint8), table=table,
+                    blocksize=64, absmax=torch.rand(n * k // 64, generator=G))
+
+
+CASES = {
+    "dense": lambda: [torch.randn(n, 128, generator=G) for n in (64, 16, 16)],
+    "affine-int": lambda: [affine(n) for n in (64, 16, 16)],
+    "affine-float-mins": lambda: [affine(n, zero="float") for n in (48, 48)],
+    "affine-sym": lambda: [affine(n, zero="sym") for n in (32, 8)],
+    "affine-same-act-order": lambda: (lambda g: [affine(n, g_idx=g) for n in (32, 8)])(
+        (torch.randperm(128, generator=G) // 32).int()),
+    "gguf": lambda: [gguf_weight(n) for n in (32, 8, 8)],
+    "fp8-channel": lambda: [fp8(n) for n in (32, 16)],
+    "fp8-tensor-scales-differ": lambda: [fp8(32, scale=0.5), fp8(16, scale=0.25)],
+    "codebook": lambda: [codebook(n) for n in (32, 16)],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stacked_weight_dequantizes_to_stacked_parts(case):
+    parts = CASES[case]()
+    merged = cat_rows(parts)
+    assert merged is not None and tuple(merged.shape) == (sum(p.shape[0] for p in parts), parts[0].shape[1])
+    deq = (lambda w: w if isinstance(w, torch.Tensor) else w.dequantize())
+    assert torch.equal(deq(merged), torch.cat([deq(p) for p in parts]))
+
+
+@pytest.mark.parametrize("parts", [
+    lambda: [affine(32), affine(32, group=64)],                                  # group sizes differ
+    lambda: [affine(32, zero="int"), affine(32, zero="float")],                  # zero forms differ
+    lambda: [affine(32, g_idx=(torch.arange(128) // 32).flip(0).int()), affine(32, g_idx=(torch.arange(128) // 32).int())],
+    lambda: [gguf_weight(32), gguf_weight(32, qtype=gguf.GGMLQuantizationType.Q8_0)],
+    lambda: [affine(32), torch.randn(32, 128)],                                  # kinds differ
+    lambda: [torch.randn(32, 128), torch.randn(32, 128).half()],                 # dtypes differ
+])
+def test_incompatible_parts_stay_apart(parts):
+    assert cat_rows(parts()) is None
