@@ -2,23 +2,12 @@
 caching, n > 1 forks and abort leave outputs unchanged and every block back in the pool."""
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"        # for the interpreted-kernel engine test below
-
-import quanta.kernels.paged_attention as paged_attention  # noqa: E402
-import quanta.kernels.paged_kv as paged_kv  # noqa: E402
-from quanta.engine import LLM, SamplingParams  # noqa: E402
-from quanta.quant.errors import ConfigError  # noqa: E402
-
-if not torch.cuda.is_available():
-    importlib.reload(paged_kv)                  # in case another module imported them first
-    importlib.reload(paged_attention)
+import quanta.kernels.paged_attention as paged_attention
+from quanta.engine import LLM, SamplingParams
+from quanta.quant.errors import ConfigError
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 LENGTHS = (3, 16, 17, 40, 1, 33)
@@ -176,4 +165,21 @@ def test_engine_on_triton_kernels_under_interpreter(tiny, alone):
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     got = tokens(llm.generate(prompts()[:4], params, use_tqdm=False))
     assert got == [[a[0][:4]] for a in alone[:4]]
+    assert_pool_empty(llm)
+
+
+def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone, monkeypatch):
+    """The CUDA layer path (fused residual+RMSNorm, rotary and SiLU-and-mul Triton kernels, fed by the
+    merged q/k/v and gate/up GEMMs' strided outputs) run by the interpreter gives the reference outputs."""
+    if torch.cuda.is_available():
+        pytest.skip("covered by the GPU tests")
+    import quanta.engine.layers as layers
+    calls = []
+    monkeypatch.setattr(layers, "use_triton", lambda device, dtype: calls.append(dtype) is None)
+    llm = engine(tiny)
+    assert any(k["name"].endswith("q_proj+k_proj+v_proj") for k in llm.kernels())
+    llm.kv_cache.use_triton = True
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    got = tokens(llm.generate(prompts()[:2], params, use_tqdm=False))
+    assert calls and got == [[a[0][:3]] for a in alone[:2]]
     assert_pool_empty(llm)

@@ -30,7 +30,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 def default_pair():
     from quanta.tools.default_model import default_model_path
     path = default_model_path()
-    ours = LLM(model=str(path), dtype="float32", device="cpu")
+    ours = LLM(model=str(path), dtype="float32", device="cpu", kernel="dequantized")    # the exact path
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     return ours, theirs
@@ -78,11 +78,13 @@ def test_tiny_hf_models_match_transformers(arch, tmp_path):
     assert out.outputs[0].token_ids == hf_greedy(theirs, ids, 32)
 
 
-def test_default_model_bf16_int4_path_agrees_with_fp32(default_pair):
-    """The CPU fast path (bf16 activations, torch's int4 kernel) keeps weights 4-bit and stays close."""
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_default_model_int4_path_agrees_with_exact(default_pair, dtype):
+    """The CPU fast path (torch's int4 kernel, bf16 at its input; float32 elsewhere by default) keeps
+    weights 4-bit and stays close to the exact float32 model."""
     ours32, _ = default_pair
     from quanta.tools.default_model import default_model_path
-    fast = LLM(model=str(default_model_path()), dtype="bfloat16", device="cpu")
+    fast = LLM(model=str(default_model_path()), dtype=dtype, device="cpu")
     assert {k["kernel"] for k in fast.kernels() if "q4_1" in k["scheme"]} == {"cpu_int4"}
     ids = ours32.tokenizer(" ".join(PROMPTS))["input_ids"]
     ref, got = ours32.prompt_logits(ids), fast.prompt_logits(ids)

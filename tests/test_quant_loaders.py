@@ -122,7 +122,7 @@ def test_engine_logits_close_to_reference(path: Path):
     from quanta.engine.llm import LLM
 
     ref = load_file(path / "reference_logits.safetensors")
-    llm = LLM(model=str(path), dtype=torch.float32, device="cpu")
+    llm = LLM(model=str(path), dtype=torch.float32, device="cpu", kernel="dequantized")
     logits = llm.prompt_logits(ref["tokens"].tolist()).float()
     expected = ref["logits"][0]
     assert logits.shape == expected.shape

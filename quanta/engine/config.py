@@ -15,7 +15,7 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.flo
 class EngineConfig:
     model: str
     quantization: str = "auto"          # "auto" or the family detect() must find (gguf, awq, ...)
-    dtype: str | torch.dtype = "auto"   # compute dtype; auto: bf16 on CPU, the checkpoint's on GPU
+    dtype: str | torch.dtype = "auto"   # compute dtype; auto: float32 on CPU, the checkpoint's on GPU
     device: str | None = None           # default: cuda if available, else cpu
     max_model_len: int | None = None    # default: the model's max_position_embeddings
     seed: int = 0
@@ -61,11 +61,21 @@ class EngineConfig:
             raise ConfigError(f"LLM: unknown argument(s) {unknown}; known: {sorted(known)}")
         return cls(model=model, **kwargs)
 
+    def lm_head_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
+        """What the lm_head computes in: the compute dtype, except with dtype="auto" on the CPU, where
+        a float32 lm_head would cost a third of a small model's decode step; bfloat16 logits there are
+        the vLLM convention (a float32 residual stream keeps them close enough for greedy picks)."""
+        if self.dtype == "auto" and torch.device(self.device).type == "cpu":
+            return torch.bfloat16
+        return compute_dtype
+
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype != "auto":
             return DTYPES[self.dtype]
         if torch.device(self.device).type == "cpu":
-            return torch.bfloat16
+            # float32 activations; 4-bit GEMMs still run torch's int4 kernel (bf16 at its input only).
+            # All-bf16 keeps too little of the residual stream: SmolLM2's greedy answer flips.
+            return torch.float32
         return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.float16

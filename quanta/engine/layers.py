@@ -1,16 +1,29 @@
-"""The model's building blocks: QuantLinear (any weight kind, through the kernel registry),
-RMSNorm, a (quantized-aware) embedding and rotary position embedding (default, linear, llama3)."""
+"""The model's building blocks: QuantLinear (any weight kind, through the kernel registry) and
+MergedQuantLinear (q/k/v or gate/up as one GEMM), RMSNorm (fused with the residual add), a
+(quantized-aware) embedding, rotary position embedding (default, linear, llama3) and SiLU-and-mul.
+
+On CUDA the norm, rotary and SiLU-and-mul run as Triton kernels (quanta.kernels); elsewhere their torch
+references, which compute what transformers computes.
+"""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quanta.kernels import registry
+from quanta.kernels import activation, fused_norm, registry, rotary
+from quanta.kernels.triton_support import why_not_device
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.qtensor import QTensor
+from quanta.quant.qtensor import QTensor, cat_rows
+
+
+@functools.lru_cache(maxsize=None)
+def use_triton(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the elementwise Triton kernels (norm, rotary, SiLU-and-mul) run for tensors like these."""
+    return why_not_device(device, dtype, (torch.float16, torch.bfloat16, torch.float32)) is None
 
 
 class QuantLinear(nn.Module):
@@ -47,19 +60,69 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"
 
 
+class MergedQuantLinear(nn.Module):
+    """Linear layers over one input (q/k/v, gate/up) run as one GEMM on their stacked weight, so a decode
+    step reads one larger weight with one launch; weights that cannot share a format (say, different
+    act-order permutations) stay separate layers, their outputs concatenated."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False):
+        super().__init__()
+        self.in_features, self.parts, self.has_bias = in_features, dict(parts), bias
+        self.sizes = list(self.parts.values())
+        self.fused = QuantLinear(in_features, sum(self.sizes), bias)
+        self.separate: nn.ModuleList | None = None
+
+    def load(self, weights: list, biases: list, device: torch.device, dtype: torch.dtype,
+             names: list[str], force_kernel: str | None = None) -> None:
+        """Stack the parts' weights when cat_rows can (exactly), else load each part on its own."""
+        for w, b, n, name in zip(weights, biases, self.sizes, names):
+            if tuple(w.shape) != (n, self.in_features):
+                raise ShapeError(f"{name}: weight shape {list(w.shape)} != expected {[n, self.in_features]}")
+            if self.has_bias != (b is not None):
+                raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
+        merged = cat_rows(weights)
+        if merged is not None:
+            bias = torch.cat(biases) if self.has_bias else None
+            self.fused.load(merged, bias, device, dtype, name="+".join(names), force_kernel=force_kernel)
+            return
+        self.fused = None
+        self.separate = nn.ModuleList(QuantLinear(self.in_features, n, self.has_bias) for n in self.sizes)
+        for layer, w, b, name in zip(self.separate, weights, biases, names):
+            layer.load(w, b, device, dtype, name=name, force_kernel=force_kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., K] -> [..., sum of the parts' N], the parts in order."""
+        if self.fused is not None:
+            return self.fused(x)
+        return torch.cat([layer(x) for layer in self.separate], dim=-1)
+
+    def linears(self) -> list[tuple[str, QuantLinear]]:
+        """(part name(s), layer) for each GEMM this module runs."""
+        if self.fused is not None:
+            return [("+".join(self.parts), self.fused)]
+        return list(zip(self.parts, self.separate))
+
+
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, as transformers' LlamaRMSNorm."""
+    """RMSNorm computed in float32, as transformers' LlamaRMSNorm; with `residual`, the residual add
+    before it is fused in (vLLM's form): returns (normed, x + residual)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if use_triton(x.device, x.dtype) and x.stride(-1) == 1:
+            return fused_norm.rms_norm(x, self.weight, self.eps, residual)
+        return fused_norm.reference(x, self.weight, self.eps, residual)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: silu(x[..., :I]) * x[..., I:] for the fused gate_up output."""
+    if use_triton(x.device, x.dtype):
+        return activation.silu_and_mul(x)
+    return activation.reference(x)
 
 
 class Embedding(nn.Module):
@@ -118,12 +181,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated q, k."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(q.dtype)[:, None, :], emb.sin().to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        if use_triton(q.device, q.dtype):
+            return rotary.rotary(q, k, positions, self.inv_freq)
+        return rotary.reference(q, k, positions, self.inv_freq)

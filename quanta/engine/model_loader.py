@@ -6,15 +6,17 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from quanta.engine.layers import Embedding, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
 from quanta.engine.models.llama import LlamaForCausalLM
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import CorruptFileError, ShapeError
 
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
-                force_kernel: str | None = None, quiet: bool = False) -> LlamaForCausalLM:
-    """A ready-to-run model for `ckpt` on `device`, computing in `dtype`."""
+                force_kernel: str | None = None, quiet: bool = False,
+                lm_head_dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+    """A ready-to-run model for `ckpt` on `device`, computing in `dtype` (the lm_head in `lm_head_dtype`,
+    default `dtype`); logits come out in float32 either way."""
     cfg = ckpt.config
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
@@ -32,10 +34,18 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
         used.add(name)
         return tensors[name]
 
-    modules = [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantLinear, RMSNorm, Embedding))]
+    model.logits_dtype = lm_head_dtype or dtype
+    kinds = (MergedQuantLinear, QuantLinear, RMSNorm, Embedding)
+    modules = [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and not n.endswith(".fused")]
     for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
-        if isinstance(module, QuantLinear):
-            module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, dtype,
+        if isinstance(module, MergedQuantLinear):
+            parent = name.rsplit(".", 1)[0]
+            names = [f"{parent}.{part}" for part in module.parts]
+            module.load([take(f"{n}.weight") for n in names], [take(f"{n}.bias", module.has_bias) for n in names],
+                        device, dtype, names=[f"{n}.weight" for n in names], force_kernel=force_kernel)
+        elif isinstance(module, QuantLinear):
+            module_dtype = model.logits_dtype if name == "lm_head" else dtype
+            module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, module_dtype,
                         name=f"{name}.weight", force_kernel=force_kernel)
         elif isinstance(module, Embedding):
             module.load(take(f"{name}.weight"), device, dtype)
@@ -53,7 +63,14 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
 
 
 def kernel_table(model: LlamaForCausalLM) -> list[dict]:
-    """Per linear layer: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`)."""
+    """Per GEMM: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`). Merged
+    projections are one row named by their parts, e.g. `model.layers.0.self_attn.q_proj+k_proj+v_proj`."""
+    rows = []
+    for name, module in model.named_modules():
+        if isinstance(module, MergedQuantLinear):
+            parent = name.rsplit(".", 1)[0]
+            rows += [(f"{parent}.{parts}", m) for parts, m in module.linears()]
+        elif isinstance(module, QuantLinear) and not name.endswith(".fused") and ".separate." not in name:
+            rows.append((name, module))
     return [{"name": n, "shape": [m.out_features, m.in_features], "scheme": m.scheme,
-             "kernel": m.kernel.NAME, "reason": m.kernel_reason}
-            for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+             "kernel": m.kernel.NAME, "reason": m.kernel_reason} for n, m in rows]

@@ -33,8 +33,8 @@ def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type != "cpu":
         return "CPU only"
-    if dtype != torch.bfloat16:
-        return f"needs bfloat16 activations, compute dtype is {dtype}"
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"computes in bfloat16 or float32, not {dtype}"
     scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
     if scheme is None:
         return "no exact affine form"
@@ -66,5 +66,5 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
     lead = x.shape[:-1]
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.reshape(-1, x.shape[-1]).to(torch.bfloat16), state.packed, state.group_size, state.scales_zeros)
-    y = y.reshape(*lead, state.out_features)
+    y = y.reshape(*lead, state.out_features).to(x.dtype)
     return y if bias is None else y + bias

@@ -65,8 +65,9 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype=t
 
 def reference_store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Format | None = None):
     """What store() does, in torch: cache.view(-1, Hk, D)[slot] = (quantized) k, v for slot >= 0."""
-    keep = slot >= 0
-    slot, k, v = slot[keep], k[keep], v[keep]
+    if bool((slot < 0).any()):               # padding rows (CUDA-graph batches) write nowhere
+        keep = slot >= 0
+        slot, k, v = slot[keep], k[keep], v[keep]
     if fmt is not None:
         k, v = quantize(k, k_scale, fmt), quantize(v, v_scale, fmt)
     k_cache.view(-1, *k_cache.shape[2:])[slot] = k.to(k_cache.dtype)

@@ -2,14 +2,16 @@
 
 Built on the meta device, then filled from a Checkpoint by `load_weights` (quantized linear
 weights go through QuantLinear's kernels). forward() takes a flat list of a step's tokens and an
-attention context that owns the KV cache (engine/forward_batch.py).
+attention context that owns the KV cache (engine/forward_batch.py). q/k/v and gate/up run as one
+GEMM each (MergedQuantLinear); the residual stream is carried beside the hidden state so that each
+RMSNorm adds it in the same pass (vLLM's layout).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from quanta.engine.layers import Embedding, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding, silu_and_mul
 from quanta.loaders.checkpoint import ModelConfig
 
 
@@ -20,18 +22,19 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.scale = cfg.head_dim ** -0.5
         bias = cfg.attention_bias
-        self.q_proj = QuantLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias)
-        self.k_proj = QuantLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias)
-        self.v_proj = QuantLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedQuantLinear(cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size,
+                                                            "v_proj": self.kv_size}, bias)
         self.o_proj = QuantLinear(self.num_heads * self.head_dim, cfg.hidden_size, False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
@@ -42,12 +45,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = QuantLinear(cfg.hidden_size, cfg.intermediate_size)
-        self.up_proj = QuantLinear(cfg.hidden_size, cfg.intermediate_size)
-        self.down_proj = QuantLinear(cfg.intermediate_size, cfg.hidden_size)
+        size = cfg.intermediate_size
+        self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size})
+        self.down_proj = QuantLinear(size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -58,9 +61,17 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                rotary: RotaryEmbedding, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's input x, the residual stream before it) -> (its output, the stream before that);
+        the layer's true output is their sum, formed by the next norm."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, rotary, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -80,13 +91,15 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
+        self.logits_dtype = torch.float32     # set by build_model
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the last norm)."""
-        x = self.model.embed_tokens(input_ids)
+        x, residual = self.model.embed_tokens(input_ids), None
         for layer in self.model.layers:
-            x = layer(x, positions, self.model.rotary, ctx)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, positions, self.model.rotary, ctx)
+        return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """Float32 logits from the lm_head, which computes in `logits_dtype` (EngineConfig.lm_head_dtype)."""
+        return self.lm_head(hidden.to(self.logits_dtype)).float()
