@@ -3,26 +3,34 @@
 # (synthetic Llama-3-8B W4 g128, 1000 x 512 in / 128 out, fp16 vs fp8 KV, transformers fp16 baseline)
 # and batch-1 latency. No network. JSON lands in $OUT (default ./gpu_engine_out); a table is printed last.
 #   bash benchmarks/gpu_engine.sh            # N=1000 requests; N=200 for a quicker pass
+#   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency throughput
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_engine_out}"; mkdir -p "$OUT"
 N="${N:-1000}"
+STAGES="${STAGES:-tests latency throughput}"
 MODEL="${MODEL:-synthetic:llama3-8b:w4g128}"
 export PYTHONPATH="$PWD:$PWD/tests:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
+if [[ $STAGES == *tests* ]]; then
 echo "== tests (paged attention kernels + GPU engine)"
-timeout 150 python -m pytest -q -m "" -p no:cacheprovider tests/test_paged_attention.py tests/test_engine_gpu.py \
+timeout ${TEST_TIMEOUT:-200} python -m pytest -q -m "" -p no:cacheprovider ${TESTS:-tests/test_paged_attention.py tests/test_engine_gpu.py} \
     2>&1 | tail -25 | tee "$OUT/tests.txt"
+fi
 
+if [[ $STAGES == *latency* ]]; then
 echo "== latency (batch 1)"
 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 256 --runs 3 \
     --out "$OUT/latency.json" 2>&1 | grep -v '^loading' | tail -3
+fi
 
+if [[ $STAGES == *throughput* ]]; then
 echo "== throughput"
-timeout 300 python benchmarks/throughput.py --model "$MODEL" --num-prompts "$N" --input-len 512 --output-len 128 \
+timeout ${THROUGHPUT_TIMEOUT:-420} python benchmarks/throughput.py --model "$MODEL" --num-prompts "$N" --input-len 512 --output-len 128 \
     --kv-cache-dtype auto fp8 --hf-baseline --hf-batch-sizes 16,32,64 --quiet \
     --out "$OUT/throughput.json" 2>&1 | grep -v '^loading' | tail -8
+fi
 
 python - "$OUT" <<'PY'
 import json, sys, pathlib

@@ -80,7 +80,7 @@ def _decode_kernel(
     # constexpr meta
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
-    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
     Writes the split's normalized output and log-sum-exp; _combine_kernel merges the splits."""
@@ -119,14 +119,14 @@ def _decode_kernel(
         n_mask = offs_n < end
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     # --- normalized partial output and its log-sum-exp (-inf for an empty split)
@@ -168,7 +168,7 @@ def _prefill_kernel(
     # constexpr meta
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
-    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """grid (B, cdiv(max_query_len, BLOCK_M), Hq): BLOCK_M queries of one sequence and head."""
     b = tl.program_id(0)
@@ -209,7 +209,7 @@ def _prefill_kernel(
         n_mask = offs_n < hi
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         if WINDOW > 0:
             allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
@@ -220,7 +220,7 @@ def _prefill_kernel(
         alpha = tl.exp(m_i - m_safe)
         v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -240,6 +240,12 @@ def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 64
     want = -(-2 * sms // max(1, batch * num_kv_heads))
     return max(1, min(want, 32, -(-max_len // block_n)))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: float32 models get true fp32 products ("ieee"), not TF32's 10-bit
+    mantissa (a 1e-3 relative error); 16-bit inputs are exact on the tensor cores either way."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding_window: int | None = None,
@@ -263,7 +269,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
-        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"])
+        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
+        PRECISION=dot_precision(q.dtype))
     _combine_kernel[(bsz, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq, HEAD_DIM=d,
                                BLOCK_D=block_d, NUM_SPLITS=num_splits,
                                SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)))
@@ -291,5 +298,6 @@ def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_qu
         k_cache.stride(0), k_cache.stride(1),
         GROUP=hq // hk, BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0,
-        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"])
+        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
+        PRECISION=dot_precision(q.dtype))
     return out
