@@ -178,9 +178,15 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict | None):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+        self._cos_sin: tuple | None = None    # (positions, dtype, cos, sin) of the step in progress
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated q, k."""
         if use_triton(q.device, q.dtype):
             return rotary.rotary(q, k, positions, self.inv_freq)
-        return rotary.reference(q, k, positions, self.inv_freq)
+        # every layer of a step passes the same positions tensor: its angles are computed once
+        cached = self._cos_sin
+        if cached is None or cached[0] is not positions or cached[1] != q.dtype:
+            cached = self._cos_sin = (positions, q.dtype, *rotary.cos_sin(positions, self.inv_freq, q.dtype))
+        cos, sin = cached[2], cached[3]
+        return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)

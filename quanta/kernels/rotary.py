@@ -14,14 +14,21 @@ NAME = "triton_rotary"
 
 def reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor):
     """q [T, Hq, D], k [T, Hk, D], positions [T], inv_freq [D/2] -> rotated (q, k)."""
+    cos, sin = cos_sin(positions, inv_freq, q.dtype)
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """cos and sin [T, 1, D] of every position's angles, rounded to `dtype` (shared by every layer)."""
     freqs = positions[:, None].float() * inv_freq[None, :].float()
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(q.dtype)[:, None, :], emb.sin().to(q.dtype)[:, None, :]
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
-    def rot(x):
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin for x [T, H, D]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 @triton.jit
