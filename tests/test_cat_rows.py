@@ -71,3 +71,25 @@ def test_stacked_weight_dequantizes_to_stacked_parts(case):
 ])
 def test_incompatible_parts_stay_apart(parts):
     assert cat_rows(parts()) is None
+
+
+@pytest.mark.parametrize("compatible", [True, False])
+def test_merged_linear_equals_its_parts(compatible):
+    """MergedQuantLinear runs one GEMM on stacked weights, or each part when they cannot stack; either way
+    its output is the parts' outputs side by side."""
+    from quanta.engine.layers import MergedQuantLinear, QuantLinear
+    parts = [affine(32), affine(16)] if compatible else [affine(32), affine(16, group=64)]
+    biases = [torch.randn(32, generator=G), torch.randn(16, generator=G)]
+    merged = MergedQuantLinear(128, {"a": 32, "b": 16}, bias=True)
+    merged.load(parts, biases, torch.device("cpu"), torch.float32, names=["a.weight", "b.weight"])
+    assert (merged.separate is None) == compatible and len(merged.linears()) == (1 if compatible else 2)
+    x = torch.randn(3, 128, generator=G)
+    want = []
+    for w, b in zip(parts, biases):
+        single = QuantLinear(128, w.shape[0], bias=True)
+        single.load(w, b, torch.device("cpu"), torch.float32)
+        want.append(single(x))
+    torch.testing.assert_close(merged(x), torch.cat(want, dim=-1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="bias missing"):
+        MergedQuantLinear(128, {"a": 32, "b": 16}, bias=True).load(parts, [biases[0], None], torch.device("cpu"),
+                                                                   torch.float32, names=["a.weight", "b.weight"])
