@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
         self.kernel = None
         self.kernel_reason = ""
+        self.dtype: torch.dtype | None = None      # what the kernel computes in, set at load
         self.scheme = "unloaded"
         self.state = None
         self.bias: torch.Tensor | None = None
@@ -47,6 +49,7 @@ class QuantLinear(nn.Module):
                              f"{[self.out_features, self.in_features]}")
         if self.has_bias != (bias is not None):
             raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
+        self.dtype = dtype
         self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel)
         self.scheme = weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"
         self.state = self.kernel.prepare(weight, device, dtype)
@@ -95,6 +98,12 @@ class MergedQuantLinear(nn.Module):
         if self.fused is not None:
             return self.fused(x)
         return torch.cat([layer(x) for layer in self.separate], dim=-1)
+
+    def part_names(self, name: str) -> list[str]:
+        """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`
+        -> `...self_attn.q_proj`, `...k_proj`, `...v_proj`)."""
+        parent = name.rsplit(".", 1)[0]
+        return [f"{parent}.{part}" for part in self.parts]
 
     def linears(self) -> list[tuple[str, QuantLinear]]:
         """(part name(s), layer) for each GEMM this module runs."""
@@ -178,15 +187,12 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict | None):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
-        self._cos_sin: tuple | None = None    # (positions, dtype, cos, sin) of the step in progress
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated q, k."""
-        if use_triton(q.device, q.dtype):
-            return rotary.rotary(q, k, positions, self.inv_freq)
-        # every layer of a step passes the same positions tensor: its angles are computed once
-        cached = self._cos_sin
-        if cached is None or cached[0] is not positions or cached[1] != q.dtype:
-            cached = self._cos_sin = (positions, q.dtype, *rotary.cos_sin(positions, self.inv_freq, q.dtype))
-        cos, sin = cached[2], cached[3]
-        return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], tuple]:
+        """The rotation of one step's tokens, made once for every layer: (q [T, Hq, D], k [T, Hk, D]) ->
+        rotated (q, k). On CUDA the Triton kernel computes the angles itself; the torch path computes
+        cos / sin here, once per step instead of once per layer."""
+        if use_triton(positions.device, dtype):
+            return functools.partial(rotary.rotary, positions=positions, inv_freq=self.inv_freq)
+        cos, sin = rotary.cos_sin(positions, self.inv_freq, dtype)
+        return lambda q, k: (rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin))

@@ -34,17 +34,14 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
         used.add(name)
         return tensors[name]
 
-    model.logits_dtype = lm_head_dtype or dtype
-    kinds = (MergedQuantLinear, QuantLinear, RMSNorm, Embedding)
-    modules = [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and not n.endswith(".fused")]
+    modules = list(weight_modules(model))
     for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
         if isinstance(module, MergedQuantLinear):
-            parent = name.rsplit(".", 1)[0]
-            names = [f"{parent}.{part}" for part in module.parts]
+            names = module.part_names(name)
             module.load([take(f"{n}.weight") for n in names], [take(f"{n}.bias", module.has_bias) for n in names],
                         device, dtype, names=[f"{n}.weight" for n in names], force_kernel=force_kernel)
         elif isinstance(module, QuantLinear):
-            module_dtype = model.logits_dtype if name == "lm_head" else dtype
+            module_dtype = (lm_head_dtype or dtype) if module is model.lm_head else dtype
             module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, module_dtype,
                         name=f"{name}.weight", force_kernel=force_kernel)
         elif isinstance(module, Embedding):
@@ -62,15 +59,25 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
     return model.eval()
 
 
+def weight_modules(module: torch.nn.Module, prefix: str = ""):
+    """(name, module) of every module that takes checkpoint tensors, in model order; a MergedQuantLinear
+    counts as one (the layers inside it are its own business)."""
+    for name, child in module.named_children():
+        if isinstance(child, (MergedQuantLinear, QuantLinear, RMSNorm, Embedding)):
+            yield prefix + name, child
+        else:
+            yield from weight_modules(child, f"{prefix}{name}.")
+
+
 def kernel_table(model: LlamaForCausalLM) -> list[dict]:
     """Per GEMM: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`). Merged
     projections are one row named by their parts, e.g. `model.layers.0.self_attn.q_proj+k_proj+v_proj`."""
     rows = []
-    for name, module in model.named_modules():
+    for name, module in weight_modules(model):
         if isinstance(module, MergedQuantLinear):
             parent = name.rsplit(".", 1)[0]
             rows += [(f"{parent}.{parts}", m) for parts, m in module.linears()]
-        elif isinstance(module, QuantLinear) and not name.endswith(".fused") and ".separate." not in name:
+        elif isinstance(module, QuantLinear):
             rows.append((name, module))
     return [{"name": n, "shape": [m.out_features, m.in_features], "scheme": m.scheme,
              "kernel": m.kernel.NAME, "reason": m.kernel_reason} for n, m in rows]

@@ -8,6 +8,8 @@ RMSNorm adds it in the same pass (vLLM's layout).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -29,7 +31,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Callable, ctx) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -37,7 +39,7 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = rope(q, k)
         out = ctx.attend(self.layer, q, k, v, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -61,15 +63,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                rotary: RotaryEmbedding, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Callable,
+                ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's input x, the residual stream before it) -> (its output, the stream before that);
         the layer's true output is their sum, formed by the next norm."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, rotary, ctx)
+        h = self.self_attn(h, rope, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -91,15 +93,15 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
-        self.logits_dtype = torch.float32     # set by build_model
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the last norm)."""
         x, residual = self.model.embed_tokens(input_ids), None
+        rope = self.model.rotary(positions, x.dtype)
         for layer in self.model.layers:
-            x, residual = layer(x, residual, positions, self.model.rotary, ctx)
+            x, residual = layer(x, residual, rope, ctx)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits from the lm_head, which computes in `logits_dtype` (EngineConfig.lm_head_dtype)."""
-        return self.lm_head(hidden.to(self.logits_dtype)).float()
+        """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype)."""
+        return self.lm_head(hidden.to(self.lm_head.dtype)).float()
