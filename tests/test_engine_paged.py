@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import quanta.kernels.paged_attention as paged_attention
 from quanta.engine import LLM, SamplingParams
 from quanta.quant.errors import ConfigError
 

@@ -65,8 +65,13 @@ class QTensor:
 
     def _cat_rows(self, others: list[QTensor]) -> QTensor | None:
         """[self; *others] (same kind, same K) as one weight of N = sum of theirs, or None when their
-        formats differ; see `cat_rows`. Kinds whose rows are independent implement it."""
+        formats differ; see `cat_rows`. Kinds whose rows are independent implement it with `_stacked`."""
         return None
+
+    def _stacked(self, parts: list[QTensor], row_fields: tuple[str, ...], **fields) -> QTensor:
+        """This weight's format holding the parts' row-wise tensor fields concatenated (and `fields` set)."""
+        cat = {f: cat_field(parts, f) for f in row_fields}
+        return dataclasses.replace(self, **cat, **fields, shape=(sum(p.shape[0] for p in parts), self.shape[1]))
 
     # --- shared -------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -11,13 +11,12 @@ Codes are unsigned, one per uint8, in [0, 2**bits). Symmetric formats store thei
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import AffineScheme, QTensor, cat_field, same
+from quanta.quant.qtensor import AffineScheme, QTensor, same
 
 
 @dataclass(eq=False, repr=False)
@@ -94,10 +93,8 @@ class Affine(QTensor, kind="affine"):
             return None
         if self.g_idx is not None and not same(parts, lambda p: p.g_idx):
             return None                       # act-order permutations differ: no shared column order
-        return dataclasses.replace(
-            self, codes=cat_field(parts, "codes"), scales=cat_field(parts, "scales"), mins=cat_field(parts, "mins"),
-            zeros=cat_field(parts, "zeros") if isinstance(self.zeros, torch.Tensor) else self.zeros,
-            shape=(sum(p.shape[0] for p in parts), self.shape[1]))
+        per_group_zeros = ("zeros",) if isinstance(self.zeros, torch.Tensor) else ()
+        return self._stacked(parts, ("codes", "scales", "mins", *per_group_zeros))
 
     def effective_scales(self) -> torch.Tensor:
         """float32 scales [N, G] with post_scale folded in (what a kernel multiplies by)."""

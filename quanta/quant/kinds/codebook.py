@@ -8,13 +8,12 @@ quantization the absmax itself is stored as 8-bit codes:
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import QTensor, cat_field, same
+from quanta.quant.qtensor import QTensor, same
 
 # bitsandbytes functional.get_4bit_type: the NF4 and FP4 tables, index 0..15.
 NF4_TABLE = (
@@ -93,9 +92,7 @@ class Codebook(QTensor, kind="codebook"):
         if self.double_quant and (not same(parts, lambda p: p.nested_table)
                                   or any(p.num_blocks % p.nested_blocksize for p in parts[:-1])):
             return None
-        return dataclasses.replace(self, codes=cat_field(parts, "codes"), absmax=cat_field(parts, "absmax"),
-                                   nested_absmax=cat_field(parts, "nested_absmax"),
-                                   shape=(sum(p.shape[0] for p in parts), self.shape[1]))
+        return self._stacked(parts, ("codes", "absmax", "nested_absmax"))
 
     @property
     def nbytes(self) -> int:

@@ -7,13 +7,12 @@ type (below sm89) reinterpret the same bytes as uint8 and convert with bit opera
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quanta.quant.errors import ShapeError
-from quanta.quant.qtensor import QTensor, cat_field, same
+from quanta.quant.qtensor import QTensor, same
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -72,13 +71,12 @@ class Fp8(QTensor, kind="fp8"):
         if self.block_size is not None:
             if any(p.shape[0] % self.block_size[0] for p in parts[:-1]):
                 return None                   # a block would straddle two weights
-            scale = cat_field(parts, "scale")
-        elif all(p.strategy == "tensor" for p in parts) and same(parts, lambda p: p.scale.reshape(())):
-            scale = self.scale
-        else:                                 # per-tensor scales of different weights become per-channel
-            scale = torch.cat([p.scale.float().reshape(-1).expand(p.shape[0]) for p in parts])
-        return dataclasses.replace(self, data=cat_field(parts, "data"), scale=scale,
-                                   shape=(sum(p.shape[0] for p in parts), self.shape[1]))
+            return self._stacked(parts, ("data", "scale"))
+        if all(p.strategy == "tensor" for p in parts) and same(parts, lambda p: p.scale.reshape(())):
+            return self._stacked(parts, ("data",))
+        # per-tensor scales of different weights become per-channel
+        scale = torch.cat([p.scale.float().reshape(-1).expand(p.shape[0]) for p in parts])
+        return self._stacked(parts, ("data",), scale=scale)
 
     def describe(self) -> str:
         blk = f" {self.block_size[0]}x{self.block_size[1]}" if self.block_size else ""

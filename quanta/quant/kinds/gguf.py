@@ -17,7 +17,7 @@ from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml_blocks import DECODERS, legacy_codes
 from quanta.quant.ggml_types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
-from quanta.quant.qtensor import AffineScheme, QTensor, cat_field
+from quanta.quant.qtensor import AffineScheme, QTensor
 
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
@@ -93,8 +93,7 @@ class Gguf(QTensor, kind="gguf"):
         parts = [self, *others]
         if any(p.ggml_type != self.ggml_type for p in parts):
             return None
-        return Gguf(data=cat_field(parts, "data"), ggml_type=self.ggml_type,
-                    shape=(sum(p.shape[0] for p in parts), self.shape[1]))
+        return self._stacked(parts, ("data",))
 
     @property
     def nbytes(self) -> int:
