@@ -21,8 +21,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path below)
 from quanta.kernels.fp8_bits import fp8_to_f16
-from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton, why_not_device
+from quanta.kernels.triton_support import (
+    capability,
+    cdiv,
+    num_sms,
+    split_k,
+    tl,
+    triton,
+    why_not_device,
+)
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds.affine import Affine
 
@@ -32,11 +41,6 @@ R = 16                      # word rows per tile: the K of one tensor-core step
 GEMV_MAX_M = 2              # M at or below this runs the GEMV (see affine_gemv.py)
 CUBLAS_MIN_M = 256          # M at or above this dequantizes to fp16 and calls cuBLAS (H100, M=256: the fused
                             # 128x256 GEMM won on o/down but lost 30% on qkv, and only cuBLAS beat bnb on all 8)
-
-
-def reference(x: torch.Tensor, weight: Affine, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ dequantize(W).T + bias, in x's dtype: the oracle for every path below."""
-    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
 
 
 @triton.jit
@@ -54,6 +58,37 @@ def load_scales(sz_ptr, g, cols, mask, N, ZERO: tl.constexpr, HAS_ZB: tl.constex
 
 
 @triton.jit
+def decode(code, s, zb, lut_ptr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr,
+           FP16_MAGIC: tl.constexpr, DT: tl.constexpr):
+    """Weights in dtype DT from codes and their groups' (scale, zbias), in registers.
+
+    MODE: AFFINE w = (code - zero) * s (+ zbias), the exact integer made through a magic-number float
+    (2**23 + code in fp32, or 1024 + code in fp16 when FP16_MAGIC, i.e. DT is fp16) then one FMA;
+    LUT w = lut[code] * s; FP8_* w = fp8(code) * s with the bytes converted by integer operations.
+    """
+    if MODE == 1:
+        w = (tl.load(lut_ptr + code) * s.to(tl.float32)).to(DT)
+    elif MODE >= 2:
+        if FP16_MAGIC:
+            w = (fp8_to_f16(code, MODE - 2) * s).to(DT)
+        else:                                 # (the same product, exact in fp32, rounded once)
+            w = (fp8_to_f16(code, MODE - 2).to(tl.float32) * s.to(tl.float32)).to(DT)
+    elif FP16_MAGIC:
+        q = (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)        # 1024 + code
+        if HAS_ZB:
+            w = (q - 1024.0) * s + zb
+        else:
+            w = (q - (1024.0 + ZERO)) * s
+    else:
+        q = (code | 0x4B000000).to(tl.float32, bitcast=True)                  # 2**23 + code
+        if HAS_ZB:
+            w = ((q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)).to(DT)
+        else:
+            w = ((q - (8388608.0 + ZERO)) * s.to(tl.float32)).to(DT)
+    return w
+
+
+@triton.jit
 def _affine_gemm_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
@@ -67,9 +102,7 @@ def _affine_gemm_kernel(
     FP16_MAGIC: tl.constexpr, MODE: tl.constexpr,
 ):
     """y[M, N] (+)= x[M, K] @ dequant(packed)[K, N]; program (tile of M x N, split of K tiles).
-
-    MODE: AFFINE w = (code - zero) * s (+ zbias); LUT w = lut[code] * s; FP8_* w = fp8(code) * s.
-    """
+    MODE: how a code becomes a number (see `decode`)."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -102,23 +135,7 @@ def _affine_gemm_kernel(
         g = ((kt + offs_i * R) // GS)[:, None, None]
         s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB, DT)
         code = (p[None, :, :] >> shifts) & MASK                       # [PACK, R, BLOCK_N]
-        # --- dequantize in registers: exact integer through a magic-number float, then one FMA
-        if MODE == 1:
-            w = (tl.load(lut_ptr + code) * s.to(tl.float32)).to(DT)
-        elif MODE >= 2:
-            w = (fp8_to_f16(code, MODE - 2).to(DT) * s).to(DT)
-        elif FP16_MAGIC:
-            q = (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)        # 1024 + code
-            if HAS_ZB:
-                w = (q - 1024.0) * s + zb
-            else:
-                w = (q - (1024.0 + ZERO)) * s
-        else:
-            q = (code | 0x4B000000).to(tl.float32, bitcast=True)                  # 2**23 + code
-            if HAS_ZB:
-                w = ((q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)).to(DT)
-            else:
-                w = ((q - (8388608.0 + ZERO)) * s.to(tl.float32)).to(DT)
+        w = decode(code, s, zb, lut_ptr, ZERO, HAS_ZB, MODE, FP16_MAGIC, DT)
         acc = tl.dot(x, tl.reshape(w, (TILE_K, BLOCK_N)), acc)
     # --- epilogue: bias once (first split), then store or accumulate the split's partial sum
     if HAS_BIAS:
@@ -157,18 +174,10 @@ def _affine_dequant_kernel(
                         out_ptr.dtype.element_ty)
     # --- dequantize (exact integer in fp32, then scale)
     code = (p[None, :, :] >> (offs_i * BITS)[:, None, None]) & MASK
-    q = (code | 0x4B000000).to(tl.float32, bitcast=True)
-    if MODE == 1:
-        w = tl.load(lut_ptr + code) * s.to(tl.float32)
-    elif MODE >= 2:
-        w = fp8_to_f16(code, MODE - 2).to(tl.float32) * s.to(tl.float32)
-    elif HAS_ZB:
-        w = (q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)
-    else:
-        w = (q - (8388608.0 + ZERO)) * s.to(tl.float32)
+    w = decode(code, s, zb, lut_ptr, ZERO, HAS_ZB, MODE, False, out_ptr.dtype.element_ty)
     # --- store rows k = t*TILE_K + i*R + r
     rows = t * PACK * R + offs_i[:, None, None] * R + offs_r[None, :, None]
-    tl.store(out_ptr + rows * N + offs_n[None, None, :], w.to(out_ptr.dtype.element_ty), mask=mask_n[None, None, :])
+    tl.store(out_ptr + rows * N + offs_n[None, None, :], w, mask=mask_n[None, None, :])
 
 
 @dataclass(slots=True)

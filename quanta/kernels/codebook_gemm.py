@@ -9,19 +9,14 @@ of the magic-number conversion. Paths by M as in affine_gemm.plan().
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from quanta.kernels import affine_gemm
-from quanta.kernels.affine_gemm import LUT, R, AffineState, pack
+from quanta.kernels.affine_gemm import LUT, AffineState, R, pack
+from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.triton_support import why_not_device
 from quanta.quant.kinds.codebook import Codebook
 
 NAME = "triton_codebook"
-
-
-def reference(x: torch.Tensor, weight: Codebook, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ dequantize(W).T + bias, in x's dtype."""
-    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -13,20 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from quanta.kernels import affine_gemm
 from quanta.kernels.affine_gemm import FP8_E4M3, FP8_E5M2, AffineState, pack
+from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.triton_support import capability, tl, triton, why_not_device
 from quanta.quant.kinds.fp8 import Fp8
 
 NAME = "triton_fp8"
 E4M3_MAX = 448.0
-
-
-def reference(x: torch.Tensor, weight: Fp8, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ dequantize(W).T + bias (weight-only semantics: activations are not quantized)."""
-    return F.linear(x, weight.dequantize(torch.float32).to(x.device, x.dtype), bias)
 
 
 @triton.jit
