@@ -14,7 +14,8 @@ NAME = "triton_rms_norm"
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     h = x if residual is None else x + residual
-    y = weight * (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    hf = h.float()
+    y = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if residual is None else (y, h)
 
 
