@@ -57,6 +57,19 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / best
 
 
+def profile(timed, tokens: int) -> None:
+    """GPU time per generated token of each kernel (CUDA graph replays included), from torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timed(tokens)
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows)
+    print(f"GPU time per token over {tokens} tokens: {total / tokens:.1f} us in {len(rows)} kernels")
+    for e in rows[:30]:
+        print(f"{e.device_time_total / tokens:9.1f} us {e.count / tokens:6.1f}x  {e.key[:110]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="synthetic:llama3-8b:w4g128")
@@ -67,6 +80,8 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", type=int, default=0, metavar="TOKENS",
+                    help="afterwards, profile a generation of TOKENS tokens and print GPU time per kernel per token")
     args = ap.parse_args()
     llm = LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
               gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=16, enable_prefix_caching=False)
@@ -95,6 +110,8 @@ def main() -> None:
         result |= {"device": torch.cuda.get_device_name(), "weight_bytes_per_token": nbytes,
                    "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "roofline_tokens_per_s": round(roofline, 1),
                    "share_of_roofline": round(result["decode_tokens_per_s"] / roofline, 3)}
+    if args.profile:
+        profile(timed, args.profile)
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:

@@ -110,3 +110,36 @@ def test_gpu_act_order_bf16_gemm():
     w = make_affine(4096, 4096, 4, 128, "asym", act_order=True, device="cuda")
     for m in (1, 8, 64, 300):
         check(w, m, torch.bfloat16, None)
+
+
+def test_gemv_split_k_leaves_its_workspace_clean():
+    """Split-K GEMV: the last split writes y and re-zeroes the shared workspace, so calls repeat exactly."""
+    from quanta.kernels import affine_gemv
+    w = make_affine(96, 1024, 4, 128, "asym")
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(2, 1024).to(DEVICE, torch.float16)
+    config = (32, 4, 2, 64.0, 1)                 # 3 column blocks x 8 splits of one tile
+    first = affine_gemv.gemv(x, st, config=config)
+    second = affine_gemv.gemv(x, st, config=config)
+    ws, locks = affine_gemv.workspace(DEVICE, 96, 2)
+    assert torch.equal(first, second)
+    assert not ws.any() and not locks.any()
+    ref = x.double() @ w.dequantize().double().T
+    assert rel_err(first, ref) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,zero", [(4, "sym"), (4, "asym"), (8, "fmin")])
+def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
+    """The fp16x2 GEMV inner loop with activations of LLM outlier size (|x| up to 3000) stays finite and exact
+    to fp16 rounding."""
+    from quanta.kernels import affine_gemv
+    w = make_affine(4096, 4096, bits, 128 if bits == 4 else -1, zero, device="cuda")
+    st = affine_gemm.prepare(w, "cuda", torch.float16)
+    assert affine_gemv.use_h2(st, "cuda")
+    x = torch.randn(1, 4096, device="cuda") * 100
+    x[0, ::97] = 3000.0
+    x = x.half()
+    y = affine_gemv.gemv(x, st)
+    ref = x.double() @ w.dequantize().double().T
+    assert torch.isfinite(y).all() and rel_err(y, ref) < TOL[torch.float16]

@@ -16,15 +16,113 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine_gemm import R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
+from quanta.kernels.affine_gemm import GEMV_MAX_M, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import cdiv, num_sms, split_k, tl, triton
+
+
+# --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
+# A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
+# 1024 + code), one FMA maps each pair to (code - C) / D exactly (C = 2**(bits-1), D = 16 or 256, so that
+# the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs; the
+# word's two lanes leave as one float32. Per 4-bit code: ~2 instructions instead of 3 in fp32.
+_H2_DOT_INT4 = tl.constexpr("""{
+.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1;
+mov.b32 c_lo, 0x2C002C00;
+mov.b32 b_lo, 0xD408D408;
+mov.b32 c_hi, 0x1C001C00;
+mov.b32 b_hi, 0xC480C480;
+lop3.b32 lo, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 hi, $1, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 lo, lo, c_lo, b_lo;
+fma.rn.f16x2 hi, hi, c_hi, b_hi;
+mul.rn.f16x2 acc, lo, $2;
+fma.rn.f16x2 acc, hi, $3, acc;
+shr.u32 t, $1, 8;
+lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 lo, lo, c_lo, b_lo;
+fma.rn.f16x2 hi, hi, c_hi, b_hi;
+fma.rn.f16x2 acc, lo, $4, acc;
+fma.rn.f16x2 acc, hi, $5, acc;
+mov.b32 {h0, h1}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 $0, f0, f1;
+}""")
+_H2_DOT_INT8 = tl.constexpr("""{
+.reg .b32 t, lo, hi, acc, c, b;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1;
+mov.b32 c, 0x1C001C00;
+mov.b32 b, 0xC480C480;
+lop3.b32 lo, $1, 0x00FF00FF, 0x64006400, 0xEA;
+shr.u32 t, $1, 8;
+lop3.b32 hi, t, 0x00FF00FF, 0x64006400, 0xEA;
+fma.rn.f16x2 lo, lo, c, b;
+fma.rn.f16x2 hi, hi, c, b;
+mul.rn.f16x2 acc, lo, $2;
+fma.rn.f16x2 acc, hi, $3, acc;
+mov.b32 {h0, h1}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 $0, f0, f1;
+}""")
+# (what the word's dot product is divided by, the codes' centre): lo = 1024 + q -> q/16 - 64.5 (int4),
+# hi = 1024 + 16 q -> q/256 - 4.5 (int4), 1024 + q -> q/256 - 4.5 (int8)
+H2_DIVISOR = {4: 16.0, 8: 256.0}
+
+
+@triton.jit
+def _load_x(x_row, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activations at input columns k (through the act-order permutation), in their own dtype."""
+    kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
+    if EVEN_K:
+        x = tl.load(x_row + kx, eviction_policy="evict_last")
+    else:
+        x = tl.load(x_row + kx, mask=k < K, other=0.0, eviction_policy="evict_last")
+    return x
+
+
+@triton.jit
+def _pair(a, b):
+    """Two fp16 vectors as one int32 vector of (a | b << 16), the operand of a packed-half instruction."""
+    return (a.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (b.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
+                  EVEN_K: tl.constexpr):
+    """sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N] (fp32), and sum_i x."""
+    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
+    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
+    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
+    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K)
+    if BITS == 4:
+        x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K)
+        x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K)
+        x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K)
+        x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K)
+        d = tl.inline_asm_elementwise(
+            _H2_DOT_INT4, "=f,r,r,r,r,r",
+            [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]],
+            dtype=tl.float32, is_pure=True, pack=1)
+        xs = (x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
+              + x4.to(tl.float32) + x5.to(tl.float32) + x6.to(tl.float32) + x7.to(tl.float32))
+    else:
+        d = tl.inline_asm_elementwise(
+            _H2_DOT_INT8, "=f,r,r,r", [p, _pair(x0, x2)[:, None], _pair(x1, x3)[:, None]],
+            dtype=tl.float32, is_pure=True, pack=1)
+        xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
+    return d, xs
 
 
 @triton.jit
 def _affine_gemv_kernel(
     # pointers
-    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
+    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     # sizes
     N, K, GS, tiles_per_split, num_tiles, magic,
     # strides
@@ -32,16 +130,23 @@ def _affine_gemv_kernel(
     # meta
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-    TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+    TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0,
 ):
-    """y[m, n] (+)= sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
+    """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
+
+    Split-K without a zeroed output: the splits add float32 partials into the workspace row ws[m] and count
+    themselves in lock[m, column block]; the last to arrive takes the sum (resetting ws to zero), writes y
+    in its dtype and resets the count, so the workspace is clean for the next call and no memset runs.
 
     MODE as in affine_gemm: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
+    H2 (fp16 activations, AFFINE, TILE_SCALE, CUDA only): packed-half dot products per word (above).
     """
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     TILE_K: tl.constexpr = PACK * R
     MASK: tl.constexpr = (1 << BITS) - 1
+    CENTRE: tl.constexpr = 1 << (BITS - 1)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     # --- which row, columns and K range
     pid_m = tl.program_id(0)
@@ -53,7 +158,8 @@ def _affine_gemv_kernel(
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    acc = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((RS, BLOCK_N), dtype=tl.float32)          # scaled per code (the group changes in a tile)
+    acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)           # scaled per tile (TILE_SCALE)
     # --- main loop over tiles of TILE_K input columns, RS word rows at a time
     for t in range(t_begin, t_end):
         kt = t * TILE_K
@@ -63,53 +169,62 @@ def _affine_gemv_kernel(
             rows = t * R + a * RS + offs_r
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
                         eviction_policy="evict_first")
-            p_hi = p.to(tl.uint32, bitcast=True) >> 16
-            for i in tl.static_range(PACK):
-                k = kt + i * R + a * RS + offs_r
-                kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
-                if EVEN_K:
-                    x = tl.load(x_row + kx, eviction_policy="evict_last").to(tl.float32)
-                else:
-                    x = tl.load(x_row + kx, mask=k < K, other=0.0, eviction_policy="evict_last").to(tl.float32)
-                word = p if i < HALF else p_hi.to(tl.int32, bitcast=True)
-                if MODE == 0:
-                    # the float 2**(23 - bits*j) + code, exactly (magic = 0x4B000000, the float 2**23, is a
-                    # run-time argument so that the compiler keeps it in a register: one LOP3 per code)
-                    f = ((word & (MASK << (BITS * (i % HALF)))) | (magic - ((BITS * (i % HALF)) << 23))).to(
-                        tl.float32, bitcast=True)
-                else:
-                    code = (word >> (BITS * (i % HALF))) & MASK
-                    if MODE == 1:
-                        f = tl.load(lut_ptr + code)
+            if H2:
+                d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K)
+                part += d
+                xsum += xs
+            else:
+                p_hi = p.to(tl.uint32, bitcast=True) >> 16
+                for i in tl.static_range(PACK):
+                    k = kt + i * R + a * RS + offs_r
+                    x = _load_x(x_row, perm_ptr, k, K, HAS_PERM, EVEN_K).to(tl.float32)
+                    word = p if i < HALF else p_hi.to(tl.int32, bitcast=True)
+                    if MODE == 0:
+                        # the float 2**(23 - bits*j) + code, exactly (magic = 0x4B000000, the float 2**23, is a
+                        # run-time argument so that the compiler keeps it in a register: one LOP3 per code)
+                        f = ((word & (MASK << (BITS * (i % HALF)))) | (magic - ((BITS * (i % HALF)) << 23))).to(
+                            tl.float32, bitcast=True)
                     else:
-                        f = fp8_to_f16(code, MODE - 2).to(tl.float32)
-                if MODE != 0:                                # w = f * s: no magic, no zero point
-                    if TILE_SCALE:
-                        part += x[:, None] * f
-                    else:
+                        code = (word >> (BITS * (i % HALF))) & MASK
+                        if MODE == 1:
+                            f = tl.load(lut_ptr + code)
+                        else:
+                            f = fp8_to_f16(code, MODE - 2).to(tl.float32)
+                    if MODE != 0:                                # w = f * s: no magic, no zero point
+                        if TILE_SCALE:
+                            part += x[:, None] * f
+                        else:
+                            s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n[None, :], mask_n[None, :], N,
+                                                ZERO, HAS_ZB, DT)
+                            acc += x[:, None] * (f * s.to(tl.float32))
+                    elif TILE_SCALE:
+                        if HAS_ZB:
+                            part += x[:, None] * (f - (1 << (23 - BITS * (i % HALF))))
+                            xsum += x
+                        else:
+                            part += x[:, None] * (f - ((1 << (23 - BITS * (i % HALF))) + ZERO))
+                    else:                                        # the group changes inside the tile
                         s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n[None, :], mask_n[None, :], N,
                                             ZERO, HAS_ZB, DT)
-                        acc += x[:, None] * (f * s.to(tl.float32))
-                elif TILE_SCALE:
-                    if HAS_ZB:
-                        part += x[:, None] * (f - (1 << (23 - BITS * (i % HALF))))
-                        xsum += x
-                    else:
-                        part += x[:, None] * (f - ((1 << (23 - BITS * (i % HALF))) + ZERO))
-                else:                                        # the group changes inside the tile
-                    s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n[None, :], mask_n[None, :], N,
-                                        ZERO, HAS_ZB, DT)
-                    q = f - (1 << (23 - BITS * (i % HALF)))
-                    acc += x[:, None] * (q * s.to(tl.float32) + zb.to(tl.float32))
+                        q = f - (1 << (23 - BITS * (i % HALF)))
+                        acc += x[:, None] * (q * s.to(tl.float32) + zb.to(tl.float32))
         # --- once per tile: scale, and the zero point times the activations' sum
         if TILE_SCALE:
-            s, zb = load_scales(sz_ptr, kt // GS, offs_n[None, :], mask_n[None, :], N, ZERO, HAS_ZB, DT)
-            if HAS_ZB:
-                acc += part * s.to(tl.float32) + xsum[:, None] * zb.to(tl.float32)
+            s, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+            s = s.to(tl.float32)
+            ps = tl.sum(part, axis=0)
+            if H2:                     # part = sum x (q - C) / D: w = (q - C) s + (C s + zbias)
+                acc_n += ps * (s * H2_SCALE)
+                if HAS_ZB:
+                    acc_n += tl.sum(xsum, axis=0) * (zb.to(tl.float32) + CENTRE * s)
+                elif ZERO != CENTRE:
+                    acc_n += tl.sum(xsum, axis=0) * ((CENTRE - ZERO) * s)
+            elif HAS_ZB:
+                acc_n += ps * s + tl.sum(xsum, axis=0) * zb.to(tl.float32)
             else:
-                acc += part * s.to(tl.float32)
+                acc_n += ps * s
     # --- epilogue: reduce the RS rows, add bias once, store or accumulate
-    y = tl.sum(acc, axis=0)
+    y = tl.sum(acc, axis=0) + acc_n
     if HAS_BIAS:
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -117,32 +232,76 @@ def _affine_gemv_kernel(
     if SPLIT_K == 1:
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:
-        tl.atomic_add(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask_n, sem="relaxed")
+        ws = ws_ptr + pid_m * N + offs_n
+        lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
+        tl.atomic_add(ws, y, mask=mask_n, sem="relaxed")
+        tl.debug_barrier()                        # every thread's partial is in before the count is released
+        if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask_n)
+            tl.store(ws, tl.zeros_like(y), mask=mask_n)
+            tl.store(lock, 0)
 
 
-# N -> (BLOCK_N, RS, num_warps); split-K then aims at WAVES programs per SM. Measured on the H100
-# (benchmarks/RESULTS.md, sweep of 6 configs on the 8 Llama shapes): 256 columns x 4 rows on 2 warps with
-# 8 waves was within 6% of the best config on every shape (1024 x 4 on 8 warps with 2 waves next).
-GEMV_CONFIGS = ((1 << 30, (256, 4, 2)),)
-WAVES = 8.0
+# weight size N*K -> (BLOCK_N, RS, num_warps, waves, min_tiles): split-K aims at `waves` programs per SM
+# with at least `min_tiles` K tiles each. Measured on the H100 (profile_gemv.py --sweep, 13 configs on the 8
+# Llama shapes, 2026-11-23): up to 70B qkv (84M weights) the GEMV is latency-bound and wants many small
+# programs (128 columns x 8 rows, 16 waves, one tile each); from 70B down (235M) it is issue-bound and
+# wants fewer, wider ones (256 x 4, 8 waves): 70B gate_up 90% of copy bandwidth against 68%.
+GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 2)))
+LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
+_workspaces: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`.
+
+    One per (device, N), reused by every call (each call leaves it zeroed): calls sharing it must be
+    ordered, as on one stream. It never shrinks and a grown one keeps the old alive, since CUDA graphs
+    captured earlier hold its address.
+    """
+    key = (torch.device(device), n)
+    ws = _workspaces.get(key)
+    if ws is None or ws[0].shape[0] < m:
+        if ws is not None:
+            _retired.append(ws)
+        rows = max(m, GEMV_MAX_M)
+        ws = (torch.zeros(rows, n, device=device, dtype=torch.float32),
+              torch.zeros(rows, cdiv(n, LOCK_COLUMNS), device=device, dtype=torch.int32))
+        _workspaces[key] = ws
+    return ws
+
+
+def use_h2(st: AffineState, device: torch.device) -> bool:
+    """Whether the packed-half (PTX) inner loop applies: fp16 affine int4/int8 codes, one scale per tile,
+    on a CUDA device (the interpreter cannot run PTX)."""
+    tile_k = (32 // st.bits) * R
+    return (torch.device(device).type == "cuda" and st.dtype == torch.float16 and st.mode == 0
+            and st.group_size % tile_k == 0)
 
 
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-         config: tuple | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small)."""
+         config: tuple | None = None, h2: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small).
+
+    `config` = (BLOCK_N, RS, num_warps, waves, min_tiles) and `h2` override the defaults (benchmark sweeps).
+    """
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
-    bn, rs, warps, waves = config or (*next(c for top, c in GEMV_CONFIGS if st.n <= top), WAVES)
-    splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, 2)
-    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
-         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
+    bn, rs, warps, waves, min_tiles = config or next(c for top, c in GEMV_CONFIGS if st.n * st.k <= top)
+    assert bn % LOCK_COLUMNS == 0
+    h2 = use_h2(st, x2.device) if h2 is None else h2
+    splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
+    ws, locks = workspace(x2.device, st.n, m)
     tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, cdiv(st.n, bn), splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y, ws, locks,
         st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, num_warps=warps)
-    return y if y.dtype == st.dtype else y.to(st.dtype)
+        TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, num_warps=warps)
+    return y

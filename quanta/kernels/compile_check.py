@@ -22,12 +22,19 @@ DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stri
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
 _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr="*fp32", bias_ptr="*fp16",
-            y_ptr="*fp16")
+            y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 CASES = {
     "affine_gemv_w4": ("affine_gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),
+    "affine_gemv_w4_h2": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                          dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True, H2=True,
+                               H2_SCALE=16.0), 2, 1, 75),
+    "affine_gemv_w8_h2_zb_perm": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                                  dict(_AFF, BITS=8, RS=4, ZERO=128, BLOCK_N=256, HAS_ZB=True, HAS_PERM=True,
+                                       HAS_BIAS=True, SPLIT_K=2, TILE_SCALE=True, EVEN_K=False, H2=True,
+                                       H2_SCALE=256.0), 2, 1, 75),
     "affine_gemv_w8_g32_perm": ("affine_gemv", "_affine_gemv_kernel", _PBF,
                                 dict(_AFF, BITS=8, RS=4, ZERO=128, BLOCK_N=512, HAS_ZB=True, HAS_PERM=True,
                                      HAS_BIAS=True, SPLIT_K=2, TILE_SCALE=False, EVEN_K=False), 2, 1, 80),

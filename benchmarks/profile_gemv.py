@@ -1,0 +1,76 @@
+"""The M=1 GEMV alone: profile it under Nsight Compute, or sweep its launch configs (W4A16 g128, fp16).
+
+    ncu --clock-control none --kernel-name regex:gemv --section SpeedOfLight python benchmarks/profile_gemv.py
+    python benchmarks/profile_gemv.py --sweep [--models 8b,70b]   # graphed µs per config and shape
+Each swept config is first checked against the dequantized weight (relative error printed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
+
+from quanta.kernels import affine_gemm  # noqa: E402
+from quanta.kernels.affine_gemv import gemv  # noqa: E402
+
+# (BLOCK_N, RS, num_warps, waves, min_tiles, h2); None = the defaults
+SWEEP = (None, (256, 4, 2, 8.0, 2, False), (256, 4, 2, 8.0, 2, True), (128, 8, 2, 16.0, 1, True),
+         (128, 16, 2, 16.0, 1, True), (128, 8, 2, 32.0, 1, True), (128, 8, 4, 16.0, 1, True),
+         (256, 8, 2, 16.0, 1, True), (128, 4, 2, 16.0, 1, True), (64, 8, 2, 16.0, 1, True))
+
+
+def run(x, st, cfg):
+    return gemv(x, st) if cfg is None else gemv(x, st, config=cfg[:5], h2=cfg[5])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="graphed timing of every config instead of profiling")
+    ap.add_argument("--models", default="8b")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bw = copy_bandwidth() if args.sweep else 0.0
+    results = []
+    for model in args.models.split(","):
+        for layer, (n, k) in SHAPES[model].items():
+            w = affine_w(n, k, 4, 128)
+            x = torch.randn(1, k, device="cuda").half()
+            if not args.sweep:
+                st = affine_gemm.prepare(w, "cuda", torch.float16)
+                for _ in range(3):
+                    gemv(x, st)
+                torch.cuda.synchronize()
+                continue
+            ref = x.float() @ w.dequantize().float().T
+            sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
+            for cfg in SWEEP:
+                err = float((run(x, sts[0], cfg).float() - ref).norm() / ref.norm())
+                us = bench(lambda x, s: run(x, s, cfg), [x], sts, w.nbytes)
+                rec = {"shape": f"{model} {layer}", "config": cfg, "us": round(us, 2),
+                       "share": round(w.nbytes / us / 1e3 / bw, 3), "rel_err": err}
+                results.append(rec)
+                print(json.dumps(rec), flush=True)
+            del sts
+            torch.cuda.empty_cache()
+    if args.sweep:
+        print(f"\ncopy {bw:.0f} GB/s; share of copy bandwidth per config (columns) and shape (rows)")
+        shapes = list(dict.fromkeys(r["shape"] for r in results))
+        for i, cfg in enumerate(SWEEP):
+            print(f"{i:>2} {str(cfg):>34} " + " ".join(
+                f"{r['us']:>6.1f}/{r['share']:.0%}" for r in results if r["config"] == cfg))
+        print(" " * 38 + " ".join(f"{s:>11}" for s in shapes))
+        if args.out:
+            Path(args.out).write_text(json.dumps({"copy_GBps": bw, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
