@@ -68,6 +68,25 @@ def profile(timed, tokens: int) -> None:
     print(f"GPU time per token over {tokens} tokens: {total / tokens:.1f} us in {len(rows)} kernels")
     for e in rows[:30]:
         print(f"{e.device_time_total / tokens:9.1f} us {e.count / tokens:6.1f}x  {e.key[:110]}")
+    # --- where the GPU waits: gaps between kernels inside a step (graph launch) and between steps (host)
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    small = large = 0.0
+    n_large = 0
+    end = spans[0][1]
+    for start, stop in spans[1:]:
+        gap = start - end
+        if gap > 20:
+            large, n_large = large + gap, n_large + 1
+        elif gap > 0:
+            small += gap
+        end = max(end, stop)
+    print(f"GPU idle per token: {small / tokens:.1f} us in gaps <= 20 us (between kernels), "
+          f"{large / tokens:.1f} us in {n_large} gaps > 20 us (host between steps); "
+          f"span {(end - spans[0][0]) / tokens:.1f} us per token")
 
 
 def main() -> None:

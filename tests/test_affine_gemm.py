@@ -138,7 +138,7 @@ def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
     st = affine_gemm.prepare(w, "cuda", torch.float16)
     assert affine_gemv.use_h2(st, "cuda")
     x = torch.randn(1, 4096, device="cuda") * 100
-    x[0, ::97] = 3000.0
+    x[0, ::997] = 3000.0                        # few enough that the output itself fits in fp16
     x = x.half()
     y = affine_gemv.gemv(x, st)
     ref = x.double() @ w.dequantize().double().T

@@ -17,7 +17,7 @@ import tempfile
 
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
-         "stride_q", "stride_k", "half", "stride_gm", "stride_um", "HALF_D"}
+         "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_gm", "stride_um", "HALF_D"}
 
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
@@ -67,8 +67,9 @@ CASES = {
                        dict(BLOCK_K=1024, FP8_MAX=448.0), 4, 1, 89),
     "rms_norm_residual": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
                           y_ptr="*fp16", h_ptr="*fp16", eps="fp32"), dict(BLOCK_D=4096, HAS_RESIDUAL=True), 8, 1, 75),
-    "rotary": ("rotary", "_rotary_kernel", dict(x_ptr="*bf16", y_ptr="*bf16", pos_ptr="*i64", freq_ptr="*fp32"),
-               dict(BLOCK_H=32, BLOCK_HALF=64), 4, 1, 80),
+    "rotary": ("rotary", "_rotary_kernel", dict(q_ptr="*bf16", k_ptr="*bf16", qo_ptr="*bf16", ko_ptr="*bf16",
+                                                pos_ptr="*i64", freq_ptr="*fp32"),
+               dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64), 4, 1, 80),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }
