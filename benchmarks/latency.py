@@ -73,7 +73,8 @@ def profile(timed, tokens: int) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name))["traceEvents"]
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    gpu = ("kernel", "gpu_memcpy", "gpu_memset")
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in gpu)
     small = large = 0.0
     n_large = 0
     end = spans[0][1]

@@ -17,7 +17,8 @@ import tempfile
 
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
-         "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_gm", "stride_um", "HALF_D"}
+         "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_gm",
+         "stride_um", "HALF_D"}
 
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
