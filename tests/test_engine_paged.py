@@ -2,6 +2,8 @@
 caching, n > 1 forks and abort leave outputs unchanged and every block back in the pool."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -181,4 +183,43 @@ def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone, monkey
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     got = tokens(llm.generate(prompts()[:2], params, use_tqdm=False))
     assert calls and got == [[a[0][:3]] for a in alone[:2]]
+    assert_pool_empty(llm)
+
+
+def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
+    """The CUDA-graph decode path's static inputs (two packed buffers, padding rows, bucket views), run on
+    the CPU: capture is stubbed and a 'replay' runs the model eagerly on the static buffers, so the tokens
+    agree with eager decoding only if every step's inputs were laid out as the graph reads them."""
+    class FakeGraph:
+        def replay(self):
+            raise AssertionError("replaced below")
+
+        def pool(self):
+            return None
+
+    class FakeEvent:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    llm = engine(tiny, max_num_seqs=5)                 # buckets 1, 2, 4, 5: padding rows in 3 of them
+    runner = llm.runner
+    runner.capture_graphs()
+    replays = []
+    for b, (graph, fb) in runner.graphs.items():
+        def replay(b=b, fb=fb):
+            replays.append(b)
+            assert torch.equal(fb.seq_lens == 0, fb.slot_mapping < 0)     # padding rows store and attend nothing
+            runner.static_out[:b] = runner.model(runner.static_ids[:b], runner.static_pos[:b], fb)
+        graph.replay = replay
+    lengths = [12 - 2 * i for i in range(len(alone))]       # requests finish one by one: n < bucket happens
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in lengths]
+    assert tokens(llm.generate(prompts(), params, use_tqdm=False)) == [[a[0][:m]] for a, m in zip(alone, lengths)]
+    assert {1, 2, 4, 5} <= set(replays)
     assert_pool_empty(llm)

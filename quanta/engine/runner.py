@@ -76,36 +76,59 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]):
         """Run one step; -> (items that sample, their tokens as ints, raw logits rows or None)."""
-        fb, input_ids, positions, items, last = self.prepare(batch)
-        if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
-            fb.calibrate, self.kv_cache.needs_calibration = True, False
-        hidden = self._forward(fb, input_ids, positions)
+        if self._graph_bucket(batch):
+            items, last = batch, list(range(len(batch)))
+            hidden = self._replay(batch)
+        else:
+            fb, input_ids, positions, items, last = self.prepare(batch)
+            if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
+                fb.calibrate, self.kv_cache.needs_calibration = True, False
+            hidden = self.model(input_ids, positions, fb)
         rows = [r for it, r in zip(items, last) if it.samples]
         sampling = [it for it in items if it.samples]
         if not sampling:
             return [], [], None
-        logits = self.model.compute_logits(hidden[self._tensor(rows, torch.long)])
+        if rows != list(range(hidden.shape[0])):
+            hidden = hidden[self._tensor(rows, torch.long)]
+        logits = self.model.compute_logits(hidden)
         seqs = [it.seq for it in sampling]
         raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
         tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
                               [(s.prompt_ids, s.output_ids) for s in seqs], self.generator)
         return seqs, tokens.tolist(), raw
 
-    def _forward(self, fb: ForwardBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        n = input_ids.shape[0]
-        if fb.prefill_start_loc is None and not fb.calibrate and self.graphs and n <= max(self.graphs):
-            bucket = min(b for b in self.graphs if b >= n)
-            graph, static = self.graphs[bucket]
-            self.static_ids[:n].copy_(input_ids)
-            self.static_pos[:n].copy_(positions)
-            static.slot_mapping.fill_(-1)
-            static.slot_mapping[:n].copy_(fb.slot_mapping)
-            static.seq_lens.zero_()
-            static.seq_lens[:n].copy_(fb.seq_lens)
-            static.block_tables[:n, :fb.block_tables.shape[1]].copy_(fb.block_tables)
-            graph.replay()
-            return self.static_out[:n]
-        return self.model(input_ids, positions, fb)
+    def _graph_bucket(self, batch: list[ScheduledSeq]) -> int | None:
+        """The captured graph a decode-only step of this size replays, if any."""
+        if not self.graphs or len(batch) > max(self.graphs) or any(it.num_tokens != 1 for it in batch):
+            return None
+        return min(b for b in self.graphs if b >= len(batch))
+
+    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """A decode-only step through its CUDA graph. The step's integers are written straight into two
+        pinned host buffers laid out as the graph's static inputs and moved with two copies, instead of a
+        tensor per field and a device copy per static buffer (the host time of a small step)."""
+        n, bucket = len(batch), self._graph_bucket(batch)
+        top, width, bs = self.static_ids.numel(), self.graph_width, self.block_size
+        self._inputs_copied.synchronize()          # the previous step's copies have left the host buffers
+        i64, i32 = self.host_i64_np, self.host_i32_np
+        for j, it in enumerate(batch):
+            seq = it.seq
+            pos = seq.num_computed_tokens
+            n_prompt = len(seq.prompt_ids)
+            table = seq.block_table
+            i64[j] = seq.prompt_ids[pos] if pos < n_prompt else seq.output_ids[pos - n_prompt]
+            i64[top + j] = pos
+            i64[2 * top + j] = table[pos // bs] * bs + pos % bs
+            i32[j] = pos + 1
+            i32[top + j * width: top + j * width + len(table)] = table
+        i64[2 * top + n: 2 * top + bucket] = -1     # padding rows: no KV store, no attention
+        i32[n:bucket] = 0
+        self.static_i64.copy_(self.host_i64, non_blocking=True)
+        used = top + n * width
+        self.static_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
+        self._inputs_copied.record()
+        self.graphs[bucket][0].replay()
+        return self.static_out[:n]
 
     # --- start-up: memory profile, CUDA graphs ----------------------------------------------------
     def _dummy_batch(self, num_tokens: int, first_block: int = 0) -> list[ScheduledSeq]:
@@ -152,12 +175,18 @@ class ModelRunner:
         """One CUDA graph per decode bucket, largest first, sharing one memory pool."""
         buckets = self.graph_buckets()
         top, hidden = buckets[-1], self.model.config.hidden_size
-        width = -(-self.max_model_len // self.block_size)
-        self.static_ids = torch.zeros(top, dtype=torch.long, device=self.device)
-        self.static_pos = torch.zeros(top, dtype=torch.long, device=self.device)
-        slots = torch.full((top,), -1, dtype=torch.int64, device=self.device)
-        tables = torch.zeros(top, width, dtype=torch.int32, device=self.device)
-        lens = torch.zeros(top, dtype=torch.int32, device=self.device)
+        width = self.graph_width = -(-self.max_model_len // self.block_size)
+        # static inputs: int64 [ids | positions | slots] and int32 [seq_lens | block tables], each filled
+        # from a pinned host twin by one copy per step (_replay)
+        self.static_i64 = torch.zeros(3 * top, dtype=torch.int64, device=self.device)
+        self.static_i32 = torch.zeros(top * (1 + width), dtype=torch.int32, device=self.device)
+        self.host_i64 = torch.zeros(3 * top, dtype=torch.int64, pin_memory=self.pin)
+        self.host_i32 = torch.zeros(top * (1 + width), dtype=torch.int32, pin_memory=self.pin)
+        self.host_i64_np, self.host_i32_np = self.host_i64.numpy(), self.host_i32.numpy()
+        self._inputs_copied = torch.cuda.Event()
+        self.static_ids, self.static_pos, slots = self.static_i64.view(3, top)
+        slots.fill_(-1)
+        lens, tables = self.static_i32[:top], self.static_i32[top:].view(top, width)
         starts = torch.arange(top + 1, dtype=torch.int32, device=self.device)
         self.static_out = torch.empty(top, hidden, dtype=self.model.model.norm.weight.dtype, device=self.device)
         pool = None
