@@ -1,16 +1,18 @@
 """The M <= 2 path of affine_gemm: a bandwidth-bound GEMV over the same packed layout, no tensor cores.
 
 At M = 1 a 4-bit weight must stream at ~3 TB/s, i.e. ~6e12 codes/s; on an H100 that leaves about four
-instructions per code, so the arithmetic, not the loads, limits a Triton GEMV. Per code it spends three
-(LOP3, FADD, FFMA; the compiled inner loop is checked with `compile_check --sass gemv`):
-  - no shift and no int->float conversion (a quarter-rate instruction): code i of a word is masked in
-    place and OR-ed into the float 2**(23 - bits*j) (j = i mod PACK/2), whose unit in the last place is
-    2**-(bits*j), so the float is 2**(23 - bits*j) + code exactly; one FADD removes the magic (and the
-    symmetric zero point). The upper half of the word is reached with one shift per word.
+instructions per code for everything, and too few loads in flight leave the SMs waiting. So:
+  - fp16 (H2, CUDA only): pairs of codes become pairs of halves and meet the activations in packed-half
+    FMAs written in PTX (below): ~2 instructions per 4-bit code.
+  - otherwise (bf16, the interpreter) three per code in fp32 (LOP3, FADD, FFMA): no shift and no int->float
+    conversion: code i of a word is masked in place and OR-ed into the float 2**(23 - bits*j)
+    (j = i mod PACK/2), whose unit in the last place is 2**-(bits*j), so the float is 2**(23 - bits*j) +
+    code exactly; one FADD removes the magic (and the symmetric zero point).
   - scales leave the inner loop when a tile lies inside one group (group >= TILE_K, e.g. g128):
     sum_k x*(q*s + zb) = s * sum_k x*q + zb * sum_k x, applied once per tile per column.
-  - a program's step covers RS word rows by BLOCK_N columns with the warps along N, so each thread holds
-    8+ columns per row: each activation (one load, one convert) serves 8+ codes.
+  - a program's step covers RS word rows by BLOCK_N columns; split-K goes through a float32 workspace
+    that the last split of a column block reads and re-zeroes (no memset launch per call).
+The compiled loops: `python -m quanta.kernels.compile_check --sass gemv_w4_h2` (or `affine_gemv_w4`).
 """
 from __future__ import annotations
 
