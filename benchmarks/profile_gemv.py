@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="graphed timing of every config instead of profiling")
     ap.add_argument("--models", default="8b")
     ap.add_argument("--out")
+    ap.add_argument("--m", type=int, default=1, choices=(1, 2), help="activation rows")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth() if args.sweep else 0.0
@@ -43,7 +44,7 @@ def main() -> None:
     for model in args.models.split(","):
         for layer, (n, k) in SHAPES[model].items():
             w = affine_w(n, k, 4, 128)
-            x = torch.randn(1, k, device="cuda").half()
+            x = torch.randn(args.m, k, device="cuda").half()
             if not args.sweep:
                 st = affine_gemm.prepare(w, "cuda", torch.float16)
                 for _ in range(3):
@@ -51,12 +52,17 @@ def main() -> None:
                 torch.cuda.synchronize()
                 continue
             ref = x.float() @ w.dequantize().float().T
+            fp16 = copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
+            us16 = bench(lambda x, wt: x @ wt.t(), [x], fp16, 2 * n * k)
+            results.append({"shape": f"{model} {layer}", "m": args.m, "config": "fp16", "us": round(us16, 2)})
+            print(json.dumps(results[-1]), flush=True)
+            del fp16
             sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
             for cfg in SWEEP:
                 err = float((run(x, sts[0], cfg).float() - ref).norm() / ref.norm())
                 us = bench(lambda x, s: run(x, s, cfg), [x], sts, w.nbytes)
-                rec = {"shape": f"{model} {layer}", "config": cfg, "us": round(us, 2),
-                       "share": round(w.nbytes / us / 1e3 / bw, 3), "rel_err": err}
+                rec = {"shape": f"{model} {layer}", "m": args.m, "config": cfg, "us": round(us, 2),
+                       "share": round(w.nbytes / us / 1e3 / bw, 3), "vs_fp16": round(us16 / us, 2), "rel_err": err}
                 results.append(rec)
                 print(json.dumps(rec), flush=True)
             del sts
@@ -64,6 +70,7 @@ def main() -> None:
     if args.sweep:
         print(f"\ncopy {bw:.0f} GB/s; share of copy bandwidth per config (columns) and shape (rows)")
         shapes = list(dict.fromkeys(r["shape"] for r in results))
+        print(f"{'':>2} {'fp16 cuBLAS':>34} " + " ".join(f"{r['us']:>11.1f}" for r in results if r["config"] == "fp16"))
         for i, cfg in enumerate(SWEEP):
             print(f"{i:>2} {str(cfg):>34} " + " ".join(
                 f"{r['us']:>6.1f}/{r['share']:.0%}" for r in results if r["config"] == cfg))
