@@ -212,7 +212,8 @@ GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64,
 def plan(m: int, st: AffineState) -> tuple[str, str]:
     """Which path runs M rows of this weight, and why."""
     if m <= GEMV_MAX_M:
-        return "gemv", f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV without tensor cores (packed fp16 FMAs for fp16, else fp32)"
+        return "gemv", (f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV without tensor cores "
+                        "(packed-half FMAs for fp16, else fp32)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"

@@ -72,8 +72,8 @@ cvt.f32.f16 f0, h0;
 cvt.f32.f16 f1, h1;
 add.f32 $0, f0, f1;
 }""")
-# (what the word's dot product is divided by, the codes' centre): lo = 1024 + q -> q/16 - 64.5 (int4),
-# hi = 1024 + 16 q -> q/256 - 4.5 (int4), 1024 + q -> q/256 - 4.5 (int8)
+# D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
+# (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
 H2_DIVISOR = {4: 16.0, 8: 256.0}
 
 
@@ -294,6 +294,7 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     bn, rs, warps, waves, min_tiles = config or next(c for top, c in GEMV_CONFIGS if st.n * st.k <= top)
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
+    assert not h2 or use_h2(st, "cuda"), "the packed-half loop needs fp16, affine codes, one scale per K tile"
     splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
     y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)

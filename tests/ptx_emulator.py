@@ -1,0 +1,100 @@
+"""A NumPy emulator of the few PTX instructions quanta's inline assembly uses, so that Triton's interpreter
+(which refuses inline assembly) can run those kernels on the CPU in tests.
+
+Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
+(ta = 0xF0, tb = 0xCC, tc = 0xAA); `.f16x2` arithmetic works on the two halves, `fma.rn` rounding the exact
+a*b + c once and `mul.rn` rounding a*b once to fp16 (float64 holds both exactly); `cvt.f32.f16` widens,
+`add.f32` adds in float32. Anything else raises, so a kernel using a new instruction fails loudly.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+def _halves(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lo = (bits & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    hi = (bits >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+    return lo, hi
+
+
+def _pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    lo16 = lo.astype(np.float16).view(np.uint16).astype(np.uint32)
+    hi16 = hi.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return lo16 | (hi16 << 16)
+
+
+def _lop3(a: np.ndarray, b: np.ndarray, c: np.ndarray, lut: int) -> np.ndarray:
+    out = np.zeros_like(a)
+    for i in range(8):
+        if lut >> i & 1:
+            term = (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+            out |= term
+    return out
+
+
+def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
+    """Execute `asm` ($0 the output, $1.. the inputs as 32-bit patterns); returns $0's 32-bit patterns."""
+    shape = np.broadcast_shapes(*(x.shape for x in inputs))
+    regs: dict[str, np.ndarray] = {f"${i + 1}": np.broadcast_to(x.view(np.uint32) if x.dtype.itemsize == 4
+                                                                 else x.astype(np.uint32), shape).copy()
+                                   for i, x in enumerate(inputs)}
+
+    def val(tok: str) -> np.ndarray:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        return np.full(shape, int(tok, 0) & 0xFFFFFFFF, dtype=np.uint32)
+
+    for stmt in asm.replace("{\n", "\n").rstrip().rstrip("}").split(";"):
+        stmt = stmt.strip().strip("{").strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, rest = stmt.split(None, 1)
+        if m := re.fullmatch(r"\{\s*(\w+)\s*,\s*(\w+)\s*\}\s*,\s*(\S+)", rest):      # mov.b32 {lo, hi}, r
+            src = val(m.group(3))
+            regs[m.group(1)], regs[m.group(2)] = src & 0xFFFF, src >> 16
+            continue
+        dst, *args = [t.strip() for t in rest.split(",")]
+        if op == "mov.b32":
+            regs[dst] = val(args[0]).copy()
+        elif op == "lop3.b32":
+            regs[dst] = _lop3(val(args[0]), val(args[1]), val(args[2]), int(args[3], 0))
+        elif op == "shr.u32":
+            regs[dst] = val(args[0]) >> val(args[1])
+        elif op == "fma.rn.f16x2":
+            (a0, a1), (b0, b1), (c0, c1) = (_halves(val(x)) for x in args)
+            regs[dst] = _pack(a0 * b0 + c0, a1 * b1 + c1)
+        elif op == "mul.rn.f16x2":
+            (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
+            regs[dst] = _pack(a0 * b0, a1 * b1)
+        elif op == "cvt.f32.f16":
+            regs[dst] = (val(args[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+        elif op == "add.f32":
+            regs[dst] = (val(args[0]).view(np.float32) + val(args[1]).view(np.float32)).view(np.uint32)
+        else:
+            raise NotImplementedError(f"PTX emulator: {op}")
+    return regs["$0"]
+
+
+def install(monkeypatch) -> None:
+    """Make Triton's interpreter run inline assembly through `run` (pytest's monkeypatch undoes it)."""
+    from triton.runtime import interpreter
+
+    class _Call:
+        def __init__(self, results):
+            self.results = results
+
+        def get_result(self, i):
+            return self.results[i]
+
+    def create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
+        assert pack == 1 and len(types) == 1, "the emulator runs one element per instance, one output"
+        out = run(asm, [v.data for v in values])
+        ty = types[0]
+        scalar = getattr(ty, "element_ty", ty)
+        return _Call([interpreter.TensorHandle(out.view(np.float32) if scalar.is_fp32() else out.view(np.int32),
+                                               scalar)])
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_inline_asm", create_inline_asm)

@@ -1,0 +1,79 @@
+"""The GEMV's packed-half (H2) inner loop on the CPU: Triton's interpreter runs the kernel with its inline
+PTX executed by tests/ptx_emulator.py (PTX ISA semantics), against Affine.dequantize() and against the
+fp32 inner loop of the same kernel."""
+import pytest
+import torch
+
+from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+import ptx_emulator
+from quanta.kernels import affine_gemm, affine_gemv
+from test_affine_gemm import make_affine
+
+pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the GPU runs the real PTX (test_affine_gemm.py)")
+
+CASES = [  # n, k, bits, group, zero, act_order: every case H2 takes (fp16, a scale per K tile)
+    (72, 256, 4, 128, "sym", False),
+    (64, 384, 4, 128, "asym", False),      # integer zero points: the xsum correction
+    (40, 423, 4, -1, "asym", False),       # per-channel, K not a multiple of the tile
+    (96, 512, 4, 256, "fmin", True),       # float mins, act-order permutation
+    (48, 256, 8, 128, "sym", False),
+    (33, 130, 8, -1, "fmin", False),       # int8, odd N, ragged K
+    (56, 320, 8, 64, "asym", True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("m", [1, 2])
+def test_h2_gemv_matches_dequantize(case, m, monkeypatch):
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(*case)
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(m, w.shape[1], generator=g).half()
+    bias = (torch.randn(w.shape[0], generator=g) * 0.1).half()
+    y = affine_gemv.gemv(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=True)      # split-K over several programs
+    y32 = affine_gemv.gemv(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=False)
+    ref = x.double() @ w.dequantize().double().T + bias.double()
+    assert rel_err(y, ref) < TOL[torch.float16]
+    assert rel_err(y, y32) < 1e-3
+
+
+def test_h2_keeps_outlier_activations_finite(monkeypatch):
+    """(q - 8)/16 keeps each packed-half product within |x| / 2: activations of 3000 stay finite."""
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(64, 512, 4, 128, "sym")
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 512) * 100
+    x[0, ::97] = 3000.0
+    x = x.half()
+    y = affine_gemv.gemv(x, st, h2=True)
+    assert torch.isfinite(y).all()
+    assert rel_err(y, x.double() @ w.dequantize().double().T) < TOL[torch.float16]
+
+
+def test_h2_refuses_weights_it_cannot_run():
+    w = make_affine(64, 256, 4, 32, "sym")                 # the group changes inside a 128-column tile
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    assert not affine_gemv.use_h2(st, "cuda")
+    with pytest.raises(AssertionError):
+        affine_gemv.gemv(torch.randn(1, 256).half(), st, h2=True)
+
+
+def test_ptx_emulator_against_numpy():
+    """The emulator's instructions against NumPy's own bit operations and fp16 arithmetic."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32) for _ in range(3))
+    out = ptx_emulator.run("{\nlop3.b32 $0, $1, $2, $3, 0xEA;\n}", [a, b, c])
+    assert np.array_equal(out, (a & b) | c)
+    out = ptx_emulator.run("{\nlop3.b32 $0, $1, $2, $3, 0x96;\n}", [a, b, c])         # a ^ b ^ c
+    assert np.array_equal(out, a ^ b ^ c)
+    h = rng.standard_normal((2, 64)).astype(np.float16)
+    pairs = h.view(np.uint16).astype(np.uint32)
+    packed = pairs[0] | (pairs[1] << 16)
+    prod = ptx_emulator.run("{\nmul.rn.f16x2 $0, $1, $2;\n}", [packed, packed])
+    assert np.array_equal((prod & 0xFFFF).astype(np.uint16).view(np.float16), h[0] * h[0])
+    assert np.array_equal((prod >> 16).astype(np.uint16).view(np.float16), h[1] * h[1])
+    total = ptx_emulator.run("{\n.reg .f16 x, y;\n.reg .f32 p, q;\nmov.b32 {x, y}, $1;\ncvt.f32.f16 p, x;\n"
+                             "cvt.f32.f16 q, y;\nadd.f32 $0, p, q;\n}", [packed])
+    assert np.array_equal(total.view(np.float32), h[0].astype(np.float32) + h[1].astype(np.float32))
