@@ -78,6 +78,11 @@ def test_decode_kernel_matches_reference(case, splits, fmt):
     out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, sliding_window=window, num_splits=splits, block_n=16, **kw)
     torch.testing.assert_close(out[:-1], ref, atol=TOL[torch.float32], rtol=0)
     assert out[-1].abs().max() == 0
+    # the last split merges in place of a second launch and leaves its counters zero for the next call
+    again = paged_attention.decode(q, kc, vc, bt, sl, 0.3, sliding_window=window, num_splits=splits, block_n=16,
+                                   **kw)
+    assert torch.equal(again, out)
+    assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(

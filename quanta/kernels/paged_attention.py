@@ -72,18 +72,21 @@ def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, scale,
 def _decode_kernel(
     # pointers
     q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr,
-    k_scale_ptr, v_scale_ptr,
+    k_scale_ptr, v_scale_ptr, out_ptr, lock_ptr,
     # sizes / scalars
     sm_scale, num_q_heads,
     # strides (elements)
-    stride_qt, stride_qh, stride_bt, stride_block, stride_slot,
+    stride_qt, stride_qh, stride_bt, stride_block, stride_slot, stride_ot, stride_oh,
     # constexpr meta
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
     FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
-    Writes the split's normalized output and log-sum-exp; _combine_kernel merges the splits."""
+
+    Each split writes its normalized output and log-sum-exp and counts itself in lock[b, kv head]; the last
+    split to arrive merges all of them into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max))
+    and resets the count: no second launch per layer."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -135,25 +138,28 @@ def _decode_kernel(
     row = (b * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
     tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
-
-
-@triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_q_heads,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                    SPLITS_PAD: tl.constexpr):
-    """grid (B, Hq): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    row = (b * num_q_heads + h) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row + s, mask=s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp(lse - m), 0.0)
-    o = tl.load(part_o_ptr + (row + s)[:, None] * BLOCK_D + d[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0)
-    total = tl.sum(w, 0)
-    res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ot + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    # --- the last split of this (sequence, kv head) merges the splits
+    lock = lock_ptr + b * tl.num_programs(1) + kv_head
+    tl.debug_barrier()                         # every thread's partial is written before the count is released
+    if tl.atomic_add(lock, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        first = (b * num_q_heads + heads) * NUM_SPLITS
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        for s_ in range(NUM_SPLITS):            # .cg: read the other programs' partials from L2, not L1
+            m = tl.maximum(m, tl.load(part_lse_ptr + first + s_, mask=g < GROUP, other=float("-inf"),
+                                      cache_modifier=".cg"))
+        total = tl.zeros([GROUP_PAD], tl.float32)
+        res = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for s_ in range(NUM_SPLITS):
+            lse_s = tl.load(part_lse_ptr + first + s_, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg")
+            w = tl.where(lse_s > float("-inf"), tl.exp(lse_s - m), 0.0)
+            o = tl.load(part_o_ptr + (first + s_)[:, None] * BLOCK_D + d[None, :], mask=q_mask, other=0.0,
+                        cache_modifier=".cg")
+            res += o * w[:, None]
+            total += w
+        res = res / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 res.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(lock, 0)
 
 
 @triton.jit
@@ -265,16 +271,32 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
     fp8 = fp8_constexprs(fmt)
     _decode_kernel[(bsz, hk, num_splits)](
         q, k_cache, v_cache, part_o, part_lse, block_tables, seq_lens, dummy,
-        v_scale if v_scale is not None else dummy, scale, hq,
+        v_scale if v_scale is not None else dummy, out, split_counts(q.device, bsz * hk), scale, hq,
         q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
+        out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
         PRECISION=dot_precision(q.dtype))
-    _combine_kernel[(bsz, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq, HEAD_DIM=d,
-                               BLOCK_D=block_d, NUM_SPLITS=num_splits,
-                               SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)))
     return out
+
+
+_split_counts: dict[torch.device, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []
+
+
+def split_counts(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (sequence, kv head), that the decode kernel's splits count
+    themselves in (each launch leaves them zero). One buffer per device, reused by every launch, so
+    launches sharing it must be ordered, as on one stream; it never shrinks, and a grown one keeps the
+    old alive, since CUDA graphs captured earlier hold its address."""
+    device = torch.device(device)
+    counts = _split_counts.get(device)
+    if counts is None or counts.numel() < n:
+        if counts is not None:
+            _retired.append(counts)
+        counts = _split_counts[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return counts
 
 
 def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int, scale: float, *,
