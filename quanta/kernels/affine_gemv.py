@@ -20,7 +20,16 @@ import torch
 
 from quanta.kernels.affine_gemm import GEMV_MAX_M, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
 from quanta.kernels.fp8_bits import fp8_to_f16
-from quanta.kernels.triton_support import cdiv, num_sms, split_k, tl, triton
+from quanta.kernels.triton_support import (
+    cdiv,
+    num_sms,
+    pdl_launch_dependents,
+    pdl_wait,
+    split_k,
+    tl,
+    triton,
+    use_pdl,
+)
 
 
 # --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
@@ -142,7 +151,7 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, SILU_MUL: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0, SILU_MUL: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
 
@@ -153,6 +162,7 @@ def _affine_gemv_kernel(
     MODE as in affine_gemm: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
     H2 (fp16 activations, AFFINE, TILE_SCALE, CUDA only): packed-half dot products per word (above).
     SILU_MUL: x rows are [gate | up] and the GEMV multiplies silu(gate) * up (the MLP's down projection).
+    PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
     """
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
@@ -160,6 +170,7 @@ def _affine_gemv_kernel(
     MASK: tl.constexpr = (1 << BITS) - 1
     CENTRE: tl.constexpr = 1 << (BITS - 1)
     DT: tl.constexpr = x_ptr.dtype.element_ty
+    pdl_launch_dependents(PDL)
     # --- which row, columns and K range
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -181,6 +192,7 @@ def _affine_gemv_kernel(
             rows = t * R + a * RS + offs_r
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
                         eviction_policy="evict_first")
+            pdl_wait(PDL)                        # (returns at once after the first time)
             if H2:
                 d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K,
                                       SILU_MUL)
@@ -237,6 +249,7 @@ def _affine_gemv_kernel(
             else:
                 acc_n += ps * s
     # --- epilogue: reduce the RS rows, add bias once, store or accumulate
+    pdl_wait(PDL)
     y = tl.sum(acc, axis=0) + acc_n
     if HAS_BIAS:
         if pid_k == 0:
@@ -311,6 +324,7 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
     y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)
+    pdl = use_pdl(x2.device)
     tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, cdiv(st.n, bn), splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
@@ -319,5 +333,6 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, num_warps=warps)
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, PDL=pdl, num_warps=warps,
+        launch_pdl=pdl)
     return y

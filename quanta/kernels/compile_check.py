@@ -15,6 +15,8 @@ import importlib
 import os
 import tempfile
 
+from quanta.kernels.paged_kv import FP8_FORMATS
+
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
          "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_gm",
@@ -26,6 +28,7 @@ _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr
             y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
+_E5M2 = FP8_FORMATS["fp8_e5m2"].constexprs()
 CASES = {
     "affine_gemv_w4": ("affine_gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),
@@ -82,6 +85,27 @@ CASES = {
                               dict(GROUP=4, GROUP_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
                                    NUM_SPLITS=8, WINDOW=0, FP8=1, FP8_UP_SHIFT=7, FP8_UP_MUL=256.0,
                                    PRECISION="tf32"), 4, 1, 75),
+    "kv_store_fp8_e5m2_pdl": ("paged_kv", "_store_kernel",
+                              dict(k_ptr="*fp16", v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8",
+                                   slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32"),
+                              dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_D=128, **_E5M2, PDL=True), 4, 1, 90),
+    "affine_gemv_w4_h2_pdl": ("affine_gemv", "_affine_gemv_kernel", _P16,
+                              dict(_AFF, BITS=4, RS=8, BLOCK_N=128, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True,
+                                   H2=True, H2_SCALE=16.0, PDL=True), 2, 1, 90),
+    "rms_norm_residual_pdl": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
+                              y_ptr="*fp16", h_ptr="*fp16", eps="fp32"),
+                              dict(BLOCK_D=4096, HAS_RESIDUAL=True, PDL=True), 8, 1, 90),
+    "rotary_pdl": ("rotary", "_rotary_kernel", dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16",
+                                                    pos_ptr="*i64", freq_ptr="*fp32"),
+                   dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, PDL=True), 4, 1, 90),
+    "paged_decode_pdl": ("paged_attention", "_decode_kernel",
+                         dict(q_ptr="*fp16", k_cache_ptr="*fp16", v_cache_ptr="*fp16", part_o_ptr="*fp32",
+                              part_lse_ptr="*fp32", block_tables_ptr="*i32", seq_lens_ptr="*i32",
+                              k_scale_ptr="*fp32", v_scale_ptr="*fp32", out_ptr="*fp16", lock_ptr="*i32",
+                              sm_scale="fp32"),
+                         dict(GROUP=4, GROUP_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+                              NUM_SPLITS=8, WINDOW=0, FP8=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0, PRECISION="tf32",
+                              PDL=True), 4, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }
@@ -94,6 +118,8 @@ def compile_case(name: str, cc: int):
     from triton.backends.compiler import GPUTarget
     module, kernel, types, constexprs, warps, stages, _ = CASES[name]
     fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
+    # constexprs a launcher leaves at their defaults (H2, PDL, ...) compile at those defaults, not as arguments
+    constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
     signature, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.triton_support import tl, triton, why_not_device
+from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, tl, triton, use_pdl, why_not_device
 
 NAME = "triton_rms_norm"
 
@@ -28,12 +28,15 @@ def _rms_norm_kernel(
     # strides (rows)
     stride_x, stride_r, stride_y, stride_h,
     # meta
-    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers)."""
+    pdl_launch_dependents(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: no predecessor wrote it
+    pdl_wait(PDL)
     # --- h = x (+ residual), written back for the next layer's residual
     # (arithmetic in fp32, rounded where the reference rounds: a 16-bit sum or product rounded once is
     # the same number as the native 16-bit operation)
@@ -45,7 +48,6 @@ def _rms_norm_kernel(
     # --- normalize in fp32, round to the dtype, then scale (the reference's order)
     hf = h.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = w * (hf * inv).to(h.dtype).to(tl.float32)
     tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -62,7 +64,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     block = triton.next_power_of_2(d)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, d, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
-        BLOCK_D=block, HAS_RESIDUAL=residual is not None, num_warps=min(16, max(1, block // 256)))
+        BLOCK_D=block, HAS_RESIDUAL=residual is not None, PDL=use_pdl(x.device),
+        num_warps=min(16, max(1, block // 256)), launch_pdl=use_pdl(x.device))
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))
 

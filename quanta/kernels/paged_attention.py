@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_fp32, fp8_constexprs
+from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, use_pdl
 
 
 def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:
@@ -81,12 +82,15 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
     FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
 
     Each split writes its normalized output and log-sum-exp and counts itself in lock[b, kv head]; the last
     split to arrive merges all of them into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max))
     and resets the count: no second launch per layer."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -277,7 +281,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
-        PRECISION=dot_precision(q.dtype))
+        PRECISION=dot_precision(q.dtype), PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device))
     return out
 
 

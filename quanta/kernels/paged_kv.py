@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, use_pdl
+
 
 @dataclass(frozen=True)
 class Fp8Format:
@@ -108,9 +110,11 @@ def _store_kernel(
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
     FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr,
-    FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+    FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """grid (T, Hk): one token's one kv head."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     # --- where the token goes
@@ -141,4 +145,5 @@ def store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Form
     dummy = k_scale if k_scale is not None else slot
     _store_kernel[(t, hk)](k, v, k_cache, v_cache, slot, dummy, v_scale if v_scale is not None else dummy,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                           NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_constexprs(fmt))
+                           NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_constexprs(fmt),
+                           PDL=use_pdl(k.device), launch_pdl=use_pdl(k.device))

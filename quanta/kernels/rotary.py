@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.triton_support import tl, triton, why_not_device
+from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, tl, triton, use_pdl, why_not_device
 
 NAME = "triton_rotary"
 
@@ -58,9 +58,11 @@ def _rotary_kernel(
     # strides (token, head; the last dim is contiguous)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
     # meta
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (token, 0) rotates the token's q heads, (token, 1) its k heads: one launch for both."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_HALF)[None, :]
     angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + offs_d, mask=offs_d < HALF_D, other=0.0)
@@ -81,7 +83,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: 
     _rotary_kernel[(t, 2)](q, k, qo, ko, positions, inv_freq, hq, hk, d // 2, q.stride(0), q.stride(1),
                            k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-                           BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4)
+                           BLOCK_HALF=triton.next_power_of_2(d // 2), PDL=use_pdl(q.device), num_warps=4,
+                           launch_pdl=use_pdl(q.device))
     return qo, ko
 
 

@@ -13,9 +13,10 @@ import torch
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     TRITON_ERROR: str | None = None
 except ImportError as exc:  # pragma: no cover - triton ships with torch on Linux
-    triton = tl = None
+    triton = tl = gdc_launch_dependents = gdc_wait = None
     TRITON_ERROR = f"triton is not importable ({exc})"
 
 
@@ -73,3 +74,31 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
     splits = max(1, min(want, k_tiles // max(min_tiles, 1)))
     per = cdiv(k_tiles, splits)
     return cdiv(k_tiles, per), per
+
+
+# --- programmatic dependent launch (PDL, sm90+) --------------------------------------------------
+# The decode chain's kernels (RMSNorm, GEMV, rotary, KV store, paged decode) can be launched with PDL: a
+# kernel starts while its predecessor finishes, issues what does not depend on it (the GEMV's first weight
+# loads), and waits (griddepcontrol.wait) before it reads the predecessor's output or writes anything. Every
+# kernel launched so must call pdl_wait before its first dependent read and its first write. Opt-in with
+# QUANTA_PDL=1 until measured on a GPU (CUDA graphs keep the programmatic edges when capturing).
+
+@functools.lru_cache(maxsize=None)
+def use_pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` are launched with programmatic dependent launch (see above)."""
+    return (os.environ.get("QUANTA_PDL", "0") == "1" and TRITON_ERROR is None and not interpreting()
+            and capability(device) >= (9, 0))
+
+
+if triton is not None:
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible (PDL); no-op without."""
+        if PDL:
+            gdc_wait()
+
+    @triton.jit
+    def pdl_launch_dependents(PDL: tl.constexpr):
+        """Let the next kernel start launching now (PDL); no-op without."""
+        if PDL:
+            gdc_launch_dependents()
