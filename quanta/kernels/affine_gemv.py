@@ -23,6 +23,7 @@ from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
     cdiv,
     num_sms,
+    pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
     split_k,
@@ -334,5 +335,5 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
         H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, PDL=pdl, num_warps=warps,
-        launch_pdl=pdl)
+        **pdl_launch(x2.device))
     return y

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, tl, triton, use_pdl, why_not_device
+from quanta.kernels.triton_support import (
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    tl,
+    triton,
+    use_pdl,
+    why_not_device,
+)
 
 NAME = "triton_rms_norm"
 
@@ -65,7 +73,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, d, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
         BLOCK_D=block, HAS_RESIDUAL=residual is not None, PDL=use_pdl(x.device),
-        num_warps=min(16, max(1, block // 256)), launch_pdl=use_pdl(x.device))
+        num_warps=min(16, max(1, block // 256)), **pdl_launch(x.device))
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_fp32, fp8_constexprs
-from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, use_pdl
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, use_pdl
 
 
 def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:
@@ -281,7 +281,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
-        PRECISION=dot_precision(q.dtype), PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device))
+        PRECISION=dot_precision(q.dtype), PDL=use_pdl(q.device), **pdl_launch(q.device))
     return out
 
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.triton_support import pdl_launch_dependents, pdl_wait, tl, triton, use_pdl, why_not_device
+from quanta.kernels.triton_support import (
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    tl,
+    triton,
+    use_pdl,
+    why_not_device,
+)
 
 NAME = "triton_rotary"
 
@@ -84,7 +92,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: 
                            k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
                            BLOCK_HALF=triton.next_power_of_2(d // 2), PDL=use_pdl(q.device), num_warps=4,
-                           launch_pdl=use_pdl(q.device))
+                           **pdl_launch(q.device))
     return qo, ko
 
 

@@ -13,11 +13,14 @@ import torch
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     TRITON_ERROR: str | None = None
 except ImportError as exc:  # pragma: no cover - triton ships with torch on Linux
-    triton = tl = gdc_launch_dependents = gdc_wait = None
+    triton = tl = None
     TRITON_ERROR = f"triton is not importable ({exc})"
+try:                                 # Triton >= 3.4: programmatic dependent launch (see the end of this file)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
 
 
 def interpreting() -> bool:
@@ -86,8 +89,13 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
 @functools.lru_cache(maxsize=None)
 def use_pdl(device: torch.device) -> bool:
     """Whether kernels on `device` are launched with programmatic dependent launch (see above)."""
-    return (os.environ.get("QUANTA_PDL", "0") == "1" and TRITON_ERROR is None and not interpreting()
+    return (os.environ.get("QUANTA_PDL", "0") == "1" and gdc_wait is not None and not interpreting()
             and capability(device) >= (9, 0))
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """The launch keywords for PDL on `device`: {} when off, so Triton versions without the option work."""
+    return {"launch_pdl": True} if use_pdl(device) else {}
 
 
 if triton is not None:
