@@ -15,3 +15,31 @@ def test_rotary(t, hq, hk, d, dtype):
     for got, want in zip(rotary.rotary(q, k, pos, inv_freq), rotary.reference(q, k, pos, inv_freq)):
         assert got.shape == want.shape and rel_err(got, want) < TOL[dtype] if dtype != torch.float32 \
             else rel_err(got, want) < 1e-4      # fp32: libdevice vs torch sin/cos of angles up to 8192
+
+
+@pytest.mark.parametrize("fmt", [None, "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
+def test_rotary_and_store_equals_rotary_then_store(fmt, dtype):
+    """The fused launch writes the caches exactly as rotary + paged_kv.store do (padding slot: nowhere)."""
+    from quanta.kernels import paged_kv
+    t, hq, hk, d, slots = 5, 6, 2, 64, 32
+    q = torch.randn(t, hq, d).to(DEVICE, dtype)
+    kv = torch.randn(t, 2 * hk, d).to(DEVICE, dtype)             # k and v as strided views, as the engine has
+    k, v = kv[:, :hk], kv[:, hk:]
+    pos = torch.randint(0, 4096, (t,)).to(DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)).to(DEVICE)
+    slot = torch.tensor([3, 17, -1, 0, 31]).to(DEVICE)
+    form = paged_kv.FP8_FORMATS[fmt] if fmt else None
+    scales = ((torch.rand(hk) + 0.5).to(DEVICE), (torch.rand(hk) + 0.5).to(DEVICE)) if fmt else (None, None)
+
+    def caches():
+        store = torch.uint8 if fmt else dtype
+        return [torch.zeros(slots // 16, 16, hk, d, dtype=store, device=DEVICE) for _ in range(2)]
+    kc, vc = caches()
+    q_fused = rotary.rotary_and_store(q, k, v, pos, inv_freq, kc, vc, slot, *scales, form)
+    kc2, vc2 = caches()
+    q_rot, k_rot = rotary.rotary(q, k, pos, inv_freq)
+    paged_kv.store(k_rot, v.contiguous(), kc2, vc2, slot, *scales, form)
+    assert torch.equal(q_fused, q_rot)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert kc.view(-1, hk, d)[slot[slot >= 0]].ne(0).any()

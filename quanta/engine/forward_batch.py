@@ -3,6 +3,7 @@ context. Sequences are ordered decodes first (one query each), then prefill chun
 the step's K/V in the paged cache and runs the decode and prefill kernels over their parts."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,21 @@ class ForwardBatch:
     sliding_window: int | None = None
     calibrate: bool = False             # compute fp8 scales from this batch (first real prefill)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               rope: Callable | None = None) -> torch.Tensor:
+        """Rotate q and k by `rope` (if given), store the step's k and v in the paged cache, attend. A rope
+        that can store as it rotates (TritonRope) does both in one launch, except while the fp8 scales are
+        being calibrated from this batch."""
         cache = self.kv_cache
-        cache.write(layer, k, v, self.slot_mapping, self.calibrate)
         k_cache, v_cache = cache.layer(layer)
+        fused = getattr(rope, "rotate_and_store", None)
+        if fused is not None and cache.use_triton and not self.calibrate:
+            q = fused(q, k, v, k_cache, v_cache, self.slot_mapping, cache.k_scale[layer], cache.v_scale[layer],
+                      cache.fmt)
+        else:
+            if rope is not None:
+                q, k = rope(q, k)
+            cache.write(layer, k, v, self.slot_mapping, self.calibrate)
         kw = dict(sliding_window=self.sliding_window, k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer],
                   fmt=cache.fmt)
         if not cache.use_triton:

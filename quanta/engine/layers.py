@@ -200,6 +200,22 @@ class RotaryEmbedding(nn.Module):
         rotated (q, k). On CUDA the Triton kernel computes the angles itself; the torch path computes
         cos / sin here, once per step instead of once per layer."""
         if use_triton(positions.device, dtype):
-            return functools.partial(rotary.rotary, positions=positions, inv_freq=self.inv_freq)
+            return TritonRope(positions, self.inv_freq)
         cos, sin = rotary.cos_sin(positions, self.inv_freq, dtype)
         return lambda q, k: (rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin))
+
+
+class TritonRope:
+    """One step's rotation on the Triton kernel: rope(q, k) -> rotated (q, k), or rotate_and_store, which
+    writes the rotated k and v into the paged KV cache in the same launch (the attention context uses it)."""
+
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor):
+        self.positions, self.inv_freq = positions, inv_freq
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.rotary(q, k, self.positions, self.inv_freq)
+
+    def rotate_and_store(self, q, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, fmt) -> torch.Tensor:
+        """Rotated q; the rotated k and v stored at slot_mapping (see rotary.rotary_and_store)."""
+        return rotary.rotary_and_store(q, k, v, self.positions, self.inv_freq, k_cache, v_cache, slot_mapping,
+                                       k_scale, v_scale, fmt)

@@ -19,7 +19,7 @@ from quanta.kernels.paged_kv import FP8_FORMATS
 
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
-         "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_gm",
+         "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_vt", "stride_gm",
          "stride_um", "HALF_D"}
 
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
@@ -29,6 +29,10 @@ _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _E5M2 = FP8_FORMATS["fp8_e5m2"].constexprs()
+_E4M3 = FP8_FORMATS["fp8_e4m3"].constexprs()
+_ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
+             v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
+             v_scale_ptr="*fp32")
 CASES = {
     "affine_gemv_w4": ("affine_gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),
@@ -74,9 +78,13 @@ CASES = {
                        dict(BLOCK_K=1024, FP8_MAX=448.0), 4, 1, 89),
     "rms_norm_residual": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
                           y_ptr="*fp16", h_ptr="*fp16", eps="fp32"), dict(BLOCK_D=4096, HAS_RESIDUAL=True), 8, 1, 75),
-    "rotary": ("rotary", "_rotary_kernel", dict(q_ptr="*bf16", k_ptr="*bf16", qo_ptr="*bf16", ko_ptr="*bf16",
-                                                pos_ptr="*i64", freq_ptr="*fp32"),
+    "rotary": ("rotary", "_rotary_kernel", dict(_ROPE, q_ptr="*bf16", k_ptr="*bf16", qo_ptr="*bf16",
+                                                ko_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*bf16",
+                                                v_cache_ptr="*bf16"),
                dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64), 4, 1, 80),
+    "rotary_store_kv_fp8_e4m3": ("rotary", "_rotary_kernel", _ROPE,
+                                 dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True,
+                                      **{k: v for k, v in _E4M3.items() if not k.startswith("FP8_UP")}), 4, 1, 75),
     "paged_decode_fp8_e4m3": ("paged_attention", "_decode_kernel",
                               dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32",
                                    part_lse_ptr="*fp32", block_tables_ptr="*i32", seq_lens_ptr="*i32",
@@ -95,9 +103,8 @@ CASES = {
     "rms_norm_residual_pdl": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
                               y_ptr="*fp16", h_ptr="*fp16", eps="fp32"),
                               dict(BLOCK_D=4096, HAS_RESIDUAL=True, PDL=True), 8, 1, 90),
-    "rotary_pdl": ("rotary", "_rotary_kernel", dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16",
-                                                    pos_ptr="*i64", freq_ptr="*fp32"),
-                   dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, PDL=True), 4, 1, 90),
+    "rotary_store_kv_pdl": ("rotary", "_rotary_kernel", dict(_ROPE, k_cache_ptr="*fp16", v_cache_ptr="*fp16"),
+                            dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True, PDL=True), 4, 1, 90),
     "paged_decode_pdl": ("paged_attention", "_decode_kernel",
                          dict(q_ptr="*fp16", k_cache_ptr="*fp16", v_cache_ptr="*fp16", part_o_ptr="*fp32",
                               part_lse_ptr="*fp32", block_tables_ptr="*i32", seq_lens_ptr="*i32",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.kernels.paged_kv import Fp8Format, fp8_constexprs, fp32_to_fp8_bits
 from quanta.kernels.triton_support import (
     pdl_launch,
     pdl_launch_dependents,
@@ -40,9 +41,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 @triton.jit
-def _rotate_heads(x_ptr, y_ptr, t, angle, H, HALF_D, stride_xt, stride_xh, stride_yt, stride_yh,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Rotate every head of token t of x into y by the token's angles [1, BLOCK_HALF]."""
+def _rotated_heads(x_ptr, t, angle, H, HALF_D, stride_xt, stride_xh, BLOCK_H: tl.constexpr,
+                   BLOCK_HALF: tl.constexpr):
+    """Every head of token t of x rotated by the token's angles [1, BLOCK_HALF]: (lo, hi halves, heads, d,
+    mask), the halves rounded to x's dtype."""
     offs_h = tl.arange(0, BLOCK_H)[:, None]
     offs_d = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (offs_h < H) & (offs_d < HALF_D)
@@ -52,48 +54,110 @@ def _rotate_heads(x_ptr, y_ptr, t, angle, H, HALF_D, stride_xt, stride_xh, strid
     cos = tl.cos(angle).to(x_lo.dtype).to(tl.float32)
     sin = tl.sin(angle).to(x_lo.dtype).to(tl.float32)
     lo, hi = x_lo.to(tl.float32), x_hi.to(tl.float32)
-    tl.store(y_ptr + t * stride_yt + offs_h * stride_yh + offs_d, (lo * cos - hi * sin).to(x_lo.dtype), mask=mask)
-    tl.store(y_ptr + t * stride_yt + offs_h * stride_yh + HALF_D + offs_d, (hi * cos + lo * sin).to(x_lo.dtype),
-             mask=mask)
+    return (lo * cos - hi * sin).to(x_lo.dtype), (hi * cos + lo * sin).to(x_lo.dtype), offs_h, offs_d, mask
+
+
+@triton.jit
+def _store_halves(y_ptr, base, lo, hi, HALF_D, mask):
+    tl.store(y_ptr + base, lo.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + base + HALF_D, hi.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _to_cache(cache_ptr, scale_ptr, slot, lo, hi, offs_h, offs_d, mask, H, HALF_D,
+              FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
+              FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
+    """Write one token's heads (lo, hi halves) at `slot` of a contiguous [slots, H, D] cache, as
+    paged_kv.store writes them (fp8: divided by the head's scale, converted by bit operations)."""
+    if FP8 != 0:
+        scale = tl.load(scale_ptr + offs_h, mask=offs_h < H, other=1.0)
+        lo = fp32_to_fp8_bits(lo.to(tl.float32) / scale, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                              FP8_MAGIC, FP8_MAGIC_BITS)
+        hi = fp32_to_fp8_bits(hi.to(tl.float32) / scale, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                              FP8_MAGIC, FP8_MAGIC_BITS)
+    _store_halves(cache_ptr, slot * (H * 2 * HALF_D) + offs_h * (2 * HALF_D) + offs_d, lo, hi, HALF_D,
+                  mask & (slot >= 0))
 
 
 @triton.jit
 def _rotary_kernel(
     # pointers
     q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freq_ptr,
+    v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,      # STORE_KV only
     # sizes
     HQ, HK, HALF_D,
     # strides (token, head; the last dim is contiguous)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
+    stride_vt, stride_vh,
     # meta
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE_KV: tl.constexpr = False,
+    FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
+    FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
-    """Program (token, 0) rotates the token's q heads, (token, 1) its k heads: one launch for both."""
+    """Program (token, 0) rotates the token's q heads, (token, 1) its k heads: one launch for both.
+
+    STORE_KV: the rotated k and the v heads go straight into the paged caches at slot[token] (< 0: nowhere),
+    as paged_kv.store would put them, instead of into ko (the KV store's launch saved)."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_HALF)[None, :]
     angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + offs_d, mask=offs_d < HALF_D, other=0.0)
+    # (the branches name their tensors apart: Triton types a name across both sides of an if)
     if tl.program_id(1) == 0:
-        _rotate_heads(q_ptr, qo_ptr, t, angle, HQ, HALF_D, stride_qt, stride_qh, stride_qot, stride_qoh,
-                      BLOCK_HQ, BLOCK_HALF)
+        q_lo, q_hi, q_h, q_d, q_mask = _rotated_heads(q_ptr, t, angle, HQ, HALF_D, stride_qt, stride_qh,
+                                                      BLOCK_HQ, BLOCK_HALF)
+        _store_halves(qo_ptr, t * stride_qot + q_h * stride_qoh + q_d, q_lo, q_hi, HALF_D, q_mask)
     else:
-        _rotate_heads(k_ptr, ko_ptr, t, angle, HK, HALF_D, stride_kt, stride_kh, stride_kot, stride_koh,
-                      BLOCK_HK, BLOCK_HALF)
+        k_lo, k_hi, k_h, k_d, k_mask = _rotated_heads(k_ptr, t, angle, HK, HALF_D, stride_kt, stride_kh,
+                                                      BLOCK_HK, BLOCK_HALF)
+        if STORE_KV:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            _to_cache(k_cache_ptr, k_scale_ptr, slot, k_lo, k_hi, k_h, k_d, k_mask, HK, HALF_D, FP8, FP8_MAX,
+                      FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+            v_lo = tl.load(v_ptr + t * stride_vt + k_h * stride_vh + k_d, mask=k_mask, other=0.0)
+            v_hi = tl.load(v_ptr + t * stride_vt + k_h * stride_vh + HALF_D + k_d, mask=k_mask, other=0.0)
+            _to_cache(v_cache_ptr, v_scale_ptr, slot, v_lo, v_hi, k_h, k_d, k_mask, HK, HALF_D, FP8, FP8_MAX,
+                      FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+        else:
+            _store_halves(ko_ptr, t * stride_kot + k_h * stride_koh + k_d, k_lo, k_hi, HALF_D, k_mask)
+
+
+def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp8Format | None):
+    (t, hq, d), hk = q.shape, k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0 and inv_freq.numel() == d // 2
+    v, k_cache, v_cache, slot, k_scale, v_scale = store_args or (k, qo, qo, positions, inv_freq, inv_freq)
+    fp8 = {name: value for name, value in fp8_constexprs(fmt).items() if not name.startswith("FP8_UP")}
+    _rotary_kernel[(t, 2)](q, k, qo, ko, positions, inv_freq, v, k_cache, v_cache, slot, k_scale, v_scale,
+                           hq, hk, d // 2, q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0),
+                           qo.stride(1), ko.stride(0), ko.stride(1), v.stride(0), v.stride(1),
+                           BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
+                           BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None, **fp8,
+                           PDL=use_pdl(q.device), num_warps=4, **pdl_launch(q.device))
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor):
     """q [T, Hq, D], k [T, Hk, D], positions [T] (int), inv_freq [D/2] float32 -> rotated (q, k)."""
     inv_freq = inv_freq.float().contiguous()
-    (t, hq, d), hk = q.shape, k.shape[1]
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0 and inv_freq.numel() == d // 2
     qo, ko = torch.empty_like(q), torch.empty_like(k)
-    _rotary_kernel[(t, 2)](q, k, qo, ko, positions, inv_freq, hq, hk, d // 2, q.stride(0), q.stride(1),
-                           k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
-                           BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-                           BLOCK_HALF=triton.next_power_of_2(d // 2), PDL=use_pdl(q.device), num_warps=4,
-                           **pdl_launch(q.device))
+    _launch(q, k, qo, ko, positions, inv_freq, None, None)
     return qo, ko
+
+
+def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor,
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     fmt: Fp8Format | None = None) -> torch.Tensor:
+    """Rotated q, with the rotated k and v [T, Hk, D] written into the paged caches at `slot` [T] (< 0:
+    nowhere) exactly as paged_kv.store(rotated k, v, ...) writes them: one launch instead of two."""
+    inv_freq = inv_freq.float().contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2:] == k.shape[1:]
+    assert v.shape == k.shape and v.stride(-1) == 1 and (fmt is None) == (k_cache.dtype != torch.uint8)
+    qo = torch.empty_like(q)
+    scales = (k_scale, v_scale) if fmt is not None else (inv_freq, inv_freq)
+    _launch(q, k, qo, qo, positions, inv_freq, (v, k_cache, v_cache, slot, *scales), fmt)
+    return qo
 
 
 def supports(x: torch.Tensor) -> str | None:

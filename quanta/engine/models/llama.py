@@ -39,8 +39,7 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k)
-        out = ctx.attend(self.layer, q, k, v, self.scale)
+        out = ctx.attend(self.layer, q, k, v, self.scale, rope)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
