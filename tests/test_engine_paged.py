@@ -197,12 +197,14 @@ def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
         def pool(self):
             return None
 
-    class FakeEvent:
+    events = []
+
+    class FakeEvent:                     # the step's input copies: recorded, then waited for by the next step
         def record(self):
-            pass
+            events.append("record")
 
         def synchronize(self):
-            pass
+            events.append("synchronize")
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
@@ -222,4 +224,5 @@ def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in lengths]
     assert tokens(llm.generate(prompts(), params, use_tqdm=False)) == [[a[0][:m]] for a, m in zip(alone, lengths)]
     assert {1, 2, 4, 5} <= set(replays)
+    assert events == ["synchronize", "record"] * len(replays)     # no step refills buffers still being copied
     assert_pool_empty(llm)

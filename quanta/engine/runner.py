@@ -76,9 +76,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]):
         """Run one step; -> (items that sample, their tokens as ints, raw logits rows or None)."""
-        if self._graph_bucket(batch):
+        bucket = self._graph_bucket(batch)
+        if bucket:
             items, last = batch, list(range(len(batch)))
-            hidden = self._replay(batch)
+            hidden = self._replay(batch, bucket)
         else:
             fb, input_ids, positions, items, last = self.prepare(batch)
             if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
@@ -103,11 +104,11 @@ class ModelRunner:
             return None
         return min(b for b in self.graphs if b >= len(batch))
 
-    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+    def _replay(self, batch: list[ScheduledSeq], bucket: int) -> torch.Tensor:
         """A decode-only step through its CUDA graph. The step's integers are written straight into two
         pinned host buffers laid out as the graph's static inputs and moved with two copies, instead of a
         tensor per field and a device copy per static buffer (the host time of a small step)."""
-        n, bucket = len(batch), self._graph_bucket(batch)
+        n = len(batch)
         top, width, bs = self.static_ids.numel(), self.graph_width, self.block_size
         self._inputs_copied.synchronize()          # the previous step's copies have left the host buffers
         i64, i32 = self.host_i64_np, self.host_i32_np

@@ -29,7 +29,7 @@ from quanta.kernels.triton_support import (
     split_k,
     tl,
     triton,
-    use_pdl,
+    zeroed_scratch,
 )
 
 
@@ -38,6 +38,11 @@ from quanta.kernels.triton_support import (
 # 1024 + code), one FMA maps each pair to (code - C) / D exactly (C = 2**(bits-1), D = 16 or 256, so that
 # the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs; the
 # word's two lanes leave as one float32. Per 4-bit code: ~2 instructions instead of 3 in fp32.
+_H2_LANES_TO_F32 = """mov.b32 {h0, h1}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 $0, f0, f1;
+}"""                                    # the packed-half sum's two lanes -> one float32 ($0)
 _H2_DOT_INT4 = tl.constexpr("""{
 .reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;
 .reg .f16 h0, h1;
@@ -59,11 +64,7 @@ fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
 fma.rn.f16x2 acc, lo, $4, acc;
 fma.rn.f16x2 acc, hi, $5, acc;
-mov.b32 {h0, h1}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 $0, f0, f1;
-}""")
+""" + _H2_LANES_TO_F32)
 _H2_DOT_INT8 = tl.constexpr("""{
 .reg .b32 t, lo, hi, acc, c, b;
 .reg .f16 h0, h1;
@@ -77,11 +78,7 @@ fma.rn.f16x2 lo, lo, c, b;
 fma.rn.f16x2 hi, hi, c, b;
 mul.rn.f16x2 acc, lo, $2;
 fma.rn.f16x2 acc, hi, $3, acc;
-mov.b32 {h0, h1}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 $0, f0, f1;
-}""")
+""" + _H2_LANES_TO_F32)
 # D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
 # (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
 H2_DIVISOR = {4: 16.0, 8: 256.0}
@@ -277,27 +274,14 @@ def _affine_gemv_kernel(
 # wants fewer, wider ones (256 x 4, 8 waves): 70B gate_up 90% of copy bandwidth against 68%.
 GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 2)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
-_workspaces: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`.
-
-    One per (device, N), reused by every call (each call leaves it zeroed): calls sharing it must be
-    ordered, as on one stream. It never shrinks and a grown one keeps the old alive, since CUDA graphs
-    captured earlier hold its address.
-    """
-    key = (torch.device(device), n)
-    ws = _workspaces.get(key)
-    if ws is None or ws[0].shape[0] < m:
-        if ws is not None:
-            _retired.append(ws)
-        rows = max(m, GEMV_MAX_M)
-        ws = (torch.zeros(rows, n, device=device, dtype=torch.float32),
-              torch.zeros(rows, cdiv(n, LOCK_COLUMNS), device=device, dtype=torch.int32))
-        _workspaces[key] = ws
-    return ws
+    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`,
+    one pair per (device, N) shared by every call (triton_support.zeroed_scratch)."""
+    device, rows = torch.device(device), max(m, GEMV_MAX_M)
+    return (zeroed_scratch(("gemv partials", device, n), (rows, n), torch.float32, device),
+            zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
 
 
 def use_h2(st: AffineState, device: torch.device) -> bool:
@@ -325,7 +309,6 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
     y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)
-    pdl = use_pdl(x2.device)
     tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, cdiv(st.n, bn), splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
@@ -334,6 +317,6 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, PDL=pdl, num_warps=warps,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, num_warps=warps,
         **pdl_launch(x2.device))
     return y

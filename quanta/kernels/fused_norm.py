@@ -13,7 +13,6 @@ from quanta.kernels.triton_support import (
     pdl_wait,
     tl,
     triton,
-    use_pdl,
     why_not_device,
 )
 
@@ -72,7 +71,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     block = triton.next_power_of_2(d)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, d, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
-        BLOCK_D=block, HAS_RESIDUAL=residual is not None, PDL=use_pdl(x.device),
+        BLOCK_D=block, HAS_RESIDUAL=residual is not None,
         num_warps=min(16, max(1, block // 256)), **pdl_launch(x.device))
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_fp32, fp8_constexprs
-from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, use_pdl
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
 def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:
@@ -281,26 +281,15 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
-        PRECISION=dot_precision(q.dtype), PDL=use_pdl(q.device), **pdl_launch(q.device))
+        PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
     return out
-
-
-_split_counts: dict[torch.device, torch.Tensor] = {}
-_retired: list[torch.Tensor] = []
 
 
 def split_counts(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 counters, one per (sequence, kv head), that the decode kernel's splits count
-    themselves in (each launch leaves them zero). One buffer per device, reused by every launch, so
-    launches sharing it must be ordered, as on one stream; it never shrinks, and a grown one keeps the
-    old alive, since CUDA graphs captured earlier hold its address."""
+    themselves in; one buffer per device shared by every launch (triton_support.zeroed_scratch)."""
     device = torch.device(device)
-    counts = _split_counts.get(device)
-    if counts is None or counts.numel() < n:
-        if counts is not None:
-            _retired.append(counts)
-        counts = _split_counts[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return counts
+    return zeroed_scratch(("decode split counts", device), (max(n, 1024),), torch.int32, device)
 
 
 def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int, scale: float, *,

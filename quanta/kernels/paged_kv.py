@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, use_pdl
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -146,4 +146,4 @@ def store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Form
     _store_kernel[(t, hk)](k, v, k_cache, v_cache, slot, dummy, v_scale if v_scale is not None else dummy,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_constexprs(fmt),
-                           PDL=use_pdl(k.device), **pdl_launch(k.device))
+                           **pdl_launch(k.device))

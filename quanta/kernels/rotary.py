@@ -14,7 +14,6 @@ from quanta.kernels.triton_support import (
     pdl_wait,
     tl,
     triton,
-    use_pdl,
     why_not_device,
 )
 
@@ -134,7 +133,7 @@ def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp
                            qo.stride(1), ko.stride(0), ko.stride(1), v.stride(0), v.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
                            BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None, **fp8,
-                           PDL=use_pdl(q.device), num_warps=4, **pdl_launch(q.device))
+                           num_warps=4, **pdl_launch(q.device))
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor):

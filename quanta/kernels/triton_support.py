@@ -68,6 +68,23 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_scratch: dict[tuple, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []
+
+
+def zeroed_scratch(key: tuple, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer kept under `key` for kernels that leave it zeroed after each launch (split-K
+    partials, split counters): at least `shape[0]` rows of `shape[1:]`. Launches sharing one must be ordered,
+    as on one stream. It never shrinks, and a grown one keeps the old alive, since CUDA graphs captured
+    earlier hold its address."""
+    buf = _scratch.get(key)
+    if buf is None or buf.shape[0] < shape[0]:
+        if buf is not None:
+            _retired.append(buf)
+        buf = _scratch[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return buf
+
+
 def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int) -> tuple[int, int]:
     """Split the K loop so that about `waves * sms` programs run; returns (splits, k tiles per split).
 
@@ -94,8 +111,9 @@ def use_pdl(device: torch.device) -> bool:
 
 
 def pdl_launch(device: torch.device) -> dict:
-    """The launch keywords for PDL on `device`: {} when off, so Triton versions without the option work."""
-    return {"launch_pdl": True} if use_pdl(device) else {}
+    """The launch keywords for PDL on `device`, the kernel's PDL constexpr included: {} when off (PDL
+    defaults to False), so Triton versions without the `launch_pdl` option work."""
+    return {"PDL": True, "launch_pdl": True} if use_pdl(device) else {}
 
 
 if triton is not None:
