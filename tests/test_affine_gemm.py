@@ -143,21 +143,3 @@ def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
     y = affine_gemv.gemv(x, st)
     ref = x.double() @ w.dequantize().double().T
     assert torch.isfinite(y).all() and rel_err(y, ref) < TOL[torch.float16]
-
-
-@pytest.mark.parametrize("m", [1, 2, 5])
-@pytest.mark.parametrize("case", [(96, 384, 4, 128, "asym", False), (40, 213, 4, 32, "sym", True)],
-                         ids=["g128-asym", "g32-act-order-ragged"])
-def test_silu_and_mul_fused_into_the_gemv(case, m):
-    """apply_silu_and_mul: at M <= 2 the GEMV makes silu(gate) * up as it loads it; the result is the
-    unfused activation kernel + matmul, bit for bit (the same roundings), and close to the reference."""
-    from quanta.kernels import activation
-    w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    gate_up = (torch.randn(m, 2 * w.shape[1]) * 2).to(DEVICE, torch.float16)
-    bias = (torch.randn(w.shape[0]) * 0.1).to(DEVICE, torch.float16)
-    fused = affine_gemm.apply_silu_and_mul(gate_up, st, bias)
-    unfused = affine_gemm.matmul(activation.silu_and_mul(gate_up), st, bias)
-    assert torch.equal(fused, unfused)
-    ref = activation.reference(gate_up).double() @ w.dequantize().double().T + bias.double()
-    assert rel_err(fused, ref) < TOL[torch.float16]

@@ -77,14 +77,3 @@ def test_ptx_emulator_against_numpy():
     total = ptx_emulator.run("{\n.reg .f16 x, y;\n.reg .f32 p, q;\nmov.b32 {x, y}, $1;\ncvt.f32.f16 p, x;\n"
                              "cvt.f32.f16 q, y;\nadd.f32 $0, p, q;\n}", [packed])
     assert np.array_equal(total.view(np.float32), h[0].astype(np.float32) + h[1].astype(np.float32))
-
-
-def test_h2_with_silu_and_mul_fused(monkeypatch):
-    """The packed-half loop fed by silu(gate) * up made in the load equals it fed by the activation kernel."""
-    from quanta.kernels import activation
-    ptx_emulator.install(monkeypatch)
-    w = make_affine(64, 384, 4, 128, "sym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    gate_up = (torch.randn(2, 768) * 2).half()
-    fused = affine_gemv.gemv(gate_up, st, h2=True, silu_mul=True)
-    assert torch.equal(fused, affine_gemv.gemv(activation.silu_and_mul(gate_up), st, h2=True))

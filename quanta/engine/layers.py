@@ -58,13 +58,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.state, self.bias)
 
-    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """self(silu_and_mul(x)) for x [..., 2 * in_features], fused where the kernel offers it."""
-        fused = getattr(self.kernel, "apply_silu_and_mul", None)
-        if fused is not None:
-            return fused(x, self.state, self.bias)
-        return self.forward(silu_and_mul(x))
-
     def extra_repr(self) -> str:
         kernel = self.kernel.NAME if self.kernel else None
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"

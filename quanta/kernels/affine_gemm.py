@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quanta.kernels import activation
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path below)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
@@ -353,18 +352,6 @@ def _int32(words: torch.Tensor) -> torch.Tensor:
 
 def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
     return matmul(x, state, bias)
-
-
-def apply_silu_and_mul(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = (silu(gate) * up) @ W.T + bias for x [..., 2K] = [gate | up], the MLP's down projection: at
-    M <= GEMV_MAX_M the GEMV makes the activation as it loads it (one launch and one round trip fewer per
-    decode layer); larger M runs the SiLU-and-mul kernel, then the GEMM."""
-    x2 = x.reshape(-1, 2 * state.k)
-    if x2.shape[0] <= GEMV_MAX_M and x2.stride(1) == 1:
-        y = affine_gemv.gemv(x2, state, bias, silu_mul=True)
-    else:
-        y = matmul(activation.silu_and_mul(x2), state, bias)
-    return y.reshape(*x.shape[:-1], state.n)
 
 
 from quanta.kernels import affine_gemv  # noqa: E402  (imports this module's names: kept last)

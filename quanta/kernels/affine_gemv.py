@@ -85,22 +85,13 @@ H2_DIVISOR = {4: 16.0, 8: 256.0}
 
 
 @triton.jit
-def _load_x(x_row, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
-    """Activations at input columns k (through the act-order permutation), in their own dtype. SILU_MUL:
-    the row holds [gate | up] (2K wide) and the activation is silu(gate) * up, rounded as
-    activation.silu_and_mul rounds it (silu in fp32 rounded to the dtype, the product rounded once)."""
+def _load_x(x_row, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activations at input columns k (through the act-order permutation), in their own dtype."""
     kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
     if EVEN_K:
         x = tl.load(x_row + kx, eviction_policy="evict_last")
     else:
         x = tl.load(x_row + kx, mask=k < K, other=0.0, eviction_policy="evict_last")
-    if SILU_MUL:
-        if EVEN_K:
-            up = tl.load(x_row + K + kx, eviction_policy="evict_last")
-        else:
-            up = tl.load(x_row + K + kx, mask=k < K, other=0.0, eviction_policy="evict_last")
-        g = x.to(tl.float32)
-        x = ((g / (1.0 + tl.exp(-g))).to(up.dtype).to(tl.float32) * up.to(tl.float32)).to(up.dtype)
     return x
 
 
@@ -112,17 +103,17 @@ def _pair(a, b):
 
 @triton.jit
 def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
-                  EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
+                  EVEN_K: tl.constexpr):
     """sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N] (fp32), and sum_i x."""
-    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K, SILU_MUL)
-    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K, SILU_MUL)
-    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
-    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
+    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
+    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
+    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
+    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K)
     if BITS == 4:
-        x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
-        x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
-        x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
-        x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K, SILU_MUL)
+        x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K)
+        x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K)
+        x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K)
+        x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K)
         d = tl.inline_asm_elementwise(
             _H2_DOT_INT4, "=f,r,r,r,r,r",
             [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]],
@@ -149,7 +140,7 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, SILU_MUL: tl.constexpr = False, PDL: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0, PDL: tl.constexpr = False,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
 
@@ -159,7 +150,6 @@ def _affine_gemv_kernel(
 
     MODE as in affine_gemm: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
     H2 (fp16 activations, AFFINE, TILE_SCALE, CUDA only): packed-half dot products per word (above).
-    SILU_MUL: x rows are [gate | up] and the GEMV multiplies silu(gate) * up (the MLP's down projection).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
     """
     PACK: tl.constexpr = 32 // BITS
@@ -192,15 +182,14 @@ def _affine_gemv_kernel(
                         eviction_policy="evict_first")
             pdl_wait(PDL)                        # (returns at once after the first time)
             if H2:
-                d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K,
-                                      SILU_MUL)
+                d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K)
                 part += d
                 xsum += xs
             else:
                 p_hi = p.to(tl.uint32, bitcast=True) >> 16
                 for i in tl.static_range(PACK):
                     k = kt + i * R + a * RS + offs_r
-                    x = _load_x(x_row, perm_ptr, k, K, HAS_PERM, EVEN_K, SILU_MUL).to(tl.float32)
+                    x = _load_x(x_row, perm_ptr, k, K, HAS_PERM, EVEN_K).to(tl.float32)
                     word = p if i < HALF else p_hi.to(tl.int32, bitcast=True)
                     if MODE == 0:
                         # the float 2**(23 - bits*j) + code, exactly (magic = 0x4B000000, the float 2**23, is a
@@ -293,15 +282,13 @@ def use_h2(st: AffineState, device: torch.device) -> bool:
 
 
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-         config: tuple | None = None, h2: bool | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small); with `silu_mul`,
-    x2 is [M, 2K] = [gate | up] and y = (silu(gate) * up) @ W.T, the activation made as it is loaded.
+         config: tuple | None = None, h2: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small).
 
     `config` = (BLOCK_N, RS, num_warps, waves, min_tiles) and `h2` override the defaults (benchmark sweeps).
     """
     m = x2.shape[0]
-    assert x2.dim() == 2 and x2.shape[1] == st.k * (2 if silu_mul else 1)
-    assert x2.dtype == st.dtype and x2.stride(1) == 1
+    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     bn, rs, warps, waves, min_tiles = config or next(c for top, c in GEMV_CONFIGS if st.n * st.k <= top)
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
@@ -317,6 +304,5 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, SILU_MUL=silu_mul, num_warps=warps,
-        **pdl_launch(x2.device))
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, num_warps=warps, **pdl_launch(x2.device))
     return y
