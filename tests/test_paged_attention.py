@@ -85,6 +85,16 @@ def test_decode_kernel_matches_reference(case, splits, fmt):
     assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
 
 
+def test_decode_merges_more_splits_than_one_merge_step():
+    # 300 keys over 12 splits of 32: ten splits see keys (two merge steps of 8, the second partial), two are
+    # empty; the 5-key row fills one split and leaves eleven empty
+    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
+    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
+    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
+    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=12, block_n=16, **kw)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the Triton interpreter computes bfloat16 wrongly (numpy has no bfloat16)"))])
 def test_half_precision_kernels(dtype):

@@ -79,16 +79,17 @@ def _decode_kernel(
     # strides (elements)
     stride_qt, stride_qh, stride_bt, stride_block, stride_slot, stride_ot, stride_oh,
     # constexpr meta
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
-    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    WINDOW: tl.constexpr,    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr = 8, PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
 
     Each split writes its normalized output and log-sum-exp and counts itself in lock[b, kv head]; the last
-    split to arrive merges all of them into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max))
-    and resets the count: no second launch per layer."""
+    split to arrive merges those that saw keys into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s -
+    max)) and resets the count: no second launch per layer. GROUP_PAD pads the group for tl.dot (16 rows);
+    the merge works on GROUP_P2 rows."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -142,27 +143,39 @@ def _decode_kernel(
     row = (b * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
     tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
-    # --- the last split of this (sequence, kv head) merges the splits
+    # --- the last split of this (sequence, kv head) merges the splits that saw keys
     lock = lock_ptr + b * tl.num_programs(1) + kv_head
     tl.debug_barrier()                         # every thread's partial is written before the count is released
     if tl.atomic_add(lock, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        first = (b * num_q_heads + heads) * NUM_SPLITS
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        for s_ in range(NUM_SPLITS):            # .cg: read the other programs' partials from L2, not L1
-            m = tl.maximum(m, tl.load(part_lse_ptr + first + s_, mask=g < GROUP, other=float("-inf"),
-                                      cache_modifier=".cg"))
-        total = tl.zeros([GROUP_PAD], tl.float32)
-        res = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for s_ in range(NUM_SPLITS):
-            lse_s = tl.load(part_lse_ptr + first + s_, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(lse_s > float("-inf"), tl.exp(lse_s - m), 0.0)
-            o = tl.load(part_o_ptr + (first + s_)[:, None] * BLOCK_D + d[None, :], mask=q_mask, other=0.0,
-                        cache_modifier=".cg")
-            res += o * w[:, None]
-            total += w
+        # MERGE_CHUNK splits per step as one [group, chunk, d] tile: the loads of a step are independent, so a
+        # long merge costs a few L2 round trips rather than one per split; .cg reads the other programs'
+        # partials from L2, not from this SM's L1
+        n_active = tl.cdiv(seq_len - lo, tl.maximum(per_split, 1))
+        gm = tl.arange(0, GROUP_P2)
+        g_ok = gm < GROUP
+        first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
+        c = tl.arange(0, MERGE_CHUNK)
+        m = tl.full([GROUP_P2], float("-inf"), tl.float32)
+        for s0 in range(0, n_active, MERGE_CHUNK):
+            lse_mask = g_ok[:, None] & (s0 + c < n_active)[None, :]
+            lse_s = tl.load(part_lse_ptr + first[:, None] + s0 + c[None, :], mask=lse_mask, other=float("-inf"),
+                            cache_modifier=".cg")
+            m = tl.maximum(m, tl.max(lse_s, 1))
+        total = tl.zeros([GROUP_P2], tl.float32)
+        res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+        for s0 in range(0, n_active, MERGE_CHUNK):
+            lse_mask = g_ok[:, None] & (s0 + c < n_active)[None, :]
+            rows = first[:, None] + s0 + c[None, :]
+            lse_s = tl.load(part_lse_ptr + rows, mask=lse_mask, other=float("-inf"), cache_modifier=".cg")
+            w = tl.where(lse_mask, tl.exp(lse_s - m[:, None]), 0.0)
+            o = tl.load(part_o_ptr + rows[:, :, None] * BLOCK_D + d[None, None, :],
+                        mask=lse_mask[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
+            res += tl.sum(o * w[:, :, None], 1)
+            total += tl.sum(w, 1)
         res = res / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=q_mask)
+        heads_m = kv_head * GROUP + gm
+        tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
+                 res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_mask[None, :])
         tl.store(lock, 0)
 
 
@@ -278,7 +291,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         v_scale if v_scale is not None else dummy, out, split_counts(q.device, bsz * hk), scale, hq,
         q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=d,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=triton.next_power_of_2(group),
+        BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
         PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
