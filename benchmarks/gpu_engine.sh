@@ -3,7 +3,7 @@
 # (synthetic Llama-3-8B W4 g128, 1000 x 512 in / 128 out, fp16 vs fp8 KV, transformers fp16 baseline)
 # and batch-1 latency. No network. JSON lands in $OUT (default ./gpu_engine_out); a table is printed last.
 #   bash benchmarks/gpu_engine.sh            # N=1000 requests; N=200 for a quicker pass
-#   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency pdl throughput
+#   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency nopdl profile throughput
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_engine_out}"; mkdir -p "$OUT"
@@ -25,10 +25,16 @@ timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --outp
     --out "$OUT/latency.json" 2>&1 | grep -v '^loading' | tail -3
 fi
 
-if [[ $STAGES == *pdl* ]]; then
-echo "== latency (batch 1) with programmatic dependent launch (QUANTA_PDL=1)"
-QUANTA_PDL=1 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 256 --runs 3 \
-    --out "$OUT/latency_pdl.json" 2>&1 | grep -v '^loading' | tail -3
+if [[ $STAGES == *nopdl* ]]; then
+echo "== latency (batch 1) without programmatic dependent launch (QUANTA_PDL=0)"
+QUANTA_PDL=0 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 256 --runs 3 \
+    --out "$OUT/latency_nopdl.json" 2>&1 | grep -v '^loading' | tail -3
+fi
+
+if [[ $STAGES == *profile* ]]; then
+echo "== batch-1 decode profile (GPU time per token by kernel, idle gaps)"
+timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 64 --runs 1 --profile 32 \
+    2>&1 | grep -v 'loading\|warn' | tail -24 | tee "$OUT/profile.txt"
 fi
 
 if [[ $STAGES == *throughput* ]]; then
@@ -45,16 +51,16 @@ rows = []
 def load(name):
     p = out / name
     return json.loads(p.read_text()) if p.exists() else None
-lat, thr, pdl = load("latency.json"), load("throughput.json"), load("latency_pdl.json")
+lat, thr, nopdl = load("latency.json"), load("throughput.json"), load("latency_nopdl.json")
 print("\n| metric | value |\n|---|---|")
 if lat:
     print(f"| batch-1 decode tok/s ({lat['model']}) | {lat['decode_tokens_per_s']} ({lat['decode_ms_per_token']} ms/token) |")
     if "share_of_roofline" in lat:
         print(f"| roofline tok/s (bytes/token {lat['weight_bytes_per_token']/1e9:.2f} GB, copy {lat['copy_bandwidth_GBps']} GB/s) "
               f"| {lat['roofline_tokens_per_s']} -> share {lat['share_of_roofline']:.1%} (target >= 60%) |")
-if pdl:
-    print(f"| batch-1 decode tok/s with QUANTA_PDL=1 | {pdl['decode_tokens_per_s']} "
-          f"(share {pdl.get('share_of_roofline', float('nan')):.1%}) |")
+if nopdl:
+    print(f"| batch-1 decode tok/s with QUANTA_PDL=0 | {nopdl['decode_tokens_per_s']} "
+          f"(share {nopdl.get('share_of_roofline', float('nan')):.1%}) |")
 if thr:
     hf = thr.get("transformers_fp16", {})
     if hf:

@@ -5,15 +5,24 @@ import kernel_util  # noqa: F401  (sets TRITON_INTERPRET without a GPU)
 from quanta.kernels import triton_support
 
 
-def test_pdl_is_opt_in_and_never_under_the_interpreter(monkeypatch):
+def test_pdl_is_on_for_sm90_unless_turned_off_and_never_under_the_interpreter(monkeypatch):
+    cuda = torch.device("cuda", 0)
     try:
         monkeypatch.delenv("QUANTA_PDL", raising=False)
         triton_support.use_pdl.cache_clear()
-        assert triton_support.pdl_launch(torch.device("cpu")) == {}
-        monkeypatch.setenv("QUANTA_PDL", "1")
+        assert triton_support.pdl_launch(torch.device("cpu")) == {}  # interpreter / no GPU: off
+        monkeypatch.setattr(triton_support, "interpreting", lambda: False)
+        monkeypatch.setattr(triton_support, "capability", lambda device: (9, 0))
         triton_support.use_pdl.cache_clear()
-        assert not triton_support.use_pdl(torch.device("cpu"))      # interpreter / no sm90: stays off
-        assert triton_support.pdl_launch(torch.device("cpu")) == {}
+        if triton_support.gdc_wait is not None:                     # Triton >= 3.4 has griddepcontrol
+            assert triton_support.pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
+        monkeypatch.setenv("QUANTA_PDL", "0")
+        triton_support.use_pdl.cache_clear()
+        assert triton_support.pdl_launch(cuda) == {}
+        monkeypatch.delenv("QUANTA_PDL")
+        monkeypatch.setattr(triton_support, "capability", lambda device: (8, 9))
+        triton_support.use_pdl.cache_clear()
+        assert triton_support.pdl_launch(cuda) == {}                 # before Hopper: off
     finally:
         triton_support.use_pdl.cache_clear()
 
