@@ -3,7 +3,7 @@
 # (synthetic Llama-3-8B W4 g128, 1000 x 512 in / 128 out, fp16 vs fp8 KV, transformers fp16 baseline)
 # and batch-1 latency. No network. JSON lands in $OUT (default ./gpu_engine_out); a table is printed last.
 #   bash benchmarks/gpu_engine.sh            # N=1000 requests; N=200 for a quicker pass
-#   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency nopdl profile throughput
+#   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency nopdl nosync profile throughput
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_engine_out}"; mkdir -p "$OUT"
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 if [[ $STAGES == *tests* ]]; then
 echo "== tests (paged attention kernels + GPU engine)"
-timeout ${TEST_TIMEOUT:-200} python -m pytest -q -m "" -p no:cacheprovider ${TESTS:-tests/test_paged_attention.py tests/test_engine_gpu.py} \
+timeout ${TEST_TIMEOUT:-400} python -m pytest -q -m "" -p no:cacheprovider --durations=5 ${TESTS:-tests/test_paged_attention.py tests/test_engine_gpu.py} \
     2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi
 
@@ -29,6 +29,12 @@ if [[ $STAGES == *nopdl* ]]; then
 echo "== latency (batch 1) without programmatic dependent launch (QUANTA_PDL=0)"
 QUANTA_PDL=0 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 256 --runs 3 \
     --out "$OUT/latency_nopdl.json" 2>&1 | grep -v '^loading' | tail -3
+fi
+
+if [[ $STAGES == *nosync* ]]; then
+echo "== latency (batch 1) without async scheduling"
+timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 256 --runs 3 \
+    --no-async-scheduling --out "$OUT/latency_noasync.json" 2>&1 | grep -v '^loading' | tail -3
 fi
 
 if [[ $STAGES == *profile* ]]; then
@@ -52,6 +58,7 @@ def load(name):
     p = out / name
     return json.loads(p.read_text()) if p.exists() else None
 lat, thr, nopdl = load("latency.json"), load("throughput.json"), load("latency_nopdl.json")
+noasync = load("latency_noasync.json")
 print("\n| metric | value |\n|---|---|")
 if lat:
     print(f"| batch-1 decode tok/s ({lat['model']}) | {lat['decode_tokens_per_s']} ({lat['decode_ms_per_token']} ms/token) |")
@@ -61,6 +68,9 @@ if lat:
 if nopdl:
     print(f"| batch-1 decode tok/s with QUANTA_PDL=0 | {nopdl['decode_tokens_per_s']} "
           f"(share {nopdl.get('share_of_roofline', float('nan')):.1%}) |")
+if noasync:
+    print(f"| batch-1 decode tok/s without async scheduling | {noasync['decode_tokens_per_s']} "
+          f"(share {noasync.get('share_of_roofline', float('nan')):.1%}) |")
 if thr:
     hf = thr.get("transformers_fp16", {})
     if hf:

@@ -98,12 +98,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="wait for every step's tokens before launching the next (the default on CUDA overlaps)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="TOKENS",
                     help="afterwards, profile a generation of TOKENS tokens and print GPU time per kernel per token")
     args = ap.parse_args()
     llm = LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
+              async_scheduling=not args.no_async_scheduling,
               gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=16, enable_prefix_caching=False)
     prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(args.input_len)]}
     sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
@@ -120,7 +123,7 @@ def main() -> None:
     totals = [timed(args.output_len) for _ in range(args.runs)]
     decode_s = (statistics.median(totals) - prefill) / (args.output_len - 1)
     result = {"benchmark": "latency", "model": args.model, "kv_cache_dtype": args.kv_cache_dtype,
-              "graphs": not args.enforce_eager, "input_len": args.input_len, "output_len": args.output_len,
+              "graphs": not args.enforce_eager, "async_scheduling": not args.no_async_scheduling, "input_len": args.input_len, "output_len": args.output_len,
               "prefill_ms": round(prefill * 1e3, 2), "decode_ms_per_token": round(decode_s * 1e3, 3),
               "decode_tokens_per_s": round(1 / decode_s, 1), "date": time.strftime("%Y-%m-%d"),
               "kernels": sorted({f"{k['scheme']} -> {k['kernel']}" for k in llm.kernels()})}

@@ -186,10 +186,12 @@ def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone, monkey
     assert_pool_empty(llm)
 
 
-def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch, async_scheduling):
     """The CUDA-graph decode path's static inputs (two packed buffers, padding rows, bucket views), run on
     the CPU: capture is stubbed and a 'replay' runs the model eagerly on the static buffers, so the tokens
-    agree with eager decoding only if every step's inputs were laid out as the graph reads them."""
+    agree with eager decoding only if every step's inputs were laid out as the graph reads them (with
+    async scheduling, input ids written on the device from the previous step's samples)."""
     class FakeGraph:
         def replay(self):
             raise AssertionError("replaced below")
@@ -210,7 +212,7 @@ def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    llm = engine(tiny, max_num_seqs=5)                 # buckets 1, 2, 4, 5: padding rows in 3 of them
+    llm = engine(tiny, max_num_seqs=5, async_scheduling=async_scheduling)  # buckets 1, 2, 4, 5: padding rows
     runner = llm.runner
     runner.capture_graphs()
     replays = []
@@ -225,4 +227,61 @@ def test_graph_replay_inputs_on_cpu(tiny, alone, monkeypatch):
     assert tokens(llm.generate(prompts(), params, use_tqdm=False)) == [[a[0][:m]] for a, m in zip(alone, lengths)]
     assert {1, 2, 4, 5} <= set(replays)
     assert events == ["synchronize", "record"] * len(replays)     # no step refills buffers still being copied
+    assert_pool_empty(llm)
+
+
+def launches_ahead(llm: LLM) -> list[int]:
+    """Records the size of every step the runner launches ahead of the previous step's tokens."""
+    sizes, launch = [], llm.runner.launch
+
+    def spy(batch, after=None):
+        if after is not None:
+            sizes.append(len(batch))
+        return launch(batch, after=after)
+    llm.runner.launch = spy
+    return sizes
+
+
+def test_async_scheduling_gives_the_synchronous_outputs(tiny, alone):
+    """Steps launched before the previous tokens are known: sequences ending by stop token (their extra
+    token dropped), by max_tokens (never launched ahead), EOS-free ones, and a request arriving mid-way
+    (no step ahead while it waits) give the synchronous loop's tokens; every block comes back."""
+    stop_at = [a[0][4] for a in alone]
+    params = [SamplingParams(max_tokens=12 - i, temperature=0.0, ignore_eos=True,
+                             stop_token_ids=[stop_at[i]] if i % 2 else []) for i in range(len(alone))]
+    sync = engine(tiny, async_scheduling=False).generate(prompts(), params, use_tqdm=False)
+    llm = engine(tiny, async_scheduling=True)
+    ahead = launches_ahead(llm)
+    out = llm.generate(prompts(), params, use_tqdm=False)
+    assert tokens(out) == tokens(sync)
+    assert [o.outputs[0].finish_reason for o in out] == [o.outputs[0].finish_reason for o in sync]
+    assert len(ahead) >= 8 and max(ahead) == len(alone)
+    assert_pool_empty(llm)
+    # a late request: the steps while it waits are synchronous, then lookahead resumes
+    first = llm.add_request(prompts([9])[0], GREEDY)
+    for _ in range(3):
+        llm.step()
+    late = llm.add_request(prompts([5], offset=1)[0], GREEDY)
+    done = {}
+    while llm.has_unfinished():
+        done |= {o.request_id: o for o in llm.step() if o.finished}
+    solo = engine(tiny, async_scheduling=False)
+    for rid, prompt in ((first, prompts([9])[0]), (late, prompts([5], offset=1)[0])):
+        assert tokens([done[rid]]) == tokens(solo.generate(prompt, GREEDY, use_tqdm=False))
+    assert_pool_empty(llm)
+
+
+def test_async_scheduling_abort_while_a_step_is_in_flight(tiny, alone):
+    llm = engine(tiny, async_scheduling=True)
+    ahead = launches_ahead(llm)
+    keep = llm.add_request(prompts()[0], GREEDY)
+    drop = llm.add_request(prompts()[1], GREEDY)
+    for _ in range(4):
+        llm.step()
+    assert ahead and llm._in_flight is not None          # a step holding `drop` is on its way
+    assert llm.abort(drop).finished
+    done = {}
+    while llm.has_unfinished():
+        done |= {o.request_id: o for o in llm.step() if o.finished}
+    assert tokens([done[keep]]) == [alone[0]]
     assert_pool_empty(llm)

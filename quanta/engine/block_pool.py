@@ -126,10 +126,11 @@ class BlockPool:
         """Room for the slot of `seq`'s newest token."""
         return len(seq.block_table) >= self.blocks_needed(seq.num_tokens) or self.num_free > 0
 
-    def append_slot(self, seq) -> None:
-        if len(seq.block_table) < self.blocks_needed(seq.num_tokens):
+    def append_slot(self, seq, pending: int = 0) -> None:
+        """Grow `seq`'s table to hold its tokens and `pending` more (sampled, not yet known to the host)."""
+        if len(seq.block_table) < self.blocks_needed(seq.num_tokens + pending):
             seq.block_table.append(self._take_free())
-        assert len(seq.block_table) == self.blocks_needed(seq.num_tokens)
+        assert len(seq.block_table) == self.blocks_needed(seq.num_tokens + pending)
 
     def hash_full_blocks(self, seq) -> None:
         """Register every full block whose tokens are all computed (after a step)."""

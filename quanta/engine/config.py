@@ -29,6 +29,8 @@ class EngineConfig:
     max_num_seqs: int = 256             # sequences in one step
     enable_prefix_caching: bool = True
     enforce_eager: bool = False         # no CUDA graphs
+    async_scheduling: bool | None = None   # launch the next decode step before this one's tokens are
+                                           # known (default: on CUDA); only where schedule() would pick it
     num_kv_blocks: int | None = None    # fix the KV pool size (overrides the memory sizing)
     kv_cache_memory: int | None = None  # CPU: bytes of KV cache (default 1 GiB)
 
@@ -49,6 +51,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.async_scheduling is None:
+            self.async_scheduling = torch.device(self.device).type == "cuda"
         if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {self.device!r} asked for but no CUDA GPU is available")
 

@@ -8,6 +8,13 @@ Each step the scheduler picks sequences and token counts (continuous batching, c
 preemption), the runner runs them as one flat batch over the paged KV cache and samples, and the
 results are folded back into the sequences. `n > 1` samples share the prompt's blocks (fork after
 the first sample's prefill).
+
+Async scheduling (on by default on CUDA): in steady decode, the next step is launched before this
+step's tokens reach the host, its input ids read on the device from this step's samples, so the host's
+bookkeeping (stop rules, detokenizing, scheduling) overlaps the GPU instead of idling it. It applies only
+where the synchronous schedule would pick the same step (see Scheduler.schedule_lookahead) and every
+sequence samples without penalties, seeds or logprobs; a sequence that the pending token ends (EOS, a
+stop) has its extra token dropped. Outputs are those of the synchronous loop.
 """
 from __future__ import annotations
 
@@ -25,8 +32,8 @@ from quanta.engine.config import EngineConfig
 from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
 from quanta.engine.model_loader import build_model, kernel_table
 from quanta.engine.outputs import Logprob, RequestOutput
-from quanta.engine.runner import ModelRunner
-from quanta.engine.sampler import top_logprobs
+from quanta.engine.runner import LaunchedStep, ModelRunner
+from quanta.engine.sampler import is_plain, top_logprobs
 from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import ScheduledSeq, Scheduler
 from quanta.engine.sequence import Sequence
@@ -84,6 +91,7 @@ class LLM:
         self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
         self._request_counter = itertools.count()
+        self._in_flight: LaunchedStep | None = None   # launched ahead by async scheduling, not collected
 
     # --- public API ---------------------------------------------------------------------------
     def generate(self, prompts: PromptType | Seq[PromptType],
@@ -138,11 +146,29 @@ class LLM:
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """One iteration: schedule, run and sample, fold the tokens back. Returns the outputs of the
         requests that advanced (only the finished ones unless `stream`)."""
-        batch = self.scheduler.schedule()
-        result = self.runner.run(batch) if batch else ([], [], None)
+        current, self._in_flight = self._in_flight, None
+        if current is not None and all(seq.finished for seq in current.seqs):
+            current = None                   # launched ahead for sequences that have ended since
+        if current is None:
+            batch = self.scheduler.schedule()
+            if not batch:
+                return []
+            current = self.runner.launch(batch)
+        batch = [it for it in current.batch if not it.seq.finished]
+        look_ahead = self.config.async_scheduling and all(
+            it.num_tokens == 1 and it.samples and it.seq.output_ids and self._samples_plainly(it.seq)
+            for it in batch)
         self.scheduler.update(batch)
-        touched = self._apply(*result)
+        ahead = self.scheduler.schedule_lookahead(batch) if look_ahead else None
+        if ahead:
+            self._in_flight = self.runner.launch(ahead, after=current)
+        touched = self._apply(*self.runner.collect(current))
         return [self._output(r) for r in touched if stream or r.finished]
+
+    @staticmethod
+    def _samples_plainly(seq: Sequence) -> bool:
+        """Sampling that needs nothing from the host: no penalties, own seed or logprobs."""
+        return is_plain(seq.params) and seq.generator is None and seq.logprobs is None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -246,6 +272,8 @@ class LLM:
         """Fold sampled tokens into their sequences: logprobs, stop rules, n > 1 forks, finishing."""
         touched: dict[str, Request] = {}
         for row, (seq, token) in enumerate(zip(seqs, tokens)):
+            if seq.finished:                 # ended (stop, EOS, abort) while this step was in flight
+                continue
             req = touched[seq.request_id] = self.requests[seq.request_id]
             if seq.logprobs is not None:
                 chosen, top = top_logprobs(raw[row], token, seq.params.logprobs)

@@ -5,8 +5,14 @@ input_ids / positions / slot_mapping [T], with block_tables [B, W], seq_lens [B]
 query_start_loc [B + 1]. Step tensors are built on the host and moved with pinned memory and
 non_blocking copies. Decode-only steps replay a CUDA graph captured per batch-size bucket
 [1, 2, 4, 8, 16, ...] (static buffers, one shared memory pool), unless enforce_eager.
+
+A step is launched (launch) and its tokens collected later (collect): the sampled ids are copied to
+pinned host memory behind an event, so the host can launch the next decode step, whose input ids are
+read on the device from this step's tokens (`after`), before it waits for them (async scheduling).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +23,18 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import ScheduledSeq
 from quanta.engine.sequence import Sequence
 from quanta.kernels.paged_attention import default_num_splits
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step on its way: the scheduled batch, the sequences that sample (in token-row order), their
+    token ids on the device and on their way to the host, and the raw logits rows when logprobs need them."""
+    batch: list[ScheduledSeq]
+    seqs: list[Sequence]
+    tokens: torch.Tensor | None = None
+    host_tokens: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+    raw: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -36,8 +54,10 @@ class ModelRunner:
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
 
-    def prepare(self, batch: list[ScheduledSeq], kv_cache: PagedKVCache | None = None):
-        """-> (ForwardBatch, input_ids, positions, the items in step order, last-token row of each)."""
+    def prepare(self, batch: list[ScheduledSeq], kv_cache: PagedKVCache | None = None,
+                after: LaunchedStep | None = None):
+        """-> (ForwardBatch, input_ids, positions, the items in step order, last-token row of each).
+        With `after`, every item is a decode whose input token is `after`'s sampled token for it."""
         items = sorted(batch, key=lambda it: it.num_tokens != 1)
         num_decodes = sum(it.num_tokens == 1 for it in items)
         bs = self.block_size
@@ -46,7 +66,8 @@ class ModelRunner:
             seq, start = it.seq, it.seq.num_computed_tokens
             end = start + it.num_tokens
             n_prompt = len(seq.prompt_ids)
-            ids += seq.prompt_ids[start:end] + seq.output_ids[max(0, start - n_prompt):max(0, end - n_prompt)]
+            ids += [0] if after else (seq.prompt_ids[start:end]
+                                      + seq.output_ids[max(0, start - n_prompt):max(0, end - n_prompt)])
             positions += range(start, end)
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
@@ -65,7 +86,18 @@ class ModelRunner:
             num_decodes=num_decodes, max_query_len=max((it.num_tokens for it in items[num_decodes:]), default=1),
             num_splits=self._num_splits(num_decodes),
             sliding_window=self.sliding_window)
-        return fb, self._tensor(ids, torch.long), self._tensor(positions, torch.long), items, last
+        input_ids = self._tensor(ids, torch.long)
+        if after:
+            input_ids.copy_(self._pending_ids(items, after))
+        return fb, input_ids, self._tensor(positions, torch.long), items, last
+
+    def _pending_ids(self, items: list[ScheduledSeq], after: LaunchedStep) -> torch.Tensor:
+        """The device token ids `after` sampled for items' sequences, in items' order."""
+        rows = {id(seq): r for r, seq in enumerate(after.seqs)}
+        src = [rows[id(it.seq)] for it in items]
+        if src == list(range(len(src))):
+            return after.tokens[:len(src)]
+        return after.tokens.index_select(0, self._tensor(src, torch.long))
 
     def _num_splits(self, num_decodes: int) -> int:
         """The decode kernel's splits for a batch, as for its CUDA-graph bucket (few kernel variants)."""
@@ -73,30 +105,52 @@ class ModelRunner:
         return default_num_splits(min(bucket, self.max_num_seqs), self.num_kv_heads, self.max_model_len)
 
     # --- running --------------------------------------------------------------------------------
-    @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]):
-        """Run one step; -> (items that sample, their tokens as ints, raw logits rows or None)."""
+        """Run one step and wait for it; -> (sequences that sample, their tokens as ints, raw logits or None)."""
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: list[ScheduledSeq], after: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step on the device (model, logits, sampling) without waiting for its tokens. `after`:
+        a launched, uncollected step whose tokens are this decode-only step's input ids."""
         bucket = self._graph_bucket(batch)
         if bucket:
             items, last = batch, list(range(len(batch)))
-            hidden = self._replay(batch, bucket)
+            hidden = self._replay(batch, bucket, after)
         else:
-            fb, input_ids, positions, items, last = self.prepare(batch)
+            fb, input_ids, positions, items, last = self.prepare(batch, after=after)
             if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
                 fb.calibrate, self.kv_cache.needs_calibration = True, False
             hidden = self.model(input_ids, positions, fb)
-        rows = [r for it, r in zip(items, last) if it.samples]
-        sampling = [it for it in items if it.samples]
+        sampling = items if after else [it for it in items if it.samples]
+        step = LaunchedStep(batch, [it.seq for it in sampling])
         if not sampling:
-            return [], [], None
+            return step
+        rows = list(last) if after else [r for it, r in zip(items, last) if it.samples]
         if rows != list(range(hidden.shape[0])):
             hidden = hidden[self._tensor(rows, torch.long)]
         logits = self.model.compute_logits(hidden)
-        seqs = [it.seq for it in sampling]
-        raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
-        tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                              [(s.prompt_ids, s.output_ids) for s in seqs], self.generator)
-        return seqs, tokens.tolist(), raw
+        seqs = step.seqs
+        step.raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
+        step.tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                                   [(s.prompt_ids, s.output_ids) for s in seqs], self.generator)
+        if self.pin:
+            step.host_tokens = torch.empty(step.tokens.shape, dtype=step.tokens.dtype, pin_memory=True)
+            step.host_tokens.copy_(step.tokens, non_blocking=True)
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        else:
+            step.host_tokens = step.tokens
+        return step
+
+    @staticmethod
+    def collect(step: LaunchedStep):
+        """Wait for a launched step's tokens; -> (sequences that sample, their tokens as ints, raw logits)."""
+        if not step.seqs:
+            return [], [], None
+        if step.ready is not None:
+            step.ready.synchronize()
+        return step.seqs, step.host_tokens.tolist(), step.raw
 
     def _graph_bucket(self, batch: list[ScheduledSeq]) -> int | None:
         """The captured graph a decode-only step of this size replays, if any."""
@@ -104,7 +158,7 @@ class ModelRunner:
             return None
         return min(b for b in self.graphs if b >= len(batch))
 
-    def _replay(self, batch: list[ScheduledSeq], bucket: int) -> torch.Tensor:
+    def _replay(self, batch: list[ScheduledSeq], bucket: int, after: LaunchedStep | None = None) -> torch.Tensor:
         """A decode-only step through its CUDA graph. The step's integers are written straight into two
         pinned host buffers laid out as the graph's static inputs and moved with two copies, instead of a
         tensor per field and a device copy per static buffer (the host time of a small step)."""
@@ -117,7 +171,7 @@ class ModelRunner:
             pos = seq.num_computed_tokens
             n_prompt = len(seq.prompt_ids)
             table = seq.block_table
-            i64[j] = seq.prompt_ids[pos] if pos < n_prompt else seq.output_ids[pos - n_prompt]
+            i64[j] = 0 if after else seq.prompt_ids[pos] if pos < n_prompt else seq.output_ids[pos - n_prompt]
             i64[top + j] = pos
             i64[2 * top + j] = table[pos // bs] * bs + pos % bs
             i32[j] = pos + 1
@@ -128,6 +182,8 @@ class ModelRunner:
         used = top + n * width
         self.static_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
         self._inputs_copied.record()
+        if after:
+            self.static_ids[:n].copy_(self._pending_ids(batch, after))
         self.graphs[bucket][0].replay()
         return self.static_out[:n]
 

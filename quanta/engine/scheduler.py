@@ -6,6 +6,9 @@ takes the next chunk that fits (chunked prefill). Then waiting sequences are adm
 order (FCFS) while the budgets and the block pool allow. When a running sequence needs a block and
 none is free, the newest running sequence is preempted: its blocks are freed and it goes back to
 the front of the queue to be recomputed (prompt + tokens generated so far) later.
+
+schedule_lookahead picks the decode step that follows a step whose tokens are still on the device
+(async scheduling), when it is certainly the step schedule() would pick then.
 """
 from __future__ import annotations
 
@@ -68,6 +71,22 @@ class Scheduler:
             budget -= n
         assert budget >= 0 and len(batch) <= self.max_num_seqs
         return batch
+
+    def schedule_lookahead(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq] | None:
+        """The decode step after `batch` (launched and advanced by update(), its sampled tokens not yet
+        known): each running sequence computes its pending token, except those the pending token ends by
+        length. None unless schedule() would pick the same step: `batch` is a decode of every running
+        sequence, nothing waits, and the pool has the new blocks without preempting. Sequences that the
+        pending token ends otherwise (EOS, stop) are dropped from the step's results when it lands."""
+        if self.waiting or [it.seq for it in batch] != self.running or any(it.num_tokens != 1 for it in batch):
+            return None
+        ahead = [seq for seq in self.running if not seq.ends_by_length(pending=1)]
+        new_blocks = sum(len(seq.block_table) < self.pool.blocks_needed(seq.num_tokens + 1) for seq in ahead)
+        if not ahead or new_blocks > self.pool.num_free:
+            return None
+        for seq in ahead:
+            self.pool.append_slot(seq, pending=1)
+        return [ScheduledSeq(seq, 1) for seq in ahead]
 
     def update(self, batch: list[ScheduledSeq]) -> None:
         """After the step ran: advance each sequence and register its newly full blocks."""

@@ -41,6 +41,12 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def ends_by_length(self, pending: int = 0) -> bool:
+        """Whether the sample is finished by max_tokens / max_len once `pending` more tokens are appended."""
+        p = self.params
+        return ((p.max_tokens is not None and len(self.output_ids) + pending >= p.max_tokens)
+                or (self.max_len is not None and self.num_tokens + pending >= self.max_len))
+
     def append(self, token: int, tokenizer, eos_ids: list[int], max_len: int) -> None:
         """Add a sampled token and decide whether the sample is finished. The text is re-decoded
         every token only when stop strings need it, else once at the end (or by `decode_text`)."""
