@@ -77,3 +77,15 @@ def test_ptx_emulator_against_numpy():
     total = ptx_emulator.run("{\n.reg .f16 x, y;\n.reg .f32 p, q;\nmov.b32 {x, y}, $1;\ncvt.f32.f16 p, x;\n"
                              "cvt.f32.f16 q, y;\nadd.f32 $0, p, q;\n}", [packed])
     assert np.array_equal(total.view(np.float32), h[0].astype(np.float32) + h[1].astype(np.float32))
+
+
+def test_h2_with_the_glu_epilogue(monkeypatch):
+    """The packed-half loop with silu(gate) * up made in the epilogue equals it followed by the activation
+    kernel (split-K, two column blocks, the second partial)."""
+    from quanta.kernels import activation
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(160, 384, 4, 128, "sym")
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(2, 384).half()
+    fused = affine_gemv.gemv(x, st, h2=True, glu=True)
+    assert torch.equal(fused, activation.silu_and_mul(affine_gemv.gemv(x, st, h2=True)))

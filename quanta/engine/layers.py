@@ -58,6 +58,13 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.state, self.bias)
 
+    def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul(self(x)) for a weight stacking [gate; up], fused where the kernel offers it."""
+        fused = getattr(self.kernel, "apply_glu", None)
+        if fused is not None:
+            return fused(x, self.state, self.bias)
+        return silu_and_mul(self.forward(x))
+
     def extra_repr(self) -> str:
         kernel = self.kernel.NAME if self.kernel else None
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"
@@ -98,6 +105,12 @@ class MergedQuantLinear(nn.Module):
         if self.fused is not None:
             return self.fused(x)
         return torch.cat([layer(x) for layer in self.separate], dim=-1)
+
+    def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can."""
+        if self.fused is not None:
+            return self.fused.forward_glu(x)
+        return silu_and_mul(self.forward(x))
 
     def part_names(self, name: str) -> list[str]:
         """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quanta.kernels import activation
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path below)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
@@ -352,6 +353,20 @@ def _int32(words: torch.Tensor) -> torch.Tensor:
 
 def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
     return matmul(x, state, bias)
+
+
+def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: on the GEMV
+    path the kernel's epilogue makes it (one launch fewer per decode layer); else matmul, then
+    activation.silu_and_mul."""
+    x2 = x.reshape(-1, state.k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if plan(x2.shape[0], state)[0] == "gemv":
+        y = affine_gemv.gemv(x2, state, bias, glu=True)
+    else:
+        y = activation.silu_and_mul(matmul(x2, state, bias))
+    return y.reshape(*x.shape[:-1], state.n // 2)
 
 
 from quanta.kernels import affine_gemv  # noqa: E402  (imports this module's names: kept last)

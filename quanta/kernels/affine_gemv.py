@@ -140,7 +140,7 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, PDL: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0, GLU: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
 
@@ -150,6 +150,9 @@ def _affine_gemv_kernel(
 
     MODE as in affine_gemm: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
     H2 (fp16 activations, AFFINE, TILE_SCALE, CUDA only): packed-half dot products per word (above).
+    GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are
+    BLOCK_N/2 gate columns and the same up columns, multiplied in the epilogue (rounded as the separate
+    GEMV + activation.silu_and_mul round them).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
     """
     PACK: tl.constexpr = 32 // BITS
@@ -163,9 +166,16 @@ def _affine_gemv_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GLU:                                  # gate columns c, then up columns I + c
+        HB: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        col = pid_n * HB + j % HB
+        offs_n = col + (j // HB) * (N // 2)
+        mask_n = col < N // 2
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
     offs_r = tl.arange(0, RS)
-    mask_n = offs_n < N
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
@@ -241,9 +251,8 @@ def _affine_gemv_kernel(
     if HAS_BIAS:
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    y_ptrs = y_ptr + pid_m * stride_ym + offs_n
     if SPLIT_K == 1:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+        _store_y(y, y_ptr + pid_m * stride_ym, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
     else:
         ws = ws_ptr + pid_m * N + offs_n
         lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
@@ -251,9 +260,26 @@ def _affine_gemv_kernel(
         tl.debug_barrier()                        # every thread's partial is in before the count is released
         if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask_n)
+            _store_y(total, y_ptr + pid_m * stride_ym, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
             tl.store(ws, tl.zeros_like(y), mask=mask_n)
             tl.store(lock, 0)
+
+
+@triton.jit
+def _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """Store a program's float32 results in y's dtype; GLU: silu(gate half) * (up half), rounded as the
+    unfused path rounds (both halves to the dtype, silu in float32 rounded to the dtype, the product once)."""
+    DT: tl.constexpr = y_row.dtype.element_ty
+    if GLU:
+        HB: tl.constexpr = BLOCK_N // 2
+        gate, up = tl.split(tl.permute(tl.reshape(y, (2, HB)), (1, 0)))
+        g = gate.to(DT).to(tl.float32)
+        u = up.to(DT).to(tl.float32)
+        out = ((g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32) * u).to(DT)
+        col = pid_n * HB + tl.arange(0, HB)
+        tl.store(y_row + col, out, mask=col < N // 2)
+    else:
+        tl.store(y_row + offs_n, y.to(DT), mask=mask_n)
 
 
 # weight size N*K -> (BLOCK_N, RS, num_warps, waves, min_tiles): split-K aims at `waves` programs per SM
@@ -282,8 +308,10 @@ def use_h2(st: AffineState, device: torch.device) -> bool:
 
 
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-         config: tuple | None = None, h2: bool | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small).
+         config: tuple | None = None, h2: bool | None = None, glu: bool = False) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small). `glu`: W stacks
+    [gate; up] and y[M, N/2] = silu(gate) * up, made in the epilogue (the MLP's gate_up without a second
+    kernel).
 
     `config` = (BLOCK_N, RS, num_warps, waves, min_tiles) and `h2` override the defaults (benchmark sweeps).
     """
@@ -293,16 +321,18 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
     assert not h2 or use_h2(st, "cuda"), "the packed-half loop needs fp16, affine codes, one scale per K tile"
-    splits, per = split_k(m * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
-    y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
+    assert not glu or st.n % 2 == 0
+    column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
+    splits, per = split_k(m * column_blocks, st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)
     tile_k = (32 // st.bits) * R
-    _affine_gemv_kernel[(m, cdiv(st.n, bn), splits)](
+    _affine_gemv_kernel[(m, column_blocks, splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
         st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y, ws, locks,
         st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, num_warps=warps, **pdl_launch(x2.device))
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, num_warps=warps, **pdl_launch(x2.device))
     return y

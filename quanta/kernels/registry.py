@@ -5,6 +5,8 @@ Every kernel module exposes
     supports(weight, device, dtype) -> str | None   None if it can run this weight, else why not
     prepare(weight, device, dtype) -> state          repack once at load time (kernel layout)
     apply(x, state, bias) -> y                       y = x @ W.T + bias, x [..., K] -> [..., N]
+and may expose
+    apply_glu(x, state, bias) -> y                   silu(g) * u for [g | u] = x @ W.T + bias, fused
 `select()` returns the first module that supports the weight, and a reason naming why earlier
 candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it.
 """

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
 from quanta.loaders.checkpoint import ModelConfig
 
 
@@ -51,7 +51,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = QuantLinear(size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.forward_glu(x))
 
 
 class LlamaDecoderLayer(nn.Module):
