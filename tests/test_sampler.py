@@ -90,3 +90,17 @@ def test_logprobs_rank_and_top():
 def test_invalid_sampling_params_raise(kw):
     with pytest.raises(ConfigError, match="SamplingParams"):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("vocab", [128256, 32000, 50257, 512])          # 50257 is prime: the plain argmax
+def test_argmax_rows_is_torch_argmax_ties_included(vocab):
+    from quanta.engine.sampler import argmax_rows
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(5, vocab, generator=g)
+    x[1, 7] = x[1, vocab - 3] = x[1].max() + 1                # a tie in different chunks: the first wins
+    x[2] = 0.0                                                # every entry ties
+    x[3, -1] = 100.0                                          # the last entry
+    x[4] = torch.randint(0, 3, (vocab,), generator=g).float()  # many ties
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+    if torch.cuda.is_available():                             # CUDA's reductions pick among ties too
+        assert torch.equal(argmax_rows(x.cuda()).cpu(), x.argmax(-1))

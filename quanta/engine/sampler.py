@@ -2,6 +2,8 @@
 exponential trick (argmax of p / Exp(1) noise: one kernel, no host sync), seeded per request."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from quanta.engine.sampling_params import SamplingParams
@@ -53,6 +55,25 @@ def sample_row_tensor(logits: torch.Tensor, p: SamplingParams, generator: torch.
     return (probs / noise).argmax()
 
 
+@functools.lru_cache(maxsize=None)
+def _chunks(vocab: int) -> int | None:
+    """The largest divisor of `vocab` in [64, 1024], if any."""
+    return next((c for c in range(1024, 63, -1) if vocab % c == 0), None)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) for x [B, V] (the first maximum), as a max over V/C-wide chunks then an argmax over
+    the C chunk maxima: CUDA reduces a single long row with one block (28 us for a 128K vocabulary on
+    the H100, against a few for the two steps)."""
+    b, v = x.shape
+    c = _chunks(v)
+    if c is None:
+        return x.argmax(-1)
+    values, within = x.view(b, c, v // c).max(-1)
+    chunk = values.argmax(-1, keepdim=True)
+    return (chunk * (v // c) + within.gather(1, chunk)).squeeze(1)
+
+
 def is_plain(p: SamplingParams) -> bool:
     """Greedy or temperature-only sampling without penalties: the batched path applies."""
     return (p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
@@ -66,13 +87,13 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     own generator are drawn together (one softmax, one noise draw); the others row by row with
     apply_penalties + sample_row's rules and their own generator. `logits` is modified."""
     plain = [is_plain(p) and g is None for p, g in zip(params, generators)]
-    tokens = logits.argmax(-1)
+    tokens = argmax_rows(logits)
     if any(pl and not p.greedy for pl, p in zip(plain, params)):
         temps = torch.tensor([p.temperature if pl and not p.greedy else 1.0 for p, pl in zip(params, plain)],
                              dtype=logits.dtype, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
         probs = (logits / temps[:, None]).softmax(-1)
         noise = torch.empty_like(probs).exponential_(generator=default_generator)
-        drawn = (probs / noise).argmax(-1)
+        drawn = argmax_rows(probs / noise)
         sampled = torch.tensor([pl and not p.greedy for p, pl in zip(params, plain)],
                                pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
         tokens = torch.where(sampled, drawn, tokens)
