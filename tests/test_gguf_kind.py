@@ -25,7 +25,7 @@ LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 def random_blocks(t: T, n: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
     """Random uint8 rows [n, blocks_per_row * type_size] with finite f16 scale fields."""
     rng = np.random.default_rng(seed + int(t))
-    bs, ts = GGML_TYPES[int(t)].block_size, GGML_TYPES[int(t)].type_size
+    ts = GGML_TYPES[int(t)].type_size
     if t in (T.F32, T.F16, T.BF16):
         dtype = {T.F32: np.float32, T.F16: np.float16, T.BF16: np.float32}[t]
         x = rng.standard_normal((n, blocks_per_row)).astype(dtype)
