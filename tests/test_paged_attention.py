@@ -106,6 +106,30 @@ def test_half_precision_kernels(dtype):
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_every_fp8_code_reads_back_exactly(name):
+    """One cached key: attention returns its value row, so the kernels' fp8 reading (the code's bits as an
+    fp16, the scale and 2^(15 - bias) applied once to the output) must give every finite code's value,
+    subnormals included, as torch's float8 cast does."""
+    fmt = paged_kv.FP8_FORMATS[name]
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = torch.where(torch.isfinite(codes.view(fmt.torch_dtype).float()), codes, torch.zeros_like(codes))
+    v_cache = torch.zeros(1, 8, 1, 256, dtype=torch.uint8)
+    v_cache[0, 0, 0] = codes
+    k_cache = torch.randint(0, 0x70, (1, 8, 1, 256), dtype=torch.uint8)
+    scale = torch.tensor([0.37], device=DEVICE)
+    args = [k_cache.to(DEVICE), v_cache.to(DEVICE), torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),
+            torch.ones(1, dtype=torch.int32, device=DEVICE)]
+    q = torch.randn(1, 2, 256, device=DEVICE)
+    want = (codes.view(fmt.torch_dtype).float() * 0.37).to(DEVICE).expand(1, 2, 256)
+    kw = dict(k_scale=scale, v_scale=scale, fmt=fmt)
+    decoded = paged_attention.decode(q, *args, 0.1, num_splits=2, block_n=16, **kw)
+    start = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    prefilled = paged_attention.prefill(q, *args, start, 1, 0.1, block_m=16, block_n=16, **kw)
+    torch.testing.assert_close(decoded, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(prefilled, want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_bit_conversion_equals_torch_cast(name):
     """The kernel's bit-op quantization (sm75-safe) gives exactly torch's float8 codes, incl.
     subnormals, zeros of both signs, saturation and ties."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_fp32, fp8_constexprs
+from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_f16_pattern, fp8_constexprs
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
@@ -56,17 +56,27 @@ def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scal
 
 
 @triton.jit
-def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, scale,
-               stride_block, stride_slot, BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
-               FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """K or V rows at positions offs_n [N] of one sequence -> [N, BLOCK_D] in OUT_DTYPE."""
+def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+               BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """K or V rows at positions offs_n [N] of one sequence -> [N, BLOCK_D] in OUT_DTYPE. fp8 codes come
+    out as value / (scale * 2^(15 - bias)), exactly (the code's bits moved into an fp16): the caller
+    multiplies the scores or the output by that factor once (_fp8_factor) instead of every element."""
     block = tl.load(block_table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     rows = block * stride_block + (offs_n % BLOCK_SIZE) * stride_slot
     ptrs = cache_ptr + rows[:, None] + d[None, :]
     x = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0)
     if FP8 != 0:
-        x = fp8_bits_to_fp32(x, FP8_UP_SHIFT, FP8_UP_MUL) * scale
+        x = fp8_bits_to_f16_pattern(x, FP8_UP_SHIFT)
     return x.to(OUT_DTYPE)
+
+
+@triton.jit
+def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr):
+    """What _load_tile's values are multiplied by to be the cached K or V: scale * 2^(15 - bias); 1 unquantized."""
+    factor = 1.0
+    if FP8 != 0:
+        factor = tl.load(scale_ptr + kv_head) * FP8_UP_MUL
+    return factor
 
 
 @triton.jit
@@ -110,11 +120,8 @@ def _decode_kernel(
     d_mask = d < HEAD_DIM
     q_mask = (g < GROUP)[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-    k_scale = 1.0
-    v_scale = 1.0
-    if FP8 != 0:
-        k_scale = tl.load(k_scale_ptr + kv_head)
-        v_scale = tl.load(v_scale_ptr + kv_head)
+    score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
+    v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * HEAD_DIM
     v_base = v_cache_ptr + kv_head * HEAD_DIM
@@ -125,20 +132,20 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     # --- normalized partial output and its log-sum-exp (-inf for an empty split)
-    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
     lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
     row = (b * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
@@ -210,11 +217,8 @@ def _prefill_kernel(
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    k_scale = 1.0
-    v_scale = 1.0
-    if FP8 != 0:
-        k_scale = tl.load(k_scale_ptr + kv_head)
-        v_scale = tl.load(v_scale_ptr + kv_head)
+    score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
+    v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
     # --- key range: causal up to the tile's last query, from the window's start; empty tiles skip
     hi = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)
     lo = 0
@@ -230,9 +234,9 @@ def _prefill_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
-        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, k_scale, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         if WINDOW > 0:
             allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
@@ -241,12 +245,12 @@ def _prefill_kernel(
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, v_scale, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, FP8_UP_MUL, q_ptr.dtype.element_ty)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc / (tl.where(l_i > 0, l_i, 1.0) / v_factor)[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 

@@ -93,11 +93,11 @@ def fp32_to_fp8_bits(x, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBI
 
 
 @triton.jit
-def fp8_bits_to_fp32(code, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr):
-    """uint8 fp8 code -> fp32 (exact): the code's bits moved into an fp16 pattern, times 2^(15-bias)."""
+def fp8_bits_to_f16_pattern(code, FP8_UP_SHIFT: tl.constexpr):
+    """uint8 fp8 code -> the fp16 whose sign, exponent and mantissa bits are the code's: value / 2^(15-bias),
+    exactly (fp16's wider exponent holds every fp8 value, subnormals included)."""
     b = code.to(tl.uint16)
-    half = ((b & 0x80) << 8) | ((b & 0x7F) << FP8_UP_SHIFT)
-    return half.to(tl.float16, bitcast=True).to(tl.float32) * FP8_UP_MUL
+    return (((b & 0x80) << 8) | ((b & 0x7F) << FP8_UP_SHIFT)).to(tl.float16, bitcast=True)
 
 
 @triton.jit
