@@ -69,19 +69,23 @@ def test_token_budget_and_chunked_prefill(tiny, alone):
     assert_pool_empty(llm)
 
 
-def test_preemption_under_memory_pressure_keeps_outputs(tiny, alone):
-    # 8 blocks of 16 tokens for six sequences growing to 13..52 tokens (13 blocks): forces recompute.
-    llm = engine(tiny, num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_under_memory_pressure_keeps_outputs(tiny, alone, async_scheduling):
+    # 8 blocks of 16 tokens for six sequences growing to 13..52 tokens (13 blocks): forces recompute; with
+    # async scheduling no step is launched ahead that would need a preemption
+    llm = engine(tiny, num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False,
+                 async_scheduling=async_scheduling)
     assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == alone
     assert llm.scheduler.num_preemptions > 0
     assert_pool_empty(llm)
 
 
-def test_prefix_cache_hits_reuse_blocks_and_keep_outputs(tiny):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prefix_cache_hits_reuse_blocks_and_keep_outputs(tiny, async_scheduling):
     shared = prompts([40])[0]["prompt_token_ids"]
     family = [{"prompt_token_ids": shared + tail} for tail in ([7], [8, 9], [10] * 20)]
     reference = tokens(engine(tiny, enable_prefix_caching=False).generate(family, GREEDY, use_tqdm=False))
-    llm = engine(tiny)
+    llm = engine(tiny, async_scheduling=async_scheduling)
     first = tokens(llm.generate(family[:1], GREEDY, use_tqdm=False))
     assert llm.pool.prefix_hits == 0
     rest = tokens(llm.generate(family[1:], GREEDY, use_tqdm=False))
@@ -90,8 +94,9 @@ def test_prefix_cache_hits_reuse_blocks_and_keep_outputs(tiny):
     assert_pool_empty(llm)
 
 
-def test_n_samples_fork_and_share_prompt_blocks(tiny):
-    llm = engine(tiny)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_n_samples_fork_and_share_prompt_blocks(tiny, async_scheduling):
+    llm = engine(tiny, async_scheduling=async_scheduling)
     prompt = prompts([37])[0]
     rid = llm.add_request(prompt, SamplingParams(n=3, max_tokens=6, temperature=0.0, ignore_eos=True))
     llm.step()                                      # prefill of sample 0, then the fork
