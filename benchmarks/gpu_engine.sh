@@ -38,8 +38,9 @@ timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --outp
 fi
 
 if [[ $STAGES == *profile* ]]; then
-echo "== batch-1 decode profile (GPU time per token by kernel, idle gaps)"
-timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 64 --runs 1 --profile 32 \
+echo "== batch-1 decode profile (GPU time per token by kernel, idle gaps; PDL off: with it, a kernel's time"
+echo "   includes the wait for its predecessor)"
+QUANTA_PDL=0 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 64 --runs 1 --profile 32 \
     2>&1 | grep -v 'loading\|warn' | tail -24 | tee "$OUT/profile.txt"
 fi
 
