@@ -15,7 +15,7 @@ import importlib
 import os
 import tempfile
 
-from quanta.kernels.paged_kv import FP8_FORMATS
+from quanta.kernels.paged_kv import FP8_FORMATS, NO_FP8_READ
 
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
@@ -28,8 +28,9 @@ _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr
             y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
-_E5M2 = FP8_FORMATS["fp8_e5m2"].constexprs()
-_E4M3 = FP8_FORMATS["fp8_e4m3"].constexprs()
+_E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
+_E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
+_E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -89,9 +90,9 @@ CASES = {
                dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64), 4, 1, 80),
     "rotary_store_kv_fp8_e4m3": ("rotary", "_rotary_kernel", _ROPE,
                                  dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True,
-                                      **{k: v for k, v in _E4M3.items() if not k.startswith("FP8_UP")}), 4, 1, 75),
+                                      **_E4M3), 4, 1, 75),
     "paged_decode_fp8_e4m3": ("paged_attention", "_decode_kernel", _DECODE,
-                              dict(_DECODE_META, FP8=1, FP8_UP_SHIFT=7, FP8_UP_MUL=256.0), 4, 1, 75),
+                              dict(_DECODE_META, **_E4M3_READ), 4, 1, 75),
     "kv_store_fp8_e5m2_pdl": ("paged_kv", "_store_kernel",
                               dict(k_ptr="*fp16", v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8",
                                    slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32"),
@@ -106,7 +107,7 @@ CASES = {
                             dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True, PDL=True), 4, 1, 90),
     "paged_decode_pdl": ("paged_attention", "_decode_kernel", dict(_DECODE, k_cache_ptr="*fp16",
                                                                    v_cache_ptr="*fp16"),
-                         dict(_DECODE_META, FP8=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0, PDL=True), 4, 1, 90),
+                         dict(_DECODE_META, **NO_FP8_READ, PDL=True), 4, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }

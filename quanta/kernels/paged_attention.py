@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_f16_pattern, fp8_constexprs
+from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_f16_pattern, fp8_read_constexprs
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
@@ -289,7 +289,6 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
     part_o = torch.empty(bsz, hq, num_splits, block_d, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(bsz, hq, num_splits, device=q.device, dtype=torch.float32)
     dummy = k_scale if k_scale is not None else seq_lens
-    fp8 = fp8_constexprs(fmt)
     _decode_kernel[(bsz, hk, num_splits)](
         q, k_cache, v_cache, part_o, part_lse, block_tables, seq_lens, dummy,
         v_scale if v_scale is not None else dummy, out, split_counts(q.device, bsz * hk), scale, hq,
@@ -298,7 +297,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=triton.next_power_of_2(group),
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
-        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
+        **fp8_read_constexprs(fmt),
         PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
     return out
 
@@ -322,7 +321,6 @@ def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_qu
     if t == 0 or bsz == 0:
         return out
     dummy = k_scale if k_scale is not None else seq_lens
-    fp8 = fp8_constexprs(fmt)
     grid = (bsz, triton.cdiv(max_query_len, block_m), hq)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, dummy,
@@ -331,6 +329,6 @@ def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_qu
         k_cache.stride(0), k_cache.stride(1),
         GROUP=hq // hk, BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0,
-        FP8=fp8["FP8"], FP8_UP_SHIFT=fp8["FP8_UP_SHIFT"], FP8_UP_MUL=fp8["FP8_UP_MUL"],
+        **fp8_read_constexprs(fmt),
         PRECISION=dot_precision(q.dtype))
     return out

@@ -31,26 +31,36 @@ class Fp8Format:
     max: float
     torch_dtype: torch.dtype
 
-    def constexprs(self) -> dict:
-        """The kernels' conversion constants (see the module docstring)."""
+    def write_constexprs(self) -> dict:
+        """The constants of the fp32 -> fp8 conversion (fp32_to_fp8_bits), as kernel constexprs."""
         sub_unit_exp = 1 - self.bias - self.mantissa           # subnormal step = 2^sub_unit_exp
         magic = 2.0 ** (sub_unit_exp + 23)                     # fp32 whose ulp is that step
         return dict(FP8=self.code, FP8_MAX=self.max, FP8_SHIFT=23 - self.mantissa,
                     FP8_REBIAS=(127 - self.bias) << self.mantissa, FP8_MIN_NORMAL=2.0 ** (1 - self.bias),
-                    FP8_MAGIC=magic, FP8_MAGIC_BITS=int(torch.tensor(magic).view(torch.int32)),
-                    FP8_UP_SHIFT=10 - self.mantissa, FP8_UP_MUL=2.0 ** (15 - self.bias))
+                    FP8_MAGIC=magic, FP8_MAGIC_BITS=int(torch.tensor(magic).view(torch.int32)))
+
+    def read_constexprs(self) -> dict:
+        """The constants of the fp8 -> fp16 reading (fp8_bits_to_f16_pattern, then times FP8_UP_MUL)."""
+        return dict(FP8=self.code, FP8_UP_SHIFT=10 - self.mantissa, FP8_UP_MUL=2.0 ** (15 - self.bias))
 
 
 FP8_FORMATS = {
     "fp8_e4m3": Fp8Format("fp8_e4m3", 1, 3, 7, 448.0, torch.float8_e4m3fn),
     "fp8_e5m2": Fp8Format("fp8_e5m2", 2, 2, 15, 57344.0, torch.float8_e5m2),
 }
-NO_FP8 = dict(FP8=0, FP8_MAX=0.0, FP8_SHIFT=0, FP8_REBIAS=0, FP8_MIN_NORMAL=0.0, FP8_MAGIC=0.0,
-              FP8_MAGIC_BITS=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
+NO_FP8_WRITE = dict(FP8=0, FP8_MAX=0.0, FP8_SHIFT=0, FP8_REBIAS=0, FP8_MIN_NORMAL=0.0, FP8_MAGIC=0.0,
+                    FP8_MAGIC_BITS=0)
+NO_FP8_READ = dict(FP8=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
 
 
-def fp8_constexprs(fmt: Fp8Format | None) -> dict:
-    return NO_FP8 if fmt is None else fmt.constexprs()
+def fp8_write_constexprs(fmt: Fp8Format | None) -> dict:
+    """Kernel constexprs for writing a cache of format `fmt` (None: the model dtype, FP8=0)."""
+    return NO_FP8_WRITE if fmt is None else fmt.write_constexprs()
+
+
+def fp8_read_constexprs(fmt: Fp8Format | None) -> dict:
+    """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0)."""
+    return NO_FP8_READ if fmt is None else fmt.read_constexprs()
 
 
 # --- torch path (CPU and oracle) ------------------------------------------------------------------
@@ -101,6 +111,17 @@ def fp8_bits_to_f16_pattern(code, FP8_UP_SHIFT: tl.constexpr):
 
 
 @triton.jit
+def to_cache_codes(x, scale, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
+                   FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
+                   FP8_MAGIC_BITS: tl.constexpr):
+    """x as a cache of this format holds it: the fp8 codes of x / scale, or x unchanged (FP8 = 0)."""
+    if FP8 != 0:
+        x = fp32_to_fp8_bits(x.to(tl.float32) / scale, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                             FP8_MAGIC, FP8_MAGIC_BITS)
+    return x
+
+
+@triton.jit
 def _store_kernel(
     # pointers
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
@@ -110,7 +131,7 @@ def _store_kernel(
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
     FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr,
-    FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """grid (T, Hk): one token's one kv head."""
     pdl_launch_dependents(PDL)
@@ -125,11 +146,13 @@ def _store_kernel(
     # --- load, (quantize), store
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    k_scale = 1.0
+    v_scale = 1.0
     if FP8 != 0:
-        k = fp32_to_fp8_bits(k.to(tl.float32) / tl.load(k_scale_ptr + h), FP8_MAX, FP8_SHIFT, FP8_REBIAS,
-                             FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-        v = fp32_to_fp8_bits(v.to(tl.float32) / tl.load(v_scale_ptr + h), FP8_MAX, FP8_SHIFT, FP8_REBIAS,
-                             FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+        k_scale = tl.load(k_scale_ptr + h)
+        v_scale = tl.load(v_scale_ptr + h)
+    k = to_cache_codes(k, k_scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    v = to_cache_codes(v, v_scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -145,5 +168,5 @@ def store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Form
     dummy = k_scale if k_scale is not None else slot
     _store_kernel[(t, hk)](k, v, k_cache, v_cache, slot, dummy, v_scale if v_scale is not None else dummy,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                           NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_constexprs(fmt),
+                           NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_write_constexprs(fmt),
                            **pdl_launch(k.device))

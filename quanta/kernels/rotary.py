@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.paged_kv import Fp8Format, fp8_constexprs, fp32_to_fp8_bits
+from quanta.kernels.paged_kv import Fp8Format, fp8_write_constexprs, to_cache_codes
 from quanta.kernels.triton_support import (
     pdl_launch,
     pdl_launch_dependents,
@@ -68,12 +68,11 @@ def _to_cache(cache_ptr, scale_ptr, slot, lo, hi, offs_h, offs_d, mask, H, HALF_
               FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
     """Write one token's heads (lo, hi halves) at `slot` of a contiguous [slots, H, D] cache, as
     paged_kv.store writes them (fp8: divided by the head's scale, converted by bit operations)."""
+    scale = 1.0
     if FP8 != 0:
         scale = tl.load(scale_ptr + offs_h, mask=offs_h < H, other=1.0)
-        lo = fp32_to_fp8_bits(lo.to(tl.float32) / scale, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
-                              FP8_MAGIC, FP8_MAGIC_BITS)
-        hi = fp32_to_fp8_bits(hi.to(tl.float32) / scale, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
-                              FP8_MAGIC, FP8_MAGIC_BITS)
+    lo = to_cache_codes(lo, scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    hi = to_cache_codes(hi, scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     _store_halves(cache_ptr, slot * (H * 2 * HALF_D) + offs_h * (2 * HALF_D) + offs_d, lo, hi, HALF_D,
                   mask & (slot >= 0))
 
@@ -127,12 +126,11 @@ def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp
     (t, hq, d), hk = q.shape, k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0 and inv_freq.numel() == d // 2
     v, k_cache, v_cache, slot, k_scale, v_scale = store_args or (k, qo, qo, positions, inv_freq, inv_freq)
-    fp8 = {name: value for name, value in fp8_constexprs(fmt).items() if not name.startswith("FP8_UP")}
     _rotary_kernel[(t, 2)](q, k, qo, ko, positions, inv_freq, v, k_cache, v_cache, slot, k_scale, v_scale,
                            hq, hk, d // 2, q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0),
                            qo.stride(1), ko.stride(0), ko.stride(1), v.stride(0), v.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-                           BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None, **fp8,
+                           BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None, **fp8_write_constexprs(fmt),
                            num_warps=4, **pdl_launch(q.device))
 
 
