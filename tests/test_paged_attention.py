@@ -105,11 +105,16 @@ def test_half_precision_kernels(dtype):
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("hardware", [False, True], ids=["bits", "cvt"])
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
-def test_every_fp8_code_reads_back_exactly(name):
+def test_every_fp8_code_reads_back_exactly(name, hardware, monkeypatch):
     """One cached key: attention returns its value row, so the kernels' fp8 reading (the code's bits as an
-    fp16, the scale and 2^(15 - bias) applied once to the output) must give every finite code's value,
-    subnormals included, as torch's float8 cast does."""
+    fp16 and 2^(15 - bias) applied once to the output, or the sm89+ conversion instruction; the scale
+    applied once either way) must give every finite code's value, subnormals included, as torch's float8
+    cast does."""
+    if hardware and DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the fp8 conversion instruction needs sm89+")
+    monkeypatch.setattr(paged_kv, "HARDWARE_FP8_READ", hardware)
     fmt = paged_kv.FP8_FORMATS[name]
     codes = torch.arange(256, dtype=torch.uint8)
     codes = torch.where(torch.isfinite(codes.view(fmt.torch_dtype).float()), codes, torch.zeros_like(codes))

@@ -31,6 +31,7 @@ _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
+_E5M2_READ_HW = FP8_FORMATS["fp8_e5m2"].read_constexprs(hardware=True)
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -93,6 +94,8 @@ CASES = {
                                       **_E4M3), 4, 1, 75),
     "paged_decode_fp8_e4m3": ("paged_attention", "_decode_kernel", _DECODE,
                               dict(_DECODE_META, **_E4M3_READ), 4, 1, 75),
+    "paged_decode_fp8_e5m2_hw": ("paged_attention", "_decode_kernel", _DECODE,
+                                 dict(_DECODE_META, **_E5M2_READ_HW), 4, 1, 89),
     "paged_prefill_fp8_e4m3": ("paged_attention", "_prefill_kernel",
                                dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", out_ptr="*fp16",
                                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_ptr="*i32",

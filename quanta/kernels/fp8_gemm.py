@@ -35,21 +35,36 @@ def _quant_rows_kernel(
     # meta
     BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
-    """q[m, :] = x[m, :] / scale[m] in e4m3, scale[m] = max|x[m, :]| / FP8_MAX; one program per row."""
+    """q[m, :] = x[m, :] / scale[m] in e4m3, scale[m] = max|x[m, :]| / FP8_MAX; one program per row.
+
+    When BLOCK_K covers the row it is read once and kept in registers; longer rows are read twice (the
+    second time from L2).
+    """
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
-    # --- pass 1: the row's absolute maximum
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
-    tl.store(scale_ptr + row, scale)
-    # --- pass 2: scale and round to e4m3 (the row is still in L2)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+    x_row, q_row = x_ptr + row * stride_xm, q_ptr + row * stride_qm
+    if BLOCK_K >= K:
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+        tl.store(scale_ptr + row, scale)
         q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * stride_qm + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+        tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+    else:
+        # --- pass 1: the row's absolute maximum
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+        tl.store(scale_ptr + row, scale)
+        # --- pass 2: scale and round to e4m3
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+            tl.store(q_row + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+
+
+ONE_PASS_MAX_K = 16384      # rows up to this long stay in registers (64 fp32 per thread at 8 warps)
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,8 +73,9 @@ def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     assert x2.stride(1) == 1
     q = torch.empty(m, k, device=x2.device, dtype=torch.float8_e4m3fn)
     scale = torch.empty(m, 1, device=x2.device, dtype=torch.float32)
-    _quant_rows_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK_K=1024, FP8_MAX=E4M3_MAX,
-                             num_warps=4)
+    block = triton.next_power_of_2(k) if k <= ONE_PASS_MAX_K else 4096
+    _quant_rows_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK_K=block, FP8_MAX=E4M3_MAX,
+                             num_warps=max(4, min(8, block // 1024)))
     return q, scale
 
 
@@ -74,8 +90,15 @@ class W8A8State:
 
 
 def w8a8(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] @ weight.T with x2 quantized per token to e4m3.
+
+    Fast accumulation (no periodic promotion of the tensor cores' partial sums to fp32, as vLLM's CUTLASS
+    FP8 kernels do) is 1.04-1.2x faster at M >= 1024 on the H100 (benchmarks/fp8_probe.py); against an
+    fp64 product of the same fp8 operands the relative error goes from 1.7e-3 (the bf16 output's rounding)
+    to 2.1e-3 at K = 4096 and 4.7e-3 at K = 28672, far below the e4m3 activation rounding's ~3e-2."""
     q, scale = quantize_rows(x2)
-    return torch._scaled_mm(q, st.w_t, scale_a=scale, scale_b=st.w_scale, bias=bias, out_dtype=st.dtype)
+    return torch._scaled_mm(q, st.w_t, scale_a=scale, scale_b=st.w_scale, bias=bias, out_dtype=st.dtype,
+                            use_fast_accum=True)
 
 
 def _w8a8_reason(weight: Fp8, device: torch.device) -> str | None:

@@ -57,22 +57,26 @@ def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scal
 
 @triton.jit
 def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-               BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+               BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr,
+               OUT_DTYPE: tl.constexpr):
     """K or V rows at positions offs_n [N] of one sequence -> [N, BLOCK_D] in OUT_DTYPE. fp8 codes come
-    out as value / (scale * 2^(15 - bias)), exactly (the code's bits moved into an fp16): the caller
-    multiplies the scores or the output by that factor once (_fp8_factor) instead of every element."""
+    out as value / scale (FP8_HW: the sm89+ conversion instruction) or as value / (scale * 2^(15 - bias))
+    (the code's bits moved into an fp16), exactly either way: the caller multiplies the scores or the
+    output by the rest of the factor once (_fp8_factor) instead of every element."""
     block = tl.load(block_table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     rows = block * stride_block + (offs_n % BLOCK_SIZE) * stride_slot
     ptrs = cache_ptr + rows[:, None] + d[None, :]
     x = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0)
-    if FP8 != 0:
+    if FP8_HW:
+        x = x.to(tl.float8e4nv if FP8 == 1 else tl.float8e5, bitcast=True)
+    elif FP8 != 0:
         x = fp8_bits_to_f16_pattern(x, FP8_UP_SHIFT)
     return x.to(OUT_DTYPE)
 
 
 @triton.jit
 def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr):
-    """What _load_tile's values are multiplied by to be the cached K or V: scale * 2^(15 - bias); 1 unquantized."""
+    """What _load_tile's values are multiplied by to be the cached K or V: scale * FP8_UP_MUL; 1 unquantized."""
     factor = 1.0
     if FP8 != 0:
         factor = tl.load(scale_ptr + kv_head) * FP8_UP_MUL
@@ -91,7 +95,8 @@ def _decode_kernel(
     # constexpr meta
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    WINDOW: tl.constexpr,    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr,
+    FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
     MERGE_CHUNK: tl.constexpr = 8, PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
@@ -133,14 +138,14 @@ def _decode_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -198,7 +203,8 @@ def _prefill_kernel(
     # constexpr meta
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
-    FP8: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, FP8_UP_MUL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """grid (B, cdiv(max_query_len, BLOCK_M), Hq): BLOCK_M queries of one sequence and head."""
     b = tl.program_id(0)
@@ -235,7 +241,7 @@ def _prefill_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         if WINDOW > 0:
@@ -246,7 +252,7 @@ def _prefill_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -297,7 +303,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=triton.next_power_of_2(group),
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
-        **fp8_read_constexprs(fmt),
+        **fp8_read_constexprs(fmt, q.device),
         PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
     return out
 
@@ -329,6 +335,6 @@ def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_qu
         k_cache.stride(0), k_cache.stride(1),
         GROUP=hq // hk, BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0,
-        **fp8_read_constexprs(fmt),
+        **fp8_read_constexprs(fmt, q.device),
         PRECISION=dot_precision(q.dtype))
     return out

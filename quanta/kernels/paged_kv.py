@@ -39,9 +39,11 @@ class Fp8Format:
                     FP8_REBIAS=(127 - self.bias) << self.mantissa, FP8_MIN_NORMAL=2.0 ** (1 - self.bias),
                     FP8_MAGIC=magic, FP8_MAGIC_BITS=int(torch.tensor(magic).view(torch.int32)))
 
-    def read_constexprs(self) -> dict:
-        """The constants of the fp8 -> fp16 reading (fp8_bits_to_f16_pattern, then times FP8_UP_MUL)."""
-        return dict(FP8=self.code, FP8_UP_SHIFT=10 - self.mantissa, FP8_UP_MUL=2.0 ** (15 - self.bias))
+    def read_constexprs(self, hardware: bool = False) -> dict:
+        """The constants of the fp8 -> fp16 reading: by bits (fp8_bits_to_f16_pattern, then times FP8_UP_MUL),
+        or by the sm89+ conversion instruction (FP8_HW; the values come out whole, FP8_UP_MUL = 1)."""
+        return dict(FP8=self.code, FP8_HW=hardware, FP8_UP_SHIFT=10 - self.mantissa,
+                    FP8_UP_MUL=1.0 if hardware else 2.0 ** (15 - self.bias))
 
 
 FP8_FORMATS = {
@@ -50,7 +52,10 @@ FP8_FORMATS = {
 }
 NO_FP8_WRITE = dict(FP8=0, FP8_MAX=0.0, FP8_SHIFT=0, FP8_REBIAS=0, FP8_MIN_NORMAL=0.0, FP8_MAGIC=0.0,
                     FP8_MAGIC_BITS=0)
-NO_FP8_READ = dict(FP8=0, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
+NO_FP8_READ = dict(FP8=0, FP8_HW=False, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
+# fp8 -> fp16 in the attention kernels: None = by the sm89+ instruction where the device has it, else by bits;
+# True / False force one way (tests and benchmarks compare the two; True fails to compile below sm89)
+HARDWARE_FP8_READ: bool | None = None
 
 
 def fp8_write_constexprs(fmt: Fp8Format | None) -> dict:
@@ -58,9 +63,14 @@ def fp8_write_constexprs(fmt: Fp8Format | None) -> dict:
     return NO_FP8_WRITE if fmt is None else fmt.write_constexprs()
 
 
-def fp8_read_constexprs(fmt: Fp8Format | None) -> dict:
-    """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0)."""
-    return NO_FP8_READ if fmt is None else fmt.read_constexprs()
+def fp8_read_constexprs(fmt: Fp8Format | None, device: torch.device | str = "cpu") -> dict:
+    """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0) on `device`."""
+    if fmt is None:
+        return NO_FP8_READ
+    device = torch.device(device)
+    has_cvt = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    hardware = has_cvt if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
+    return fmt.read_constexprs(hardware)
 
 
 # --- torch path (CPU and oracle) ------------------------------------------------------------------
