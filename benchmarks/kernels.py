@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="8B shapes and M in {1, 16, 256, 1024} only")
     ap.add_argument("--models", default="8b,70b")
+    ap.add_argument("--ms", help="comma-separated M values instead of all ten (e.g. 1 for the decode GEMVs)")
     ap.add_argument("--sweep", action="store_true", help="also time the other paths and GEMV configs")
     args = ap.parse_args()
     try:
@@ -206,7 +207,7 @@ def main() -> None:
             "copy_GBps": round(copy_bandwidth(), 1), "command": " ".join(sys.argv)}
     print(json.dumps(meta), flush=True)
     results, layers = [], []
-    ms = (1, 16, 256, 1024) if args.quick else MS
+    ms = tuple(map(int, args.ms.split(","))) if args.ms else (1, 16, 256, 1024) if args.quick else MS
     for model in args.models.split(","):
         for layer, (n, k) in SHAPES[model].items():
             run_shape(model, layer, n, k, ms, bnb, results, args.sweep)

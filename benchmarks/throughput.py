@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -81,6 +83,14 @@ def hf_baseline(model: str, prompts, output_len: int, batch_sizes: list[int]) ->
     return {"output_tokens_per_s_by_batch": results, "best_batch": best, "best_output_tokens_per_s": results[best]}
 
 
+def triton_cache_entries() -> set[str]:
+    """The kernels in Triton's on-disk cache, as 'entry/kernel' names: what appears during the timed run
+    was compiled inside it (a JIT cost the engine's start-up should have paid)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    return {f"{d.name}/{f.stem}" for d in root.glob("*") if d.is_dir() for f in d.glob("*.json")
+            if not f.name.startswith("__grp__")}
+
+
 def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
     from quanta.engine import LLM, SamplingParams
     start = time.perf_counter()
@@ -93,11 +103,13 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
     llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params[:8], use_tqdm=False)   # warm-up
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    cached = triton_cache_entries()
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=not args.quiet)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    late = sorted(e.split("/")[1] for e in triton_cache_entries() - cached)
     n_in = sum(len(p) for p in prompts)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     assert llm.pool.num_free == llm.pool.num_blocks, "KV blocks leaked"
@@ -106,7 +118,7 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
               "total_tokens_per_s": round((n_in + n_out) / elapsed, 1),
               "output_tokens_per_s": round(n_out / elapsed, 1),
               "kv_blocks": llm.num_kv_blocks, "kv_capacity_tokens": llm.num_kv_blocks * llm.config.block_size,
-              "preemptions": llm.scheduler.num_preemptions,
+              "preemptions": llm.scheduler.num_preemptions, "compiled_during_run": late,
               "kernels": sorted({f"{k['scheme']} -> {k['kernel']}" for k in llm.kernels()})}
     del llm, outs
     gc.collect()

@@ -29,6 +29,7 @@ from quanta.kernels.triton_support import (
     split_k,
     tl,
     triton,
+    use_pdl,
     zeroed_scratch,
 )
 
@@ -288,6 +289,13 @@ def _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.
 # programs (128 columns x 8 rows, 16 waves, one tile each); from 70B down (235M) it is issue-bound and
 # wants fewer, wider ones (256 x 4, 8 waves): 70B gate_up 90% of copy bandwidth against 68%.
 GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 2)))
+# Under programmatic dependent launch (sm90) the next GEMV's programs start while this one drains, which
+# hides the fixed cost that made the small shapes want many tiny programs; the same sweep with PDL on
+# (results/gemv-sweep-pdl-h100-2026-11-23.json) picks 256 x 4 at 8 waves from 8B down (59M) up, e.g.
+# 70B qkv 83% of copy bandwidth against 73%, 8B gate_up 88% against 80%, and for 70B gate_up (470M)
+# 128 x 8 at 32 waves, 91% against 76%.
+GEMV_CONFIGS_PDL = ((30_000_000, (128, 8, 2, 16.0, 1)), (300_000_000, (256, 4, 2, 8.0, 2)),
+                    (1 << 62, (128, 8, 2, 32.0, 1)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
 
 
@@ -317,7 +325,8 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     """
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
-    bn, rs, warps, waves, min_tiles = config or next(c for top, c in GEMV_CONFIGS if st.n * st.k <= top)
+    table = GEMV_CONFIGS_PDL if use_pdl(x2.device) else GEMV_CONFIGS
+    bn, rs, warps, waves, min_tiles = config or next(c for top, c in table if st.n * st.k <= top)
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
     assert not h2 or use_h2(st, "cuda"), "the packed-half loop needs fp16, affine codes, one scale per K tile"

@@ -83,7 +83,11 @@ def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr)
     return factor
 
 
-@triton.jit
+# Arguments that change from one eager step to the next are not specialized on, or Triton compiles a variant
+# mid-run per divisibility (found by benchmarks/throughput.py's compile check): stride_bt, the block tables'
+# row length, follows the step's longest sequence; the prefill's tables and lengths are slices that start
+# after the step's decodes, so their 16-byte alignment follows the number of decodes.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
     # pointers
     q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr,
@@ -191,7 +195,7 @@ def _decode_kernel(
         tl.store(lock, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "block_tables_ptr", "seq_lens_ptr"])     # see _decode_kernel
 def _prefill_kernel(
     # pointers
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
