@@ -97,9 +97,10 @@ def test_decode_merges_more_splits_than_one_merge_step():
 
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the Triton interpreter computes bfloat16 wrongly (numpy has no bfloat16)"))])
-def test_half_precision_kernels(dtype):
+@pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])
+def test_half_precision_kernels(dtype, fmt):
     lens, qlens = [37, 5], [37, 2]
-    q, kc, vc, bt, sl, qsl, kw = build(lens, qlens, 4, 2, 32, 16, dtype)
+    q, kc, vc, bt, sl, qsl, kw = build(lens, qlens, 4, 2, 32, 16, dtype, fmt)
     ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.2, **kw)
     out = paged_attention.prefill(q, kc, vc, bt, sl, qsl, 37, 0.2, block_m=16, block_n=16, **kw)
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=0)

@@ -69,6 +69,8 @@ def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, stride_blo
     x = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0)
     if FP8_HW:
         x = x.to(tl.float8e4nv if FP8 == 1 else tl.float8e5, bitcast=True)
+        if OUT_DTYPE == tl.bfloat16:          # through fp16 (exact for both formats): fp8 -> bf16 is not
+            x = x.to(tl.float16)              # a conversion every Triton version lowers
     elif FP8 != 0:
         x = fp8_bits_to_f16_pattern(x, FP8_UP_SHIFT)
     return x.to(OUT_DTYPE)

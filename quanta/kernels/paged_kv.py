@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait
+from quanta.kernels.triton_support import capability, pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,7 @@ def fp8_read_constexprs(fmt: Fp8Format | None, device: torch.device | str = "cpu
     """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0) on `device`."""
     if fmt is None:
         return NO_FP8_READ
-    device = torch.device(device)
-    has_cvt = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-    hardware = has_cvt if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
+    hardware = capability(device) >= (8, 9) if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
     return fmt.read_constexprs(hardware)
 
 
