@@ -36,6 +36,12 @@ def test_codebook_paths(n, k, blocksize, qt, dq, path, m, dtype):
     assert rel_err(affine_gemm.matmul(x, st, path=path), ref) < TOL[dtype]
 
 
+def test_plan_takes_cublas_from_two_rows():
+    """Table codes gather per code in the fused kernels; from M = 2 dequantize + cuBLAS is faster (H100)."""
+    st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16)
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 128, 1024)] == ["gemv"] + ["cublas"] * 4
+
+
 def test_blocks_across_rows_fall_back():
     w = make_codebook(3, 96, blocksize=64)        # 288 weights: blocks straddle rows
     assert "straddle" in codebook_gemm.supports(w, torch.device("cuda"), torch.float16)
