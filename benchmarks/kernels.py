@@ -105,8 +105,12 @@ def clone_state(st):
 GEMV_SWEEP = ((256, 4, 2, 8.0, 2), (128, 8, 2, 16.0, 1), (128, 16, 2, 16.0, 1), (128, 4, 2, 16.0, 1),
               (64, 8, 2, 16.0, 1))   # (BLOCK_N, RS, num_warps, waves, min_tiles); profile_gemv.py sweeps more
 GEMM_SWEEP = {16: ((16, 64, 4, 3, 4.0), (16, 128, 4, 3, 2.0), (16, 64, 4, 4, 8.0), (16, 128, 8, 4, 4.0)),
-              256: ((64, 128, 4, 3, 1.0), (128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0)),
-              1024: ((128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0), (64, 256, 4, 3, 1.0), (128, 128, 4, 4, 1.0))}
+              256: ((64, 128, 4, 3, 1.0), (128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0),
+                    (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0)),
+              1024: ((128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0), (64, 256, 4, 3, 1.0), (128, 128, 4, 4, 1.0),
+                     (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0))}
+# BLOCK_M = 256 (untimed so far; 176 / 225 KB of shared memory on sm90): each weight tile decoded once for
+# 256 rows instead of twice, which helps if the fused GEMM at M >= 256 is bound by the decoding
 
 
 def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sweep: bool) -> None:
