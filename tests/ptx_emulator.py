@@ -2,9 +2,10 @@
 (which refuses inline assembly) can run those kernels on the CPU in tests.
 
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
-(ta = 0xF0, tb = 0xCC, tc = 0xAA); `.f16x2` arithmetic works on the two halves, `fma.rn` rounding the exact
-a*b + c once and `mul.rn` rounding a*b once to fp16 (float64 holds both exactly); `cvt.f32.f16` widens,
-`add.f32` adds in float32. Anything else raises, so a kernel using a new instruction fails loudly.
+(ta = 0xF0, tb = 0xCC, tc = 0xAA); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
+arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once and `mul.rn` rounding a*b once
+to fp16 (float64 holds both exactly); `cvt.f32.f16` widens, `add.f32` / `mul.f32` / `fma.rn.f32` work in
+float32. Anything else raises, so a kernel using a new instruction fails loudly.
 """
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def _lop3(a: np.ndarray, b: np.ndarray, c: np.ndarray, lut: int) -> np.ndarray:
         if lut >> i & 1:
             term = (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
             out |= term
+    return out
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """prmt.b32 (generic mode): byte i of the result is byte (c's nibble i & 7) of {b, a} (a = bytes 0-3),
+    or, when the nibble's bit 3 is set, that byte's sign bit replicated over the byte."""
+    src = (a.astype(np.uint64) | (b.astype(np.uint64) << 32))
+    out = np.zeros_like(a)
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = ((src >> ((sel & 7) * 8).astype(np.uint64)) & 0xFF).astype(np.uint32)
+        byte = np.where(sel & 8, np.where(byte & 0x80, 0xFF, 0), byte).astype(np.uint32)
+        out |= byte << (8 * i)
     return out
 
 
@@ -63,6 +77,12 @@ def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
             regs[dst] = _lop3(val(args[0]), val(args[1]), val(args[2]), int(args[3], 0))
         elif op == "shr.u32":
             regs[dst] = val(args[0]) >> val(args[1])
+        elif op == "shl.b32":
+            regs[dst] = (val(args[0]).astype(np.uint64) << val(args[1]).astype(np.uint64)).astype(np.uint32)
+        elif op == "and.b32":
+            regs[dst] = val(args[0]) & val(args[1])
+        elif op == "prmt.b32":
+            regs[dst] = _prmt(val(args[0]), val(args[1]), val(args[2]))
         elif op == "fma.rn.f16x2":
             (a0, a1), (b0, b1), (c0, c1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 * b0 + c0, a1 * b1 + c1)
@@ -73,6 +93,11 @@ def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
             regs[dst] = (val(args[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
         elif op == "add.f32":
             regs[dst] = (val(args[0]).view(np.float32) + val(args[1]).view(np.float32)).view(np.uint32)
+        elif op == "mul.f32":
+            regs[dst] = (val(args[0]).view(np.float32) * val(args[1]).view(np.float32)).view(np.uint32)
+        elif op == "fma.rn.f32":                         # one rounding of the exact a*b + c (float64 holds it)
+            a, b, c = (val(x).view(np.float32).astype(np.float64) for x in args)
+            regs[dst] = (a * b + c).astype(np.float32).view(np.uint32)
         else:
             raise NotImplementedError(f"PTX emulator: {op}")
     return regs["$0"]

@@ -55,3 +55,16 @@ def test_gpu_nf4_llama(n, k, m):
     st = codebook_gemm.prepare(w, "cuda", torch.float16)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     assert rel_err(codebook_gemm.apply(x, st), x.double() @ w.dequantize().double().T) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,blocksize", [(28672, 4096, 64), (4096, 14336, 64), (6144, 4096, 128)])
+@pytest.mark.parametrize("m", [1, 2])
+def test_gpu_nf4_packed_half_gemv(n, k, blocksize, m):
+    """The byte-permute table lookup (off by default until measured) on the real PTX, at Llama shapes."""
+    from quanta.kernels import affine_gemv
+    w = make_codebook(n, k, blocksize, "nf4", True, device="cuda")
+    st = codebook_gemm.prepare(w, "cuda", torch.float16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    ref = x.double() @ w.dequantize().double().T
+    assert rel_err(affine_gemv.gemv(x, st, h2=True), ref) < TOL[torch.float16]

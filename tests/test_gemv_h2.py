@@ -89,3 +89,36 @@ def test_h2_with_the_glu_epilogue(monkeypatch):
     x = torch.randn(2, 384).half()
     fused = affine_gemv.gemv(x, st, h2=True, glu=True)
     assert torch.equal(fused, activation.silu_and_mul(affine_gemv.gemv(x, st, h2=True)))
+
+
+@pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", True), (40, 192, 64, "fp4", False),
+                                                 (33, 384, 128, "nf4", False)])
+@pytest.mark.parametrize("m", [1, 2])
+def test_h2_table_gemv_matches_dequantize(n, k, blocksize, qt, dq, m, monkeypatch):
+    """NF4 / FP4 through the byte-permute lookup: every code of the table, groups of 64 (two per K tile)
+    and 128, K not a multiple of the tile, against Codebook.dequantize() and the fp32 gather loop."""
+    from quanta.kernels import codebook_gemm
+    from test_codebook_gemm import make_codebook
+    ptx_emulator.install(monkeypatch)
+    w = make_codebook(n, k, blocksize, qt, dq)
+    st = codebook_gemm.prepare(w, DEVICE, torch.float16)
+    assert affine_gemv.h2_applies(st)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(m, k, generator=g).half()
+    y = affine_gemv.gemv(x, st, config=(32, 8, 2, 64.0, 1), h2=True)
+    y32 = affine_gemv.gemv(x, st, config=(32, 8, 2, 64.0, 1), h2=False)
+    ref = x.double() @ w.dequantize().double().T
+    assert rel_err(y, ref) < TOL[torch.float16]
+    assert rel_err(y, y32) < 1e-3
+
+
+def test_ptx_emulator_prmt_follows_the_isa():
+    """prmt.b32's generic mode as the PTX ISA states it: nibble i of the selector picks byte i of the
+    result from {b, a} (a = bytes 0-3), its bit 3 replicating that byte's sign."""
+    import numpy as np
+    a = np.array([0x44332211], dtype=np.uint32)
+    b = np.array([0x88776655], dtype=np.uint32)
+    run = lambda sel: int(ptx_emulator.run(f"{{\nprmt.b32 $0, $1, $2, {sel};\n}}", [a, b])[0])  # noqa: E731
+    assert run(0x3210) == 0x44332211 and run(0x7654) == 0x88776655
+    assert run(0x0123) == 0x11223344 and run(0x5140) == 0x66225511
+    assert run(0x8F00) == 0x00FF1111          # byte 7 = 0x88: sign set -> 0xFF; byte 0 = 0x11: sign clear -> 0

@@ -197,6 +197,7 @@ class AffineState:
     dtype: torch.dtype
     mode: int = AFFINE              # AFFINE, LUT (codebook_gemm) or FP8_* (fp8_gemm)
     lut: torch.Tensor | None = None  # float32 [2**bits] for LUT
+    lut_bytes: torch.Tensor | None = None  # int32 [8]: the fp16 table's low bytes, then high bytes (GEMV H2)
 
     @property
     def num_tiles(self) -> int:
@@ -346,7 +347,17 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
         s = F.pad(s, (0, 0, 0, g_pad % 2))
         sz = s[0::2] | s[1::2] << 16
     return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
-                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None)
+                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
+                       lut_byte_words(lut) if lut is not None and lut.numel() == 16 else None)
+
+
+def lut_byte_words(lut: torch.Tensor) -> torch.Tensor:
+    """A 16-entry table as fp16, byte-sliced for PTX `prmt` lookups: int32 [8], words 0-3 holding the low
+    bytes of entries 0-3, 4-7, 8-11, 12-15 and words 4-7 their high bytes."""
+    h = lut.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    planes = torch.stack([h & 0xFF, h >> 8]).view(2, 4, 4)                    # [byte, word, entry]
+    words = (planes << torch.tensor([0, 8, 16, 24], device=lut.device)).sum(-1).reshape(8)
+    return _int32(words).contiguous()
 
 
 def _int32(words: torch.Tensor) -> torch.Tensor:

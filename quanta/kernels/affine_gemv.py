@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine_gemm import GEMV_MAX_M, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
+from quanta.kernels.affine_gemm import AFFINE, GEMV_MAX_M, LUT, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
     cdiv,
@@ -80,6 +80,39 @@ fma.rn.f16x2 hi, hi, c, b;
 mul.rn.f16x2 acc, lo, $2;
 fma.rn.f16x2 acc, hi, $3, acc;
 """ + _H2_LANES_TO_F32)
+# A 16-entry table (NF4 / FP4) instead of the magic numbers: 4 codes of a word at a time (nibbles 0-3, then
+# 4-7, each half one scale group) become fp16 table entries with byte permutes. The code's low 3 bits
+# select a byte from 8 (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes;
+# the code's bit 3, spread to a byte mask by a sign-replicating prmt, picks between the two; two more prmts
+# interleave low and high bytes into fp16 pairs. $1 the word, $2..$5 the activation pairs (x0, x1), (x2, x3),
+# (x4, x5), (x6, x7), $6 / $7 the two halves' scales (f32), $8..$15 the table bytes (lut_byte_words).
+# Per code ~3.6 instructions, against a global gather per code in the fp32 loop.
+_H2_LUT_HALF = """and.b32 sel, {w}, 0x7777;
+prmt.b32 lo, $8, $9, sel;
+prmt.b32 lo2, $10, $11, sel;
+prmt.b32 hi, $12, $13, sel;
+prmt.b32 hi2, $14, $15, sel;
+shl.b32 t, {w}, 4;
+prmt.b32 m, t, {w}, 0xD9C8;
+lop3.b32 lo, lo, lo2, m, 0xD8;
+lop3.b32 hi, hi, hi2, m, 0xD8;
+prmt.b32 e01, lo, hi, 0x5140;
+prmt.b32 e23, lo, hi, 0x7362;
+mul.rn.f16x2 acc, e01, {xa};
+fma.rn.f16x2 acc, e23, {xb}, acc;
+mov.b32 {{h0, h1}}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 f0, f0, f1;
+"""
+_H2_DOT_LUT = tl.constexpr("""{
+.reg .b32 w, sel, t, m, lo, lo2, hi, hi2, e01, e23, acc;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1, part;
+""" + _H2_LUT_HALF.format(w="$1", xa="$2", xb="$3") + """mul.f32 part, f0, $6;
+shr.u32 w, $1, 16;
+""" + _H2_LUT_HALF.format(w="w", xa="$4", xb="$5") + """fma.rn.f32 $0, f0, $7, part;
+}""")
 # D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
 # (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
 H2_DIVISOR = {4: 16.0, 8: 256.0}
@@ -127,6 +160,27 @@ def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr
             dtype=tl.float32, is_pure=True, pack=1)
         xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
     return d, xs
+
+
+@triton.jit
+def _h2_lut_word_dots(p, x_row, perm_ptr, k0, K, s_lo, s_hi, lut_ptr, R: tl.constexpr, HAS_PERM: tl.constexpr,
+                      EVEN_K: tl.constexpr):
+    """sum_i x[k0 + i*R] * table[code_i] * (s_lo for i < 4, else s_hi) over the 4-bit codes of words p."""
+    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
+    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
+    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
+    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K)
+    x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K)
+    x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K)
+    x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K)
+    x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K)
+    return tl.inline_asm_elementwise(
+        _H2_DOT_LUT, "=f,r,r,r,r,r,f,f,r,r,r,r,r,r,r,r",
+        [p, _pair(x0, x1)[:, None], _pair(x2, x3)[:, None], _pair(x4, x5)[:, None], _pair(x6, x7)[:, None],
+         s_lo[None, :], s_hi[None, :], tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2),
+         tl.load(lut_ptr + 3), tl.load(lut_ptr + 4), tl.load(lut_ptr + 5), tl.load(lut_ptr + 6),
+         tl.load(lut_ptr + 7)],
+        dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -192,7 +246,12 @@ def _affine_gemv_kernel(
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
                         eviction_policy="evict_first")
             pdl_wait(PDL)                        # (returns at once after the first time)
-            if H2:
+            if H2 and MODE == 1:                 # table codes: each half of a word one scale group
+                s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+                s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+                acc += _h2_lut_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, s_lo.to(tl.float32),
+                                         s_hi.to(tl.float32), lut_ptr, R, HAS_PERM, EVEN_K)
+            elif H2:
                 d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K)
                 part += d
                 xsum += xs
@@ -307,12 +366,27 @@ def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
 
 
-def use_h2(st: AffineState, device: torch.device) -> bool:
-    """Whether the packed-half (PTX) inner loop applies: fp16 affine int4/int8 codes, one scale per tile,
-    on a CUDA device (the interpreter cannot run PTX)."""
+# The table (NF4 / FP4) packed-half loop has run under the PTX emulator and through ptxas only; it becomes
+# the default once a GPU run has checked and timed it (benchmarks/kernels.py --sweep: the nf4_h2 column)
+H2_TABLE_BY_DEFAULT = False
+
+
+def h2_applies(st: AffineState) -> bool:
+    """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
+    codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""
     tile_k = (32 // st.bits) * R
-    return (torch.device(device).type == "cuda" and st.dtype == torch.float16 and st.mode == 0
-            and st.group_size % tile_k == 0)
+    if st.dtype != torch.float16:
+        return False
+    if st.mode == AFFINE:
+        return st.group_size % tile_k == 0
+    return st.mode == LUT and st.lut_bytes is not None and st.bits == 4 and st.group_size % (tile_k // 2) == 0
+
+
+def use_h2(st: AffineState, device: torch.device) -> bool:
+    """Whether gemv() takes the packed-half loop by default: where it applies, on a CUDA device (the
+    interpreter cannot run PTX)."""
+    return (torch.device(device).type == "cuda" and h2_applies(st)
+            and (st.mode == AFFINE or H2_TABLE_BY_DEFAULT))
 
 
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
@@ -329,7 +403,9 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     bn, rs, warps, waves, min_tiles = config or next(c for top, c in table if st.n * st.k <= top)
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
-    assert not h2 or use_h2(st, "cuda"), "the packed-half loop needs fp16, affine codes, one scale per K tile"
+    assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
+        "or 4-bit table codes with a scale per half tile"
+    table_h2 = h2 and st.mode == LUT
     assert not glu or st.n % 2 == 0
     column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
     splits, per = split_k(m * column_blocks, st.num_tiles, num_sms(x2.device), waves, min_tiles)
@@ -338,10 +414,10 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, column_blocks, splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y, ws, locks,
-        st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
+        st.lut_bytes if table_h2 else st.lut if st.lut is not None else st.sz, bias if bias is not None else x2,
+        y, ws, locks, st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        TILE_SCALE=st.group_size % tile_k == 0, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
+        TILE_SCALE=st.group_size % tile_k == 0 and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
         H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, num_warps=warps, **pdl_launch(x2.device))
     return y
