@@ -280,7 +280,7 @@ class LLM:
                 seq.cumulative_logprob += chosen
                 seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t]) if self.tokenizer else None)
                                      for t, (lp, rank) in top.items()})
-            seq.append(token, self.tokenizer, self.eos_ids, seq.max_len)
+            seq.append(token, self.tokenizer, self.eos_ids)
             while not req.forked and len(req.seqs) < req.params.n:
                 self.scheduler.fork(seq, self._new_seq(req, len(req.seqs), queue=False))
             req.forked = True

@@ -47,7 +47,7 @@ class Sequence:
         return ((p.max_tokens is not None and len(self.output_ids) + pending >= p.max_tokens)
                 or (self.max_len is not None and self.num_tokens + pending >= self.max_len))
 
-    def append(self, token: int, tokenizer, eos_ids: list[int], max_len: int) -> None:
+    def append(self, token: int, tokenizer, eos_ids: list[int]) -> None:
         """Add a sampled token and decide whether the sample is finished. The text is re-decoded
         every token only when stop strings need it, else once at the end (or by `decode_text`)."""
         p = self.params
@@ -67,7 +67,7 @@ class Sequence:
                 self.finish_reason, self.stop_reason = "stop", stop
                 self.text = self.text[: at + len(stop)] if p.include_stop_str_in_output else self.text[:at]
                 return
-        if (p.max_tokens is not None and len(self.output_ids) >= p.max_tokens) or self.num_tokens >= max_len:
+        if self.ends_by_length():
             self.finish_reason = "length"
             self.decode_text(tokenizer)
 

@@ -137,18 +137,21 @@ def _pair(a, b):
 
 
 @triton.jit
+def _load_x4(x_row, perm_ptr, k0, K, R: tl.constexpr, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activations of a word's 4 consecutive codes (input columns k0, k0 + R, k0 + 2R, k0 + 3R)."""
+    return (_load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K),
+            _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K),
+            _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K),
+            _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K))
+
+
+@triton.jit
 def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
                   EVEN_K: tl.constexpr):
     """sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N] (fp32), and sum_i x."""
-    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
-    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
-    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
-    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K)
+    x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
     if BITS == 4:
-        x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K)
-        x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K)
-        x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K)
-        x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K)
+        x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
         d = tl.inline_asm_elementwise(
             _H2_DOT_INT4, "=f,r,r,r,r,r",
             [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]],
@@ -167,14 +170,8 @@ def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr
 def _h2_lut_word_dots(p, x_row, perm_ptr, k0, K, s_lo, s_hi, lut_ptr, R: tl.constexpr, HAS_PERM: tl.constexpr,
                       EVEN_K: tl.constexpr):
     """sum_i x[k0 + i*R] * table[code_i] * (s_lo for i < 4, else s_hi) over the 4-bit codes of words p."""
-    x0 = _load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
-    x1 = _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
-    x2 = _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
-    x3 = _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K)
-    x4 = _load_x(x_row, perm_ptr, k0 + 4 * R, K, HAS_PERM, EVEN_K)
-    x5 = _load_x(x_row, perm_ptr, k0 + 5 * R, K, HAS_PERM, EVEN_K)
-    x6 = _load_x(x_row, perm_ptr, k0 + 6 * R, K, HAS_PERM, EVEN_K)
-    x7 = _load_x(x_row, perm_ptr, k0 + 7 * R, K, HAS_PERM, EVEN_K)
+    x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
+    x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
     return tl.inline_asm_elementwise(
         _H2_DOT_LUT, "=f,r,r,r,r,r,f,f,r,r,r,r,r,r,r,r",
         [p, _pair(x0, x1)[:, None], _pair(x2, x3)[:, None], _pair(x4, x5)[:, None], _pair(x6, x7)[:, None],
@@ -243,14 +240,15 @@ def _affine_gemv_kernel(
         kt = t * TILE_K
         part = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
         xsum = tl.zeros((RS,), dtype=tl.float32)
+        if H2 and MODE == 1:                     # table codes: each half of a word one scale group
+            s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+            s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
         for a in tl.static_range(R // RS):
             rows = t * R + a * RS + offs_r
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
                         eviction_policy="evict_first")
             pdl_wait(PDL)                        # (returns at once after the first time)
-            if H2 and MODE == 1:                 # table codes: each half of a word one scale group
-                s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-                s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+            if H2 and MODE == 1:
                 acc += _h2_lut_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, s_lo.to(tl.float32),
                                          s_hi.to(tl.float32), lut_ptr, R, HAS_PERM, EVEN_K)
             elif H2:

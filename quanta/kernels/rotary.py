@@ -130,8 +130,8 @@ def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp
                            hq, hk, d // 2, q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0),
                            qo.stride(1), ko.stride(0), ko.stride(1), v.stride(0), v.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-                           BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None, **fp8_write_constexprs(fmt),
-                           num_warps=4, **pdl_launch(q.device))
+                           BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None,
+                           **fp8_write_constexprs(fmt), num_warps=4, **pdl_launch(q.device))
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor):
