@@ -5,11 +5,12 @@
     slot       [T] int64                          block_id * block_size + offset; < 0 skips the token
     scale      [Hk] float32                       fp8 only: stored code = fp8(x / scale)
 
-The Triton kernels convert by bit operations only (no fp8 dtypes), so they run on sm75/sm80 where
-Triton lacks `fp8e4nv`: fp32 -> fp8 rounds to nearest even through the fp32 bit pattern (normals) and
-a magic-number add (subnormals); fp8 -> fp16 is a shift of the code into the fp16 bit pattern times
-2^(15 - bias). The torch path (CPU, oracle) uses torch's own float8 casts; tests check the two agree
-bit for bit.
+Writing converts by bit operations only (no fp8 dtypes), so it runs on sm75/sm80 where Triton lacks
+`fp8e4nv`: fp32 -> fp8 rounds to nearest even through the fp32 bit pattern (normals) and a magic-number
+add (subnormals). Reading (the attention kernels) uses the conversion instruction on sm89+, and below it
+shifts the code into the fp16 bit pattern, the factor 2^(15 - bias) applied once per score / output
+(fp8_read_constexprs). The torch path (CPU, oracle) uses torch's own float8 casts; tests check the kernels
+agree with it bit for bit.
 """
 from __future__ import annotations
 
