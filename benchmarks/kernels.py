@@ -147,9 +147,6 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
                                       nf4.nbytes), nf4.nbytes + act, fl)
         if st_fp8 is not None:
             row(rec, "fp8_w8a8", bench(fp8_gemm.apply, xb, st_fp8, n * k), n * k + 4 * n + act, fl)
-        if m <= 2:                                   # NF4 through the packed-half table lookup (off by default)
-            row(rec, "nf4_h2", bench(lambda x, st: gemv(x, st, h2=True), xs, st_nf4, nf4.nbytes),
-                nf4.nbytes + act, fl)
         if sweep:                                   # the other paths and configs, to place the thresholds
             for path in ("gemv", "gemm", "cublas"):
                 if path != rec["w4_path"] and (path != "gemv" or m <= 16):

@@ -36,10 +36,13 @@ def test_codebook_paths(n, k, blocksize, qt, dq, path, m, dtype):
     assert rel_err(affine_gemm.matmul(x, st, path=path), ref) < TOL[dtype]
 
 
-def test_plan_takes_cublas_from_two_rows():
-    """Table codes gather per code in the fused kernels; from M = 2 dequantize + cuBLAS is faster (H100)."""
+def test_plan_takes_cublas_above_the_gemv():
+    """Table codes: the GEMV up to M = 2 where its byte-permute lookup runs (fp16), else up to M = 1; above,
+    dequantize + cuBLAS (faster than the fused kernels' per-code gather on the H100)."""
     st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16)
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 128, 1024)] == ["gemv"] + ["cublas"] * 4
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 3, 16, 128, 1024)] == ["gemv"] * 2 + ["cublas"] * 4
+    st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.bfloat16)
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16)] == ["gemv", "cublas", "cublas"]
 
 
 def test_blocks_across_rows_fall_back():

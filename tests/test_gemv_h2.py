@@ -79,13 +79,18 @@ def test_ptx_emulator_against_numpy():
     assert np.array_equal(total.view(np.float32), h[0].astype(np.float32) + h[1].astype(np.float32))
 
 
-def test_h2_with_the_glu_epilogue(monkeypatch):
-    """The packed-half loop with silu(gate) * up made in the epilogue equals it followed by the activation
-    kernel (split-K, two column blocks, the second partial)."""
-    from quanta.kernels import activation
+@pytest.mark.parametrize("kind", ["int4", "nf4"])
+def test_h2_with_the_glu_epilogue(kind, monkeypatch):
+    """The packed-half loop (affine, or the NF4 table lookup the engine's gate_up takes by default) with
+    silu(gate) * up made in the epilogue equals it followed by the activation kernel (split-K, two column
+    blocks, the second partial)."""
+    from quanta.kernels import activation, codebook_gemm
+    from test_codebook_gemm import make_codebook
     ptx_emulator.install(monkeypatch)
-    w = make_affine(160, 384, 4, 128, "sym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    if kind == "int4":
+        st = affine_gemm.prepare(make_affine(160, 384, 4, 128, "sym"), DEVICE, torch.float16)
+    else:
+        st = codebook_gemm.prepare(make_codebook(160, 384, 64, "nf4", True), DEVICE, torch.float16)
     x = torch.randn(2, 384).half()
     fused = affine_gemv.gemv(x, st, h2=True, glu=True)
     assert torch.equal(fused, activation.silu_and_mul(affine_gemv.gemv(x, st, h2=True)))

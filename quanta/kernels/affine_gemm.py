@@ -213,9 +213,10 @@ GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64,
 
 def plan(m: int, st: AffineState) -> tuple[str, str]:
     """Which path runs M rows of this weight, and why."""
-    if st.mode == LUT and m > 1:
-        return "cublas", (f"M={m} > 1, table codes: the fused kernels gather the table per code, and "
-                          f"dequantize to {st.dtype} + cuBLAS is faster from M=2 (H100, 8B/70B shapes)")
+    if st.mode == LUT and m > (GEMV_MAX_M if affine_gemv.use_h2(st, "cuda") else 1):
+        return "cublas", (f"M={m}, table codes: the fused kernels gather the table per code (the GEMV's "
+                          f"byte-permute lookup needs fp16 and M <= {GEMV_MAX_M}); dequantize to {st.dtype} + "
+                          "cuBLAS is faster (H100, 8B/70B shapes)")
     if m <= GEMV_MAX_M:
         return "gemv", (f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV without tensor cores "
                         "(packed-half FMAs for fp16, else fp32)")
