@@ -106,11 +106,13 @@ GEMV_SWEEP = ((256, 4, 2, 8.0, 2), (128, 8, 2, 16.0, 1), (128, 16, 2, 16.0, 1), 
               (64, 8, 2, 16.0, 1))   # (BLOCK_N, RS, num_warps, waves, min_tiles); profile_gemv.py sweeps more
 GEMM_SWEEP = {16: ((16, 64, 4, 3, 4.0), (16, 128, 4, 3, 2.0), (16, 64, 4, 4, 8.0), (16, 128, 8, 4, 4.0)),
               256: ((64, 128, 4, 3, 1.0), (128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0),
-                    (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0)),
+                    (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0), (128, 128, 4, 2, 1.0), (128, 64, 4, 2, 1.0)),
               1024: ((128, 128, 8, 3, 1.0), (128, 256, 8, 3, 1.0), (64, 256, 4, 3, 1.0), (128, 128, 4, 4, 1.0),
-                     (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0))}
-# BLOCK_M = 256 (untimed so far; 176 / 225 KB of shared memory on sm90): each weight tile decoded once for
-# 256 rows instead of twice, which helps if the fused GEMM at M >= 256 is bound by the decoding
+                     (256, 128, 8, 2, 1.0), (256, 64, 8, 3, 1.0), (128, 128, 4, 2, 1.0), (128, 64, 4, 2, 1.0))}
+# BLOCK_M = 256 (176 / 225 KB of shared memory on sm90): each weight tile decoded once for 256 rows instead
+# of twice; 128 x 128 and 128 x 64 with 4 warps and 2 stages fit two programs per SM (110 / 88 KB, <= 255
+# registers), so that one program's decoding can overlap the other's wgmma, which Triton serializes within
+# a program (the decoded tile's shared-memory buffer is waited on every K step)
 
 
 def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sweep: bool) -> None:
