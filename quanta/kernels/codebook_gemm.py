@@ -3,9 +3,11 @@
 When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
 are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. `prepare()` packs the codes exactly as
 affine_gemm does, stores absmax (double quantization undone once, in the compute dtype) as the group
-scales, and the kernels run in MODE=LUT: one 16-entry table gather per code (served from L1) in place
-of the magic-number conversion. Paths by M (affine_gemm.plan()): the GEMV at M = 1, dequantize + cuBLAS
-from M = 2, where the gathers made the fused GEMM 2-11x slower than bitsandbytes (H100, 2026-11-23).
+scales, and the kernels run in MODE=LUT: with fp16 the GEMV looks 4-bit codes up by byte permutes in
+packed halves (affine_gemv's H2 table loop), otherwise one 16-entry table gather per code (served from L1)
+in place of the magic-number conversion. Paths by M (affine_gemm.plan()): the GEMV at M = 1 (M <= 2 where
+the byte-permute lookup runs), dequantize + cuBLAS above, where the gathers made the fused GEMM 2-11x slower
+than bitsandbytes (H100, 2026-11-23).
 """
 from __future__ import annotations
 
