@@ -366,7 +366,7 @@ def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
 
 
-# The table (NF4 / FP4) packed-half loop: 2.5-3.8x the fp32 gather loop's speed on the H100 at M = 1 and 2,
+# The table (NF4 / FP4) packed-half loop: 2.5-3.8x the fp32 gather loop's speed on the H100 at M = 1,
 # level with bitsandbytes on 8B shapes and faster on 70B (benchmarks/RESULTS.md, 2026-11-23 night)
 H2_TABLE_BY_DEFAULT = True
 
