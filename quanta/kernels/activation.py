@@ -15,6 +15,13 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def silu_mul(g, u, DT: tl.constexpr):
+    """silu(g) * u in dtype DT from float32 g, u holding DT values: silu in fp32 rounded to DT (as F.silu
+    returns it), the product rounded once (the rounding of every fused SwiGLU, e.g. affine_gemv's epilogue)."""
+    return ((g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32) * u).to(DT)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     # pointers
     x_ptr, y_ptr,
@@ -32,9 +39,7 @@ def _silu_and_mul_kernel(
     # --- load both halves
     g = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0)
-    # --- silu(g) rounded to the dtype (as F.silu returns it), times up
-    s = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, (s * u.to(tl.float32)).to(u.dtype), mask=mask)
+    tl.store(y_ptr + row * stride_y + offs, silu_mul(g, u.to(tl.float32), u.dtype), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

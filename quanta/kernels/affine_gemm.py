@@ -213,7 +213,7 @@ GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64,
 
 def plan(m: int, st: AffineState) -> tuple[str, str]:
     """Which path runs M rows of this weight, and why."""
-    if st.mode == LUT and m > (GEMV_MAX_M if affine_gemv.use_h2(st, "cuda") else 1):
+    if st.mode == LUT and m > (GEMV_MAX_M if affine_gemv.h2_applies(st) else 1):
         return "cublas", (f"M={m}, table codes: the fused kernels gather the table per code (the GEMV's "
                           f"byte-permute lookup needs fp16 and M <= {GEMV_MAX_M}); dequantize to {st.dtype} + "
                           "cuBLAS is faster (H100, 8B/70B shapes)")

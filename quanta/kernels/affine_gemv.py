@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.kernels.activation import silu_mul
 from quanta.kernels.affine_gemm import AFFINE, GEMV_MAX_M, LUT, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
@@ -328,14 +329,12 @@ def _affine_gemv_kernel(
 @triton.jit
 def _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
     """Store a program's float32 results in y's dtype; GLU: silu(gate half) * (up half), rounded as the
-    unfused path rounds (both halves to the dtype, silu in float32 rounded to the dtype, the product once)."""
+    unfused path rounds (both halves to the dtype, then activation.silu_mul)."""
     DT: tl.constexpr = y_row.dtype.element_ty
     if GLU:
         HB: tl.constexpr = BLOCK_N // 2
         gate, up = tl.split(tl.permute(tl.reshape(y, (2, HB)), (1, 0)))
-        g = gate.to(DT).to(tl.float32)
-        u = up.to(DT).to(tl.float32)
-        out = ((g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32) * u).to(DT)
+        out = silu_mul(gate.to(DT).to(tl.float32), up.to(DT).to(tl.float32), DT)
         col = pid_n * HB + tl.arange(0, HB)
         tl.store(y_row + col, out, mask=col < N // 2)
     else:
@@ -366,11 +365,6 @@ def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
 
 
-# The table (NF4 / FP4) packed-half loop: 2.5-3.8x the fp32 gather loop's speed on the H100 at M = 1,
-# level with bitsandbytes on 8B shapes and faster on 70B (benchmarks/RESULTS.md, 2026-11-23 night)
-H2_TABLE_BY_DEFAULT = True
-
-
 def h2_applies(st: AffineState) -> bool:
     """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
     codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""
@@ -384,9 +378,9 @@ def h2_applies(st: AffineState) -> bool:
 
 def use_h2(st: AffineState, device: torch.device) -> bool:
     """Whether gemv() takes the packed-half loop by default: where it applies, on a CUDA device (the
-    interpreter cannot run PTX)."""
-    return (torch.device(device).type == "cuda" and h2_applies(st)
-            and (st.mode == AFFINE or H2_TABLE_BY_DEFAULT))
+    interpreter cannot run PTX). For table codes it is 2.5-3.8x the fp32 gather loop on the H100 at M = 1
+    (benchmarks/RESULTS.md, 2026-11-23 night)."""
+    return torch.device(device).type == "cuda" and h2_applies(st)
 
 
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,

@@ -20,7 +20,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from quanta.kernels.paged_kv import Fp8Format, dequantize, fp8_bits_to_f16_pattern, fp8_read_constexprs
+from quanta.kernels.paged_kv import (
+    Fp8Format,
+    dequantize,
+    fp8_bits_to_f16_pattern,
+    fp8_read_constexprs,
+    head_scale,
+)
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
@@ -79,10 +85,7 @@ def _load_tile(cache_ptr, block_table_ptr, offs_n, n_mask, d, d_mask, stride_blo
 @triton.jit
 def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr):
     """What _load_tile's values are multiplied by to be the cached K or V: scale * FP8_UP_MUL; 1 unquantized."""
-    factor = 1.0
-    if FP8 != 0:
-        factor = tl.load(scale_ptr + kv_head) * FP8_UP_MUL
-    return factor
+    return head_scale(scale_ptr, kv_head, True, FP8) * FP8_UP_MUL
 
 
 # Arguments that change from one eager step to the next are not specialized on, or Triton compiles a variant

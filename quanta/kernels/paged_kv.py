@@ -120,6 +120,15 @@ def fp8_bits_to_f16_pattern(code, FP8_UP_SHIFT: tl.constexpr):
 
 
 @triton.jit
+def head_scale(scale_ptr, head, mask, FP8: tl.constexpr):
+    """The fp8 scale of kv head(s) `head` (where `mask`), or 1 for a cache in the model dtype (FP8 = 0)."""
+    scale = 1.0
+    if FP8 != 0:
+        scale = tl.load(scale_ptr + head, mask=mask, other=1.0)
+    return scale
+
+
+@triton.jit
 def to_cache_codes(x, scale, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
                    FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
                    FP8_MAGIC_BITS: tl.constexpr):
@@ -155,13 +164,10 @@ def _store_kernel(
     # --- load, (quantize), store
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-    k_scale = 1.0
-    v_scale = 1.0
-    if FP8 != 0:
-        k_scale = tl.load(k_scale_ptr + h)
-        v_scale = tl.load(v_scale_ptr + h)
-    k = to_cache_codes(k, k_scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-    v = to_cache_codes(v, v_scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    k = to_cache_codes(k, head_scale(k_scale_ptr, h, True, FP8), FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS,
+                       FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    v = to_cache_codes(v, head_scale(v_scale_ptr, h, True, FP8), FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS,
+                       FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

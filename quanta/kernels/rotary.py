@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.paged_kv import Fp8Format, fp8_write_constexprs, to_cache_codes
+from quanta.kernels.paged_kv import Fp8Format, fp8_write_constexprs, head_scale, to_cache_codes
 from quanta.kernels.triton_support import (
     pdl_launch,
     pdl_launch_dependents,
@@ -68,9 +68,7 @@ def _to_cache(cache_ptr, scale_ptr, slot, lo, hi, offs_h, offs_d, mask, H, HALF_
               FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
     """Write one token's heads (lo, hi halves) at `slot` of a contiguous [slots, H, D] cache, as
     paged_kv.store writes them (fp8: divided by the head's scale, converted by bit operations)."""
-    scale = 1.0
-    if FP8 != 0:
-        scale = tl.load(scale_ptr + offs_h, mask=offs_h < H, other=1.0)
+    scale = head_scale(scale_ptr, offs_h, offs_h < H, FP8)
     lo = to_cache_codes(lo, scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     hi = to_cache_codes(hi, scale, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     _store_halves(cache_ptr, slot * (H * 2 * HALF_D) + offs_h * (2 * HALF_D) + offs_d, lo, hi, HALF_D,
