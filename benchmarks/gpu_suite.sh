@@ -13,6 +13,6 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_codebook_gemm.py tests/test_rotary.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_affine_mma.py tests/test_codebook_gemm.py tests/test_rotary.py \
   tests/test_fp8_gemm.py tests/test_fused_norm.py} 2>&1 | tee "$OUT/pytest.log" | tail -n 25
 python3 benchmarks/kernels.py --out "$OUT/kernels.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'

@@ -115,11 +115,27 @@ def install(monkeypatch) -> None:
             return self.results[i]
 
     def create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
-        assert pack == 1 and len(types) == 1, "the emulator runs one element per instance, one output"
-        out = run(asm, [v.data for v in values])
+        assert pack in (1, 2) and len(types) == 1, "the emulator runs one or two elements per instance, one output"
         ty = types[0]
         scalar = getattr(ty, "element_ty", ty)
-        return _Call([interpreter.TensorHandle(out.view(np.float32) if scalar.is_fp32() else out.view(np.int32),
-                                               scalar)])
+        if pack == 1:
+            out = run(asm, [v.data for v in values])
+            return _Call([interpreter.TensorHandle(out.view(np.float32) if scalar.is_fp32() else out.view(np.int32),
+                                                   scalar)])
+        # pack 2: the pairs are neighbours along the last dimension (the kernels put that dimension in
+        # consecutive registers); a 32-bit input is two operands, a 16-bit one a single packed operand
+        shape = np.broadcast_shapes(*(v.data.shape for v in values))
+        operands = []
+        for v in values:
+            a = np.broadcast_to(v.data, shape)
+            lo, hi = a[..., 0::2], a[..., 1::2]
+            if a.dtype.itemsize == 4:
+                operands += [lo.view(np.uint32), hi.view(np.uint32)]
+            else:
+                operands.append(lo.view(np.uint16).astype(np.uint32) | (hi.view(np.uint16).astype(np.uint32) << 16))
+        out = run(asm, operands)
+        assert scalar.is_fp16(), "pack 2 emulates fp16 outputs"
+        halves = np.stack([out & 0xFFFF, out >> 16], axis=-1).reshape(shape).astype(np.uint16)
+        return _Call([interpreter.TensorHandle(halves.view(np.float16), scalar)])
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_inline_asm", create_inline_asm)

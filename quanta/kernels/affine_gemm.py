@@ -10,9 +10,9 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
-Three paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor
-cores, M <= 2), this file's split-K `tl.dot` kernel (M up to ~128), and above that either the same
-kernel as a plain tiled GEMM or dequantize-to-fp16 + cuBLAS.
+Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores,
+M <= 2), on sm90 the register-operand MMA kernel in affine_mma.py (affine codes, M <= 64), this file's
+split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
 
@@ -220,6 +220,9 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
     if m <= GEMV_MAX_M:
         return "gemv", (f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV without tensor cores "
                         "(packed-half FMAs for fp16, else fp32)")
+    if m <= affine_mma.MMA_MAX_M and affine_mma.applies(st):
+        return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
+                       "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"
@@ -277,6 +280,8 @@ def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     path = path or plan(x2.shape[0], st)[0]
     if path == "gemv":
         y = affine_gemv.gemv(x2, st, bias)
+    elif path == "mma":
+        y = affine_mma.matmul(x2, st, bias)
     elif path == "cublas":
         y = cublas(x2, st, bias)
     else:
@@ -384,4 +389,4 @@ def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = N
     return y.reshape(*x.shape[:-1], state.n // 2)
 
 
-from quanta.kernels import affine_gemv  # noqa: E402  (imports this module's names: kept last)
+from quanta.kernels import affine_gemv, affine_mma  # noqa: E402  (import this module's names: kept last)

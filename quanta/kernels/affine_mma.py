@@ -1,0 +1,225 @@
+"""Small-M tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
+
+For M = 3..128 rows (a batch of decode steps, a short prefill) the split-K `tl.dot` kernel in affine_gemm.py
+is bound by its decoded weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync
+read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
+the weight is operand A, which both read from registers, and the activations are operand B, which the
+pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little.
+
+No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
+k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 (or m16n8k16) MMA gives lane (g, q) = (lane // 4,
+lane % 4) of warp w the rows 16w + g, 16w + g + 8 and the columns 2q, 2q+1, 2q+8, 2q+9 of every 16: that is,
+the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every 16-column slice of
+the tile. `fragment_words` hands exactly those words to those lanes: its pointer tensor has the dims
+[r1, r2, n0, n1, n2, n4, n5, r0, n3, r3] (bits of r and of the row n within the 64 rows), and the row term is
+multiplied by a runtime stride of 1, so that Triton, knowing no contiguity, gives the first five dims to lanes,
+the next two to warps and the rest to registers: the fragment's thread map. After a permute and a reshape the
+decoded tile is already in the operand's layout and no shared-memory conversion is emitted (sm90 TTGIR; the
+compile_check case `affine_mma_w4` guards that it still compiles).
+
+fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
+(columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
+`fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
+by 16), and one more applies the scale (and zbias). Other modes (bf16, table codes, fp8) decode per element
+through affine_gemm.decode.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
+from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton
+
+BLOCK_N = 64                # weight rows per program: the M of one warpgroup's MMA (4 warps)
+MMA_MAX_M = 64              # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
+                            # Llama shapes at M = 4, 16, 64; M = 128 not measured with this kernel)
+
+# PTX of one H2 pair: $1 $2 words of columns 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8
+# the exact fma's factor and addend (fp16 pairs); $9 the scale pair; $10 the zbias pair (HAS_ZB)
+_H2_SYM = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5, 0x64006400, 0xea; "
+           "fma.rn.f16x2 t, t, $7, $8; mul.rn.f16x2 $0, t, $9; }")
+_H2_ZB = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5, 0x64006400, 0xea; "
+          "fma.rn.f16x2 t, t, $7, $8; fma.rn.f16x2 $0, t, $9, $10; }")
+
+
+@triton.jit
+def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
+              R: tl.constexpr):
+    """fp16 weights [64, R] of code i of words p [64, R] (column i * R + r), two columns per instruction."""
+    BYTE: tl.constexpr = i // 2 if BITS == 4 else i
+    SEL: tl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
+    HIGH: tl.constexpr = BITS == 4 and i % 2 == 1
+    MASK: tl.constexpr = 0x00F000F0 if HIGH else (0x000F000F if BITS == 4 else 0x00FF00FF)
+    FACTOR: tl.constexpr = 0.0625 if HIGH else 1.0                    # a high nibble comes out 16x
+    Z: tl.constexpr = 0 if HAS_ZB else ZERO
+    ADDEND: tl.constexpr = -(64.0 + Z) if HIGH else -(1024.0 + Z)
+    pairs = tl.reshape(p, (64, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
+    shape: tl.constexpr = (64, R // 2, 2)
+    args = [pairs, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
+            tl.full(shape, FACTOR, tl.float16), tl.full(shape, ADDEND, tl.float16),
+            tl.broadcast_to(s[:, None, None], shape)]
+    if HAS_ZB:
+        w = tl.inline_asm_elementwise(_H2_ZB, "=r,r,r,r,r,r,r,r,r,r,r",
+                                      args + [tl.broadcast_to(zb[:, None, None], shape)],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        w = tl.inline_asm_elementwise(_H2_SYM, "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=True,
+                                      pack=2)
+    return tl.reshape(w, (64, R))
+
+
+@triton.jit
+def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr,
+           ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr,
+           H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """Weights [64, R] in DT of code i of words p: columns kt + i * R + r."""
+    if not TILE_SCALE:                                              # groups narrower than the tile
+        s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+    if H2:
+        w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R)
+    else:
+        w = decode((p >> (BITS * i)) & ((1 << BITS) - 1), s[:, None], zb[:, None], lut_ptr, ZERO, HAS_ZB, MODE,
+                   DT == tl.float16, DT)
+    return w
+
+
+@triton.jit
+def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
+                  HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
+                  R: tl.constexpr, DT: tl.constexpr):
+    """The weight tile [64, PACK * R] of words p (column i * R + r from code i of word r), in operand A's layout
+    when p is in the accumulator's: the codes' joins become register dims, which is where the operand holds
+    its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each)."""
+    w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                R, DT)
+    w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                R, DT)
+    w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                R, DT)
+    w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                R, DT)
+    if BITS == 8:
+        j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [64, R, i0, i1]
+        tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (64, 4 * R))   # [64, i1 i0 r]
+    else:
+        w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                    H2, R, DT)
+        w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                    H2, R, DT)
+        w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                    H2, R, DT)
+        w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                    H2, R, DT)
+        j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
+        tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (64, 8 * R))   # [64, i2 i1 i0 r]
+    return tile
+
+
+@triton.jit
+def _affine_mma_kernel(
+    # pointers
+    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
+    # sizes
+    M, N, K, GS, tiles_per_split, num_tiles,
+    # strides (x and y are row-major)
+    stride_xm, stride_ym,
+    # meta
+    BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    TILE_SCALE: tl.constexpr, H2: tl.constexpr,
+):
+    """y[M, N] (+)= (W[64 rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ; program (64 weight rows, split of K tiles, M block)."""
+    PACK: tl.constexpr = 32 // BITS
+    TILE_K: tl.constexpr = PACK * R
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    # --- which rows, which K range
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n0 = pid_n * 64
+    offs_n = n0 + tl.arange(0, 64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
+    offs_r = tl.arange(0, R)
+    offs_kk = tl.arange(0, TILE_K)
+    acc = tl.zeros((64, BLOCK_M), dtype=tl.float32)
+    # zeros in the MMA accumulator layout: OR-ing them into the words puts the words in that layout (read from
+    # shared memory by the pipeliner), whose thread map is operand A's, so the decoded codes become the operand
+    # without another conversion (Triton's accumulator-to-operand shortcut, as in attention's P @ V)
+    acc_layout = tl.dot(tl.zeros((64, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
+    s, zb = load_scales(sz_ptr, (t_begin * TILE_K) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+    # --- main loop: one tile of TILE_K columns per step; a tile-wide scale row is loaded one step ahead
+    for t in range(t_begin, t_end):
+        kt = t * TILE_K
+        if TILE_SCALE:
+            s_next, zb_next = load_scales(sz_ptr, (tl.minimum(t + 1, t_end - 1) * TILE_K) // GS, offs_n, mask_n, N,
+                                          ZERO, HAS_ZB, DT)
+        p = tl.load(w_ptr + (t * R + offs_r)[None, :] * N + offs_n[:, None], mask=mask_n[:, None], other=0)
+        p = p | acc_layout                                              # [64 rows, R word rows]
+        w = _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+                          TILE_SCALE, H2, R, DT)
+        k = kt + offs_kk
+        kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :], mask=mask_m[:, None] & (k < K)[None, :],
+                    other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
+        if TILE_SCALE:
+            s = s_next
+            zb = zb_next
+    # --- epilogue: bias once (first split), then store or accumulate the transposed partial sum
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+    mask = mask_n[:, None] & mask_m[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+
+
+# --- the launcher: check -> allocate -> launch ------------------------------------------------------
+
+# M bucket -> (BLOCK_M, num_stages, waves of programs per SM, least K tiles per split); H100 sweep
+# (benchmarks/mma_sweep.py, results/mma-sweep-h100-2026-11-23.json): waves 4 best at M = 16 on 7 of 8 shapes
+MMA_CONFIGS = ((16, (16, 3, 4.0, 4)), (32, (32, 3, 4.0, 4)), (64, (64, 3, 4.0, 4)), (128, (128, 3, 2.0, 4)),
+               (256, (256, 2, 1.0, 4)))
+
+
+def applies(st: AffineState) -> bool:
+    """Whether plan() gives this path the weight: affine codes on sm90, where it was measured. Table codes
+    gather per element and stay on cuBLAS (2x slower here); fp8 weight-only was not measured."""
+    dev = st.packed.device
+    return st.mode == AFFINE and dev.type == "cuda" and capability(dev) >= (9, 0)
+
+
+def h2_applies(st: AffineState) -> bool:
+    """Whether codes decode two at a time in PTX (fp16 affine)."""
+    return st.mode == AFFINE and st.dtype == torch.float16
+
+
+def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
+           config: tuple | None = None, h2: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config` and `h2`
+    (decode in PTX, default where h2_applies) are forced by tests and benchmarks."""
+    m = x2.shape[0]
+    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
+    bm, stages, waves, min_tiles = config or next(c for top, c in MMA_CONFIGS if m <= top)
+    n_blocks, m_blocks = cdiv(st.n, BLOCK_N), cdiv(m, bm)
+    splits, per = split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    assert not h2 or h2_applies(st)
+    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
+    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
+         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
+    tile_k = (32 // st.bits) * R
+    _affine_mma_kernel[(n_blocks, splits, m_blocks)](
+        x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
+        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+        m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
+        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
+        HAS_BIAS=bias is not None, SPLIT_K=splits, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
+        H2=h2_applies(st) if h2 is None else h2, num_warps=4, num_stages=stages)
+    return y if y.dtype == st.dtype else y.to(st.dtype)

@@ -1,0 +1,101 @@
+"""The register-operand MMA kernel (affine_mma.py) against the weights' own dequantize(): every mode (affine
+int4/int8 with symmetric, integer and float zeros, act-order, narrow groups, bias; NF4/FP4 tables; fp8), the
+fp16 pair decoding in PTX (run by tests/ptx_emulator.py on the CPU) and the per-element decoding."""
+import pytest
+import torch
+
+from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+import ptx_emulator
+from quanta.kernels import affine_gemm, affine_mma, codebook_gemm, fp8_gemm
+from test_affine_gemm import CASES, LLAMA, make_affine
+from test_codebook_gemm import make_codebook
+from test_fp8_gemm import make_fp8
+
+
+def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, w.shape[1], generator=g).to(DEVICE, dtype)
+    b = (torch.randn(w.shape[0], generator=g) * 0.1).to(DEVICE, dtype) if bias else None
+    y = affine_mma.matmul(x, st, b, config=config, h2=h2)
+    ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
+    assert y.shape == (m, w.shape[0]) and y.dtype == dtype
+    assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
+    return y
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("m,config", [(3, (16, 3, 1.0, 1)), (40, (32, 2, 64.0, 1))],
+                         ids=["m3-one-split", "m40-two-m-blocks-split-k"])
+@pytest.mark.parametrize("h2", [True, False], ids=["pairs-in-ptx", "per-element"])
+def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(*case)
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    check(w, st, m, torch.float16, h2=h2, bias=m == 3, config=config)
+
+
+def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
+    """Symmetric codes: both decode (q - zero) exactly and round its product with the scale once, so the
+    weights agree to the last bit and so do the outputs (same MMA order). (With zbias the per-element path
+    rounds twice in the interpreter, once in the GPU's fused multiply-add.)"""
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(96, 512, 4, 128, "sym")
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1))
+    single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1))
+    assert torch.equal(pairs, single)
+
+
+@pytest.mark.parametrize("qt,blocksize,dq", [("nf4", 64, True), ("fp4", 32, False)])
+def test_table_codes(qt, blocksize, dq):
+    w = make_codebook(72, 256, blocksize, qt, dq)
+    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on sm89+ fp8_gemm.prepare makes a W8A8 state")
+@pytest.mark.parametrize("fmt,strategy", [("e4m3", "channel"), ("e5m2", "block")])
+def test_fp8_weight_only(fmt, strategy):
+    w = make_fp8(130, 300, fmt, strategy)
+    check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1))
+
+
+@pytest.mark.skipif(interpreter_bf16_dot(), reason="interpreter bf16 tl.dot is wrong; covered by the GPU run")
+def test_bf16_decodes_per_element():
+    w = make_affine(64, 256, 4, 128, "asym")
+    st = affine_gemm.prepare(w, DEVICE, torch.bfloat16)
+    assert not affine_mma.h2_applies(st)
+    check(w, st, 7, torch.bfloat16)
+
+
+def test_pairs_refuse_what_they_cannot_decode():
+    st = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
+    with pytest.raises(AssertionError):
+        affine_mma.matmul(torch.randn(3, 256).to(DEVICE, torch.bfloat16), st, h2=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [3, 16, 64, 128])
+@pytest.mark.parametrize("bits,group,zero", [(4, 128, "sym"), (4, 128, "asym"), (8, -1, "sym"), (4, 32, "fmin")])
+def test_gpu_llama_shapes(n, k, m, bits, group, zero):
+    w = make_affine(n, k, bits, group, zero, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=m == 16)
+
+
+@pytest.mark.gpu
+def test_gpu_plan_takes_this_path_for_affine_codes_only():
+    st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
+    expect = "mma" if torch.cuda.get_device_capability() >= (9, 0) else "gemm"
+    assert [affine_gemm.plan(m, st)[0] for m in (2, 3, 64, 65)] == ["gemv", expect, expect, "gemm"]
+    nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
+    assert affine_gemm.plan(16, nf4)[0] == "cublas"
+
+
+@pytest.mark.gpu
+def test_gpu_act_order_and_tables():
+    w = make_affine(4096, 4096, 4, 128, "asym", act_order=True, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, affine_gemm.prepare(w, "cuda", dtype), 24, dtype)
+    nf4 = make_codebook(4096, 4096, 64, "nf4", True, device="cuda")
+    check(nf4, codebook_gemm.prepare(nf4, "cuda", torch.float16), 8, torch.float16)
