@@ -1,6 +1,6 @@
 """Small-M tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
-For M = 3..128 rows (a batch of decode steps, a short prefill) the split-K `tl.dot` kernel in affine_gemm.py
+For M = 3..64 rows (a batch of decode steps, a short prefill; plan() gives it no more) the split-K `tl.dot` kernel in affine_gemm.py
 is bound by its decoded weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync
 read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
 the weight is operand A, which both read from registers, and the activations are operand B, which the
@@ -9,13 +9,12 @@ pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), s
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 (or m16n8k16) MMA gives lane (g, q) = (lane // 4,
 lane % 4) of warp w the rows 16w + g, 16w + g + 8 and the columns 2q, 2q+1, 2q+8, 2q+9 of every 16: that is,
-the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every 16-column slice of
-the tile. `fragment_words` hands exactly those words to those lanes: its pointer tensor has the dims
-[r1, r2, n0, n1, n2, n4, n5, r0, n3, r3] (bits of r and of the row n within the 64 rows), and the row term is
-multiplied by a runtime stride of 1, so that Triton, knowing no contiguity, gives the first five dims to lanes,
-the next two to warps and the rest to registers: the fragment's thread map. After a permute and a reshape the
-decoded tile is already in the operand's layout and no shared-memory conversion is emitted (sm90 TTGIR; the
-compile_check case `affine_mma_w4` guards that it still compiles).
+the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every 16-column slice. The
+MMA accumulator of a [64, 16] product has that same thread map, so the [64 rows, R] words are OR-ed with zeros
+in the accumulator layout: Triton then reads them from the pipeliner's shared-memory buffer straight into it,
+the decoded codes are joined along register dims only, and the [64, PACK * R] tile reaches the MMA without a
+conversion (sm90 SASS: no ldmatrix, no shared store in the loop). One tl.dot per tile: a dot per code makes
+Triton wait for each wgmma.
 
 fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
 (columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
