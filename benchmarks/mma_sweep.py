@@ -1,8 +1,8 @@
 """Sweep of the register-operand MMA kernel (quanta/kernels/affine_mma.py) against torch fp16 (cuBLAS) and
 the paths it replaces, at the Llama-3-8B / 70B linear shapes, to place affine_gemm.plan()'s thresholds and
-affine_mma.MMA_CONFIGS (issue 4, M = 3..256).
+affine_mma.MMA_CONFIGS (issue 4, M = 3..1024).
 
-    python benchmarks/mma_sweep.py --out results/mma-sweep.json [--ms 4,16,64] [--models 8b]
+    python benchmarks/mma_sweep.py --out results/mma-sweep.json [--ms 4,16,64,256,1024] [--models 8b]
 """
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth, nf4_w  # no
 
 from quanta.kernels import affine_gemm, affine_mma, codebook_gemm  # noqa: E402
 
-# M -> configs (BLOCK_M, num_stages, waves, least K tiles per split) tried
-SWEEP = {4: ((16, 3, 8.0, 4), (16, 4, 8.0, 4), (16, 3, 16.0, 2)),
-         16: ((16, 3, 8.0, 4), (16, 4, 8.0, 4), (16, 3, 16.0, 2), (16, 3, 4.0, 4)),
-         32: ((32, 3, 8.0, 4), (32, 4, 8.0, 4), (32, 3, 16.0, 2), (32, 3, 4.0, 4)),
-         64: ((64, 3, 4.0, 4), (64, 3, 8.0, 4), (64, 4, 4.0, 4), (64, 2, 16.0, 2)),
-         128: ((128, 3, 2.0, 4), (128, 3, 4.0, 4), (128, 2, 8.0, 2), (64, 3, 4.0, 4)),
-         256: ((128, 3, 2.0, 4), (256, 2, 1.0, 4), (256, 3, 1.0, 4), (128, 2, 4.0, 2))}
+# M -> configs (BLOCK_M, num_stages, waves (None: whole waves), least K tiles per split, num_warps) tried
+SWEEP = {4: ((16, 3, 8.0, 4, 4), (16, 4, 8.0, 4, 4), (16, 3, 16.0, 2, 4)),
+         16: ((16, 3, 8.0, 4, 4), (16, 4, 8.0, 4, 4), (16, 3, 16.0, 2, 4), (16, 3, 4.0, 4, 4)),
+         32: ((32, 3, 8.0, 4, 4), (32, 4, 8.0, 4, 4), (32, 3, 16.0, 2, 4), (32, 3, 4.0, 4, 4)),
+         64: ((64, 3, 4.0, 4, 4), (64, 3, 8.0, 4, 4), (64, 4, 4.0, 4, 4), (64, 2, 16.0, 2, 4)),
+         128: ((128, 4, 1.0, 4, 8), (128, 3, 2.0, 4, 8), (128, 4, None, 4, 8), (128, 3, None, 4, 8)),
+         256: ((256, 3, 1.0, 4, 8), (256, 3, None, 4, 8), (128, 4, None, 4, 8), (256, 3, None, 2, 8)),
+         512: ((256, 3, 1.0, 4, 8), (256, 3, None, 4, 8), (128, 4, None, 4, 8)),
+         1024: ((256, 3, 1.0, 4, 8), (256, 3, None, 4, 8), (128, 4, None, 4, 8))}
 
 
 def main() -> None:
@@ -58,7 +60,7 @@ def main() -> None:
                 for path in ("gemm", "cublas"):
                     rec[f"w4_{path}"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
                                                     w4.nbytes), 2)
-                for cfg in SWEEP.get(m, ((min(256, max(16, triton.next_power_of_2(m))), 3, 4.0, 4),)):
+                for cfg in SWEEP.get(m, ((min(256, max(16, triton.next_power_of_2(m))), 3, 4.0, 4, 4),)):
                     rec["w4_mma_" + "_".join(map(str, cfg))] = round(
                         bench(lambda x, st: affine_mma.matmul(x, st, config=cfg), xs, st4, w4.nbytes), 2)
                 rec["w4_mma_default"] = round(bench(lambda x, st: affine_mma.matmul(x, st), xs, st4, w4.nbytes), 2)

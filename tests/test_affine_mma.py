@@ -24,8 +24,9 @@ def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-@pytest.mark.parametrize("m,config", [(3, (16, 3, 1.0, 1)), (40, (32, 2, 64.0, 1))],
-                         ids=["m3-one-split", "m40-two-m-blocks-split-k"])
+@pytest.mark.parametrize("m,config", [(3, (16, 3, 1.0, 1, 4)), (40, (32, 2, 64.0, 1, 4)),
+                                      (130, (128, 2, 1.0, 1, 8))],
+                         ids=["m3-one-split", "m40-two-m-blocks-split-k", "m130-two-warpgroups"])
 @pytest.mark.parametrize("h2", [True, False], ids=["pairs-in-ptx", "per-element"])
 def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     ptx_emulator.install(monkeypatch)
@@ -41,22 +42,22 @@ def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_affine(96, 512, 4, 128, "sym")
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1))
-    single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1))
+    pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1, 4))
+    single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1, 4))
     assert torch.equal(pairs, single)
 
 
 @pytest.mark.parametrize("qt,blocksize,dq", [("nf4", 64, True), ("fp4", 32, False)])
 def test_table_codes(qt, blocksize, dq):
     w = make_codebook(72, 256, blocksize, qt, dq)
-    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1))
+    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1, 4))
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on sm89+ fp8_gemm.prepare makes a W8A8 state")
 @pytest.mark.parametrize("fmt,strategy", [("e4m3", "channel"), ("e5m2", "block")])
 def test_fp8_weight_only(fmt, strategy):
     w = make_fp8(130, 300, fmt, strategy)
-    check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1))
+    check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1, 4))
 
 
 @pytest.mark.skipif(interpreter_bf16_dot(), reason="interpreter bf16 tl.dot is wrong; covered by the GPU run")
@@ -75,7 +76,7 @@ def test_pairs_refuse_what_they_cannot_decode():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", LLAMA)
-@pytest.mark.parametrize("m", [3, 16, 64, 128])
+@pytest.mark.parametrize("m", [3, 16, 64, 128, 300])
 @pytest.mark.parametrize("bits,group,zero", [(4, 128, "sym"), (4, 128, "asym"), (8, -1, "sym"), (4, 32, "fmin")])
 def test_gpu_llama_shapes(n, k, m, bits, group, zero):
     w = make_affine(n, k, bits, group, zero, device="cuda")
@@ -86,8 +87,9 @@ def test_gpu_llama_shapes(n, k, m, bits, group, zero):
 @pytest.mark.gpu
 def test_gpu_plan_takes_this_path_for_affine_codes_only():
     st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
-    expect = "mma" if torch.cuda.get_device_capability() >= (9, 0) else "gemm"
-    assert [affine_gemm.plan(m, st)[0] for m in (2, 3, 64, 65)] == ["gemv", expect, expect, "gemm"]
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemm", "cublas", "cublas"]
+    assert [affine_gemm.plan(m, st)[0] for m in (2, 3, 512, 513)] == expect
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
     assert affine_gemm.plan(16, nf4)[0] == "cublas"
 

@@ -36,3 +36,15 @@ def test_split_k_keeps_every_split_non_empty():
             assert wanted / 2 < splits <= wanted, (k_tiles, tiles_out, splits, wanted)
             assert (splits - 1) * per < k_tiles, "the last split would get no K tile"
             assert k_tiles <= splits * per, "some K tiles would belong to no split"
+
+
+def test_whole_wave_split_k_fills_the_last_wave_and_covers_k():
+    for k_tiles in (1, 7, 32, 64, 224):
+        for tiles_out in (1, 48, 80, 132, 224, 264):
+            splits, per = triton_support.whole_wave_split_k(tiles_out, k_tiles, 132, 4)
+            assert splits <= max(1, k_tiles // 4), "a split would get fewer than min_tiles K tiles"
+            assert (splits - 1) * per < k_tiles <= splits * per, (k_tiles, tiles_out, splits, per)
+            if tiles_out % 132 == 0:                       # whole waves already: nothing to gain by splitting
+                assert splits == 1, (k_tiles, tiles_out, splits)
+    # 48 programs leave 84 of 132 SMs idle: a long K is split to fill them
+    assert triton_support.whole_wave_split_k(48, 32, 132, 4)[0] > 1

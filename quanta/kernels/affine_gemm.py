@@ -11,8 +11,8 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
 Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores,
-M <= 2), on sm90 the register-operand MMA kernel in affine_mma.py (affine codes, M <= 64), this file's
-split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
+M <= 2), on sm90 the register-operand MMA kernel in affine_mma.py (affine codes, M <= 512), elsewhere this
+file's split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ NAME = "triton_affine"
 AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
 R = 16                      # word rows per tile: the K of one tensor-core step
 GEMV_MAX_M = 2              # M at or below this runs the GEMV (see affine_gemv.py)
-CUBLAS_MIN_M = 256          # M at or above this dequantizes to fp16 and calls cuBLAS (H100, M=256: the fused
-                            # 128x256 GEMM won on o/down but lost 30% on qkv, and only cuBLAS beat bnb on all 8)
+CUBLAS_MIN_M = 256          # M at or above this dequantizes to fp16 and calls cuBLAS, where the MMA kernel does not
+                            # apply (H100, M=256: the fused 128x256 tl.dot GEMM won on o/down but lost 30% on qkv)
 
 
 @triton.jit
@@ -222,7 +222,8 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
                         "(packed-half FMAs for fp16, else fp32)")
     if m <= affine_mma.MMA_MAX_M and affine_mma.applies(st):
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
-                       "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64)")
+                       "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "
+                       "1.2-2.5x dequantize + cuBLAS at M=128..512)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"

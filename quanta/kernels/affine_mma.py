@@ -1,10 +1,12 @@
-"""Small-M tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
+"""Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
-For M = 3..64 rows (a batch of decode steps, a short prefill; plan() gives it no more) the split-K `tl.dot` kernel in affine_gemm.py
-is bound by its decoded weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync
+For M = 3..512 rows (a batch of decode steps, a prefill chunk; plan() gives it no more) the split-K `tl.dot`
+kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync
 read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
 the weight is operand A, which both read from registers, and the activations are operand B, which the
-pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little.
+pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little. A
+program holds 16 weight rows per warp: 64 (one warpgroup) for small M, 128 (two) with 256 rows of x for
+large M, where the decode is spread over 256 columns of output and the kernel is bound by the MMA.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 (or m16n8k16) MMA gives lane (g, q) = (lane // 4,
@@ -27,11 +29,11 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
-from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton
+from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton, whole_wave_split_k
 
-BLOCK_N = 64                # weight rows per program: the M of one warpgroup's MMA (4 warps)
-MMA_MAX_M = 64              # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
-                            # Llama shapes at M = 4, 16, 64; M = 128 not measured with this kernel)
+MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
+                            # Llama shapes at M = 4..128 and dequantize + cuBLAS at M = 128..512 on 31 of 32;
+                            # cuBLAS wins all 8 at M = 1024)
 
 # PTX of one H2 pair: $1 $2 words of columns 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8
 # the exact fma's factor and addend (fp16 pairs); $9 the scale pair; $10 the zbias pair (HAS_ZB)
@@ -43,8 +45,8 @@ _H2_ZB = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5,
 
 @triton.jit
 def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
-              R: tl.constexpr):
-    """fp16 weights [64, R] of code i of words p [64, R] (column i * R + r), two columns per instruction."""
+              R: tl.constexpr, BN: tl.constexpr):
+    """fp16 weights [BN, R] of code i of words p [BN, R] (column i * R + r), two columns per instruction."""
     BYTE: tl.constexpr = i // 2 if BITS == 4 else i
     SEL: tl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
     HIGH: tl.constexpr = BITS == 4 and i % 2 == 1
@@ -52,8 +54,8 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
     FACTOR: tl.constexpr = 0.0625 if HIGH else 1.0                    # a high nibble comes out 16x
     Z: tl.constexpr = 0 if HAS_ZB else ZERO
     ADDEND: tl.constexpr = -(64.0 + Z) if HIGH else -(1024.0 + Z)
-    pairs = tl.reshape(p, (64, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
-    shape: tl.constexpr = (64, R // 2, 2)
+    pairs = tl.reshape(p, (BN, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
+    shape: tl.constexpr = (BN, R // 2, 2)
     args = [pairs, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
             tl.full(shape, FACTOR, tl.float16), tl.full(shape, ADDEND, tl.float16),
             tl.broadcast_to(s[:, None, None], shape)]
@@ -64,18 +66,18 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
     else:
         w = tl.inline_asm_elementwise(_H2_SYM, "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=True,
                                       pack=2)
-    return tl.reshape(w, (64, R))
+    return tl.reshape(w, (BN, R))
 
 
 @triton.jit
 def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr,
            ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr,
-           H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
-    """Weights [64, R] in DT of code i of words p: columns kt + i * R + r."""
+           H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
+    """Weights [BN, R] in DT of code i of words p: columns kt + i * R + r."""
     if not TILE_SCALE:                                              # groups narrower than the tile
         s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
     if H2:
-        w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R)
+        w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, BN)
     else:
         w = decode((p >> (BITS * i)) & ((1 << BITS) - 1), s[:, None], zb[:, None], lut_ptr, ZERO, HAS_ZB, MODE,
                    DT == tl.float16, DT)
@@ -85,32 +87,32 @@ def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb
 @triton.jit
 def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
                   HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
-                  R: tl.constexpr, DT: tl.constexpr):
-    """The weight tile [64, PACK * R] of words p (column i * R + r from code i of word r), in operand A's layout
+                  R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
+    """The weight tile [BN, PACK * R] of words p (column i * R + r from code i of word r), in operand A's layout
     when p is in the accumulator's: the codes' joins become register dims, which is where the operand holds
     its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each)."""
     w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT)
+                R, DT, BN)
     w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT)
+                R, DT, BN)
     w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT)
+                R, DT, BN)
     w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT)
+                R, DT, BN)
     if BITS == 8:
-        j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [64, R, i0, i1]
-        tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (64, 4 * R))   # [64, i1 i0 r]
+        j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
+        tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
     else:
         w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT)
+                    H2, R, DT, BN)
         w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT)
+                    H2, R, DT, BN)
         w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT)
+                    H2, R, DT, BN)
         w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT)
+                    H2, R, DT, BN)
         j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
-        tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (64, 8 * R))   # [64, i2 i1 i0 r]
+        tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (BN, 8 * R))   # [BN, i2 i1 i0 r]
     return tile
 
 
@@ -125,9 +127,10 @@ def _affine_mma_kernel(
     # meta
     BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
-    TILE_SCALE: tl.constexpr, H2: tl.constexpr,
+    TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """y[M, N] (+)= (W[64 rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ; program (64 weight rows, split of K tiles, M block)."""
+    """y[M, N] (+)= (W[BLOCK_N rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ; program (BLOCK_N weight rows, split of K tiles,
+    M block); BLOCK_N is 16 rows per warp, 64 per warpgroup."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
     DT: tl.constexpr = x_ptr.dtype.element_ty
@@ -135,8 +138,7 @@ def _affine_mma_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    n0 = pid_n * 64
-    offs_n = n0 + tl.arange(0, 64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
@@ -144,11 +146,11 @@ def _affine_mma_kernel(
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
     offs_r = tl.arange(0, R)
     offs_kk = tl.arange(0, TILE_K)
-    acc = tl.zeros((64, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # zeros in the MMA accumulator layout: OR-ing them into the words puts the words in that layout (read from
     # shared memory by the pipeliner), whose thread map is operand A's, so the decoded codes become the operand
     # without another conversion (Triton's accumulator-to-operand shortcut, as in attention's P @ V)
-    acc_layout = tl.dot(tl.zeros((64, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
+    acc_layout = tl.dot(tl.zeros((BLOCK_N, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
     s, zb = load_scales(sz_ptr, (t_begin * TILE_K) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
     # --- main loop: one tile of TILE_K columns per step; a tile-wide scale row is loaded one step ahead
     for t in range(t_begin, t_end):
@@ -157,9 +159,9 @@ def _affine_mma_kernel(
             s_next, zb_next = load_scales(sz_ptr, (tl.minimum(t + 1, t_end - 1) * TILE_K) // GS, offs_n, mask_n, N,
                                           ZERO, HAS_ZB, DT)
         p = tl.load(w_ptr + (t * R + offs_r)[None, :] * N + offs_n[:, None], mask=mask_n[:, None], other=0)
-        p = p | acc_layout                                              # [64 rows, R word rows]
+        p = p | acc_layout                                              # [BLOCK_N rows, R word rows]
         w = _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
-                          TILE_SCALE, H2, R, DT)
+                          TILE_SCALE, H2, R, DT, BLOCK_N)
         k = kt + offs_kk
         kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :], mask=mask_m[:, None] & (k < K)[None, :],
@@ -182,17 +184,20 @@ def _affine_mma_kernel(
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
 
-# M bucket -> (BLOCK_M, num_stages, waves of programs per SM, least K tiles per split); H100 sweep
-# (benchmarks/mma_sweep.py, results/mma-sweep-h100-2026-11-23.json): waves 4 best at M = 16 on 7 of 8 shapes
-MMA_CONFIGS = ((16, (16, 3, 4.0, 4)), (32, (32, 3, 4.0, 4)), (64, (64, 3, 4.0, 4)), (128, (128, 3, 2.0, 4)),
-               (256, (256, 2, 1.0, 4)))
+# M bucket -> (BLOCK_M, num_stages, waves of programs per SM or None for whole_wave_split_k, least K tiles per
+# split, num_warps: 16 weight rows each); H100 sweeps (benchmarks/mma_sweep.py): waves 4 best at M = 16 on 7 of
+# 8 shapes (results/mma-sweep-h100-2026-11-23.json); from M = 65, 128-row programs with 3 stages of 128 or 256
+# rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages were 20-30% slower at M = 256)
+MMA_CONFIGS = ((16, (16, 3, 4.0, 4, 4)), (32, (32, 3, 4.0, 4, 4)), (64, (64, 3, 4.0, 4, 4)),
+               (128, (128, 3, None, 4, 8)), (1 << 62, (256, 3, None, 4, 8)))
 
 
 def applies(st: AffineState) -> bool:
-    """Whether plan() gives this path the weight: affine codes on sm90, where it was measured. Table codes
-    gather per element and stay on cuBLAS (2x slower here); fp8 weight-only was not measured."""
+    """Whether plan() gives this path the weight: affine codes on sm90, where it was measured (the register
+    operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of shared memory). Table codes gather per
+    element and stay on cuBLAS (2x slower here); fp8 weight-only was not measured."""
     dev = st.packed.device
-    return st.mode == AFFINE and dev.type == "cuda" and capability(dev) >= (9, 0)
+    return st.mode == AFFINE and dev.type == "cuda" and capability(dev) == (9, 0)
 
 
 def h2_applies(st: AffineState) -> bool:
@@ -206,9 +211,11 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     (decode in PTX, default where h2_applies) are forced by tests and benchmarks."""
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
-    bm, stages, waves, min_tiles = config or next(c for top, c in MMA_CONFIGS if m <= top)
-    n_blocks, m_blocks = cdiv(st.n, BLOCK_N), cdiv(m, bm)
-    splits, per = split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    bm, stages, waves, min_tiles, warps = config or next(c for top, c in MMA_CONFIGS if m <= top)
+    n_blocks, m_blocks = cdiv(st.n, 16 * warps), cdiv(m, bm)
+    splits, per = (whole_wave_split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), min_tiles)
+                   if waves is None else split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), waves,
+                                                 min_tiles))
     assert not h2 or h2_applies(st)
     atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
     y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
@@ -220,5 +227,5 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
         BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
         HAS_BIAS=bias is not None, SPLIT_K=splits, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
-        H2=h2_applies(st) if h2 is None else h2, num_warps=4, num_stages=stages)
+        H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
     return y if y.dtype == st.dtype else y.to(st.dtype)

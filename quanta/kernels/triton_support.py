@@ -96,6 +96,22 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
     return cdiv(k_tiles, per), per
 
 
+def whole_wave_split_k(tiles_out: int, k_tiles: int, sms: int, min_tiles: int) -> tuple[int, int]:
+    """Split the K loop of compute-bound programs, one per SM, so that the last wave is not left mostly idle;
+    returns (splits, k tiles per split).
+
+    Time in K-tile steps of one program: waves x (K tiles per program + 2 for its prologue and epilogue),
+    plus 2 for zeroing the output of a split one. Fit to affine_mma at M = 256 on the H100 (8B/70B shapes,
+    results/mma-sweep-large-m-h100-2026-11-24b.json): a K tile of a 128 x 256 program takes ~2 us, a program ~4 us more.
+    """
+    def cost(s: int) -> float:
+        per = cdiv(k_tiles, s)
+        return cdiv(tiles_out * cdiv(k_tiles, per), sms) * (per + 2) + 2 * (s > 1)
+    splits = min(range(1, max(1, k_tiles // max(min_tiles, 1)) + 1), key=cost)
+    per = cdiv(k_tiles, splits)
+    return cdiv(k_tiles, per), per
+
+
 # --- programmatic dependent launch (PDL, sm90+) --------------------------------------------------
 # The decode chain's kernels (RMSNorm, GEMV, rotary, KV store, paged decode) can be launched with PDL: a
 # kernel starts while its predecessor finishes, issues what does not depend on it (the GEMV's first weight
