@@ -35,22 +35,6 @@ def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     check(w, st, m, torch.float16, h2=h2, bias=m == 3, config=config)
 
 
-
-def test_split_k_shares_the_gemv_workspace_and_leaves_it_clean(monkeypatch):
-    """Split-K: float32 partials go to the GEMV's zeroed workspace, the last split of each program's rows writes
-    y and re-zeroes it, so calls repeat exactly, also interleaved with a GEMV of the same N, and y needs no memset."""
-    from quanta.kernels import affine_gemv
-    ptx_emulator.install(monkeypatch)
-    w = make_affine(136, 1024, 4, 128, "asym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    config = (16, 2, 64.0, 1, 4)                       # 3 row blocks x 2 M blocks x 8 splits of one tile
-    first = check(w, st, 20, torch.float16, config=config)
-    affine_gemv.gemv(torch.randn(2, 1024).to(DEVICE, torch.float16), st, config=(32, 4, 2, 64.0, 1))
-    second = check(w, st, 20, torch.float16, config=config)
-    ws, locks = affine_gemv.workspace(DEVICE, 136, 20)
-    assert torch.equal(first, second)
-    assert not ws.any() and not locks.any()
-
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     """Symmetric codes: both decode (q - zero) exactly and round its product with the scale once, so the
     weights agree to the last bit and so do the outputs (same MMA order). (With zbias the per-element path

@@ -358,9 +358,8 @@ LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows a
 
 
 def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV (and of the MMA
-    kernel, whose fewer, larger programs fit the same counts) on `device`, one pair per (device, N) shared by
-    every call (triton_support.zeroed_scratch)."""
+    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`,
+    one pair per (device, N) shared by every call (triton_support.zeroed_scratch)."""
     device, rows = torch.device(device), max(m, GEMV_MAX_M)
     return (zeroed_scratch(("gemv partials", device, n), (rows, n), torch.float32, device),
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
-from quanta.kernels.affine_gemv import workspace
 from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton, whole_wave_split_k
 
 MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
@@ -120,7 +119,7 @@ def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl
 @triton.jit
 def _affine_mma_kernel(
     # pointers
-    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
+    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
     # sizes
     M, N, K, GS, tiles_per_split, num_tiles,
     # strides (x and y are row-major)
@@ -130,7 +129,7 @@ def _affine_mma_kernel(
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """y[M, N] = (W[BLOCK_N rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ summed over the splits; program (BLOCK_N weight rows, split of K tiles,
+    """y[M, N] (+)= (W[BLOCK_N rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ; program (BLOCK_N weight rows, split of K tiles,
     M block); BLOCK_N is 16 rows per warp, 64 per warpgroup."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
@@ -171,25 +170,16 @@ def _affine_mma_kernel(
         if TILE_SCALE:
             s = s_next
             zb = zb_next
-    # --- epilogue: bias once (first split), then store, or add the split's float32 partial sum to the zeroed
-    # workspace, where the last split of these rows to finish reads the total, stores it and re-zeroes
+    # --- epilogue: bias once (first split), then store or accumulate the transposed partial sum
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    mask = mask_n[:, None] & mask_m[None, :]
     y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+    mask = mask_n[:, None] & mask_m[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
-        tl.atomic_add(ws, acc, mask=mask, sem="relaxed")
-        tl.debug_barrier()                        # every thread's partial is in before the count is released
-        if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.atomic_add(ws, tl.zeros_like(acc), mask=mask, sem="relaxed")   # read at L2, not L1
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.store(ws, tl.zeros_like(acc), mask=mask)
-            tl.store(lock, 0)
+        tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
 
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
@@ -227,14 +217,15 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
                    if waves is None else split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), waves,
                                                  min_tiles))
     assert not h2 or h2_applies(st)
-    y = torch.empty(m, st.n, device=x2.device, dtype=st.dtype)
-    ws, locks = workspace(x2.device, st.n, m)           # the GEMV's: n_blocks * m_blocks locks fit its rows
+    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
+    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
+         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
     tile_k = (32 // st.bits) * R
     _affine_mma_kernel[(n_blocks, splits, m_blocks)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y, ws, locks,
+        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
         m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
         BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
         HAS_BIAS=bias is not None, SPLIT_K=splits, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
         H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
-    return y
+    return y if y.dtype == st.dtype else y.to(st.dtype)

@@ -77,7 +77,7 @@ CASES = {
     "affine_mma_w4_g32_zb_perm_bias": ("affine_mma", "_affine_mma_kernel", _P16,
                                        dict(_AFF, BITS=4, BLOCK_M=64, HAS_ZB=True, HAS_PERM=True, HAS_BIAS=True,
                                             SPLIT_K=1, TILE_SCALE=False, H2=True, BLOCK_N=64), 4, 3, 75),
-    "affine_mma_w8_bf16": ("affine_mma", "_affine_mma_kernel", dict(_PBF, y_ptr="*bf16"),
+    "affine_mma_w8_bf16": ("affine_mma", "_affine_mma_kernel", _PBF,
                            dict(_AFF, BITS=8, ZERO=128, BLOCK_M=32, HAS_ZB=True, SPLIT_K=2, TILE_SCALE=True,
                                 H2=False, BLOCK_N=64), 4, 3, 80),
     "affine_mma_nf4": ("affine_mma", "_affine_mma_kernel", _P16,
