@@ -12,11 +12,11 @@ from test_codebook_gemm import make_codebook
 from test_fp8_gemm import make_fp8
 
 
-def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1):
+def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1, stream=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, w.shape[1], generator=g).to(DEVICE, dtype)
     b = (torch.randn(w.shape[0], generator=g) * 0.1).to(DEVICE, dtype) if bias else None
-    y = affine_mma.matmul(x, st, b, config=config, h2=h2)
+    y = affine_mma.matmul(x, st, b, config=config, h2=h2, stream=stream)
     ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
     assert y.shape == (m, w.shape[0]) and y.dtype == dtype
     assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
@@ -34,6 +34,22 @@ def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
     check(w, st, m, torch.float16, h2=h2, bias=m == 3, config=config)
 
+
+
+@pytest.mark.parametrize("case,m,sms", [((136, 896, 4, 128, "asym", False), 40, 4),
+                                        ((136, 896, 4, 32, "fmin", True), 40, 4),
+                                        ((73, 213, 4, 32, "sym", False), 20, 64)],
+                         ids=["whole-wave-then-runs-across-tiles", "act-order-narrow-groups", "stream-only"])
+def test_stream_k_matches_dequantize(case, m, sms, monkeypatch):
+    """Stream-K: with 4 SMs the 6 output tiles (3 column blocks x 2 M blocks) of 7 K tiles are one whole wave of
+    4 tiles, then 4 programs of 4 (tile, K tile) steps over the other two, runs that cross a tile boundary; with
+    64 SMs every tile is streamed. Bias once per tile, from the run that holds its K tile 0."""
+    ptx_emulator.install(monkeypatch)
+    monkeypatch.setattr(affine_mma, "num_sms", lambda device: sms)
+    w = make_affine(*case)
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    check(w, st, m, torch.float16, bias=True, config=(32, 2, None, 1, 4) if m > 20 else (16, 2, None, 1, 4),
+          stream=True)
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     """Symmetric codes: both decode (q - zero) exactly and round its product with the scale once, so the
@@ -82,6 +98,15 @@ def test_gpu_llama_shapes(n, k, m, bits, group, zero):
     w = make_affine(n, k, bits, group, zero, device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
         check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=m == 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [256, 300])
+def test_gpu_stream_k(n, k, m):
+    w = make_affine(n, k, 4, 128, "asym", device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=True, stream=True)
 
 
 @pytest.mark.gpu

@@ -48,3 +48,16 @@ def test_whole_wave_split_k_fills_the_last_wave_and_covers_k():
                 assert splits == 1, (k_tiles, tiles_out, splits)
     # 48 programs leave 84 of 132 SMs idle: a long K is split to fill them
     assert triton_support.whole_wave_split_k(48, 32, 132, 4)[0] > 1
+
+
+def test_stream_k_covers_every_step_once_in_runs_that_cross_at_most_one_tile():
+    for k_tiles in (1, 7, 32, 224):
+        for tiles_out in (1, 48, 131, 132, 224, 448):
+            whole, iters, programs, steps = triton_support.stream_k(tiles_out, k_tiles, 132)
+            assert whole % 132 == 0 and tiles_out - 132 < whole <= tiles_out, (tiles_out, whole)
+            rest = (tiles_out - whole) * k_tiles
+            assert programs <= 132 and (programs - 1) * iters < rest <= programs * iters or rest == programs == 0
+            assert iters <= k_tiles, "a run would span three tiles"
+            assert steps <= triton_support.wave_steps(tiles_out, k_tiles, 132, 1) + 6
+    # 48 tiles of 32 K tiles on 132 SMs: streamed in runs of 12 steps, against 2 splits of 16
+    assert triton_support.stream_k(48, 32, 132)[1:3] == (12, 128)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
-from quanta.kernels.triton_support import capability, cdiv, num_sms, split_k, tl, triton, whole_wave_split_k
+from quanta.kernels.triton_support import (capability, cdiv, num_sms, split_k, stream_k, tl, triton, wave_steps,
+                                           whole_wave_split_k)
 
 MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
                             # Llama shapes at M = 4..128 and dequantize + cuBLAS at M = 128..512 on 31 of 32;
@@ -117,33 +118,21 @@ def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl
 
 
 @triton.jit
-def _affine_mma_kernel(
-    # pointers
-    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
-    # sizes
-    M, N, K, GS, tiles_per_split, num_tiles,
-    # strides (x and y are row-major)
-    stride_xm, stride_ym,
-    # meta
-    BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr,
-    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
-    TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """y[M, N] (+)= (W[BLOCK_N rows, K split] @ x[BLOCK_M rows]ᵀ)ᵀ; program (BLOCK_N weight rows, split of K tiles,
-    M block); BLOCK_N is 16 rows per warp, 64 per warpgroup."""
+def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile, n_blocks, t_begin, t_end,
+             num_tiles, stride_xm, stride_ym, BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr,
+             BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+             ATOMIC: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """K tiles [t_begin, t_end) of output tile `tile` (BLOCK_N weight rows of column block tile % n_blocks, BLOCK_M
+    rows of x of block tile // n_blocks): stored, or added to y (zeroed) when ATOMIC; nothing when the range is
+    empty (a stream-K program's spare segment)."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    # --- which rows, which K range
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tile % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = (tile // n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    t_begin = pid_k * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
     offs_r = tl.arange(0, R)
     offs_kk = tl.arange(0, TILE_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -170,16 +159,53 @@ def _affine_mma_kernel(
         if TILE_SCALE:
             s = s_next
             zb = zb_next
-    # --- epilogue: bias once (first split), then store or accumulate the transposed partial sum
+    # --- epilogue: bias once (with K tile 0), then store or accumulate the transposed partial sum
     if HAS_BIAS:
-        if pid_k == 0:
+        if t_begin == 0:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-    mask = mask_n[:, None] & mask_m[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
+    mask = mask_n[:, None] & mask_m[None, :] & (t_begin < t_end)
+    if ATOMIC:
         tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _affine_mma_kernel(
+    # pointers
+    x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
+    # sizes
+    M, N, K, GS, tiles_per_split, num_tiles, n_blocks, tile0, stream_iters, end_iter,
+    # strides (x and y are row-major)
+    stride_xm, stride_ym,
+    # meta
+    BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_K: tl.constexpr = False,
+):
+    """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
+    column block; BLOCK_N is 16 weight rows per warp, 64 per warpgroup).
+
+    Split-K: program (tile0 + i, split j) takes K tiles [j * tiles_per_split, ...) of one output tile. Stream-K:
+    program i takes the `stream_iters` (output tile, K tile) steps from (tile0 * num_tiles + i * stream_iters) in
+    tile-major order, up to end_iter: at most two partial tiles when stream_iters <= num_tiles, added to y."""
+    if STREAM_K:
+        it = tile0 * num_tiles + tl.program_id(0) * stream_iters
+        it_end = tl.minimum(it + stream_iters, end_iter)
+        for _ in range(2):
+            tile = it // num_tiles
+            t_begin = it - tile * num_tiles
+            t_end = tl.minimum(num_tiles, t_begin + it_end - it)
+            _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile, n_blocks,
+                     t_begin, t_end, num_tiles, stride_xm, stride_ym, BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM,
+                     HAS_BIAS, True, MODE, TILE_SCALE, H2, BLOCK_N)
+            it += tl.maximum(t_end - t_begin, 0)
+    else:
+        t_begin = tl.program_id(1) * tiles_per_split
+        _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile0 + tl.program_id(0),
+                 n_blocks, t_begin, tl.minimum(t_begin + tiles_per_split, num_tiles), num_tiles, stride_xm, stride_ym,
+                 BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM, HAS_BIAS, SPLIT_K > 1, MODE, TILE_SCALE, H2, BLOCK_N)
 
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
@@ -206,26 +232,42 @@ def h2_applies(st: AffineState) -> bool:
 
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-           config: tuple | None = None, h2: bool | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config` and `h2`
-    (decode in PTX, default where h2_applies) are forced by tests and benchmarks."""
+           config: tuple | None = None, h2: bool | None = None, stream: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config`, `h2` (decode in
+    PTX, default where h2_applies) and `stream` (stream-K for the tiles past the whole waves, by default where
+    configs of whole waves expect it faster than splitting K: triton_support.stream_k) are forced by tests and
+    benchmarks."""
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     bm, stages, waves, min_tiles, warps = config or next(c for top, c in MMA_CONFIGS if m <= top)
-    n_blocks, m_blocks = cdiv(st.n, 16 * warps), cdiv(m, bm)
-    splits, per = (whole_wave_split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), min_tiles)
-                   if waves is None else split_k(n_blocks * m_blocks, st.num_tiles, num_sms(x2.device), waves,
-                                                 min_tiles))
+    n_blocks, tiles = cdiv(st.n, 16 * warps), cdiv(st.n, 16 * warps) * cdiv(m, bm)
+    sms = num_sms(x2.device)
+    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
+                   else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
+    whole, iters, programs, steps = stream_k(tiles, st.num_tiles, sms)
+    if stream is None:
+        stream = waves is None and steps < wave_steps(tiles, st.num_tiles, sms, splits)
     assert not h2 or h2_applies(st)
     atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
+    atomic = programs > 0 if stream else splits > 1
+    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if atomic
          else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
     tile_k = (32 // st.bits) * R
-    _affine_mma_kernel[(n_blocks, splits, m_blocks)](
-        x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
-        m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
-        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
-        HAS_BIAS=bias is not None, SPLIT_K=splits, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
-        H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
+    args = (x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
+            st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+            m, st.n, st.k, st.group_size)
+    meta = dict(BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
+                HAS_BIAS=bias is not None, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
+                H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
+    if not stream:
+        _affine_mma_kernel[(tiles, splits)](*args, per, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0), y.stride(0),
+                                            SPLIT_K=splits, **meta)
+    else:
+        if whole:                                   # whole waves of output tiles, each one program, stored
+            _affine_mma_kernel[(whole, 1)](*args, st.num_tiles, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0),
+                                           y.stride(0), SPLIT_K=1, **meta)
+        if programs:                                # the rest, equal runs of (tile, K tile) steps, added
+            _affine_mma_kernel[(programs,)](*args, st.num_tiles, st.num_tiles, n_blocks, whole, iters,
+                                            tiles * st.num_tiles, x2.stride(0), y.stride(0), SPLIT_K=1, STREAM_K=True,
+                                            **meta)
     return y if y.dtype == st.dtype else y.to(st.dtype)

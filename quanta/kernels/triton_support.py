@@ -98,18 +98,32 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
 
 def whole_wave_split_k(tiles_out: int, k_tiles: int, sms: int, min_tiles: int) -> tuple[int, int]:
     """Split the K loop of compute-bound programs, one per SM, so that the last wave is not left mostly idle;
-    returns (splits, k tiles per split).
-
-    Time in K-tile steps of one program: waves x (K tiles per program + 2 for its prologue and epilogue),
-    plus 2 for zeroing the output of a split one. Fit to affine_mma at M = 256 on the H100 (8B/70B shapes,
-    results/mma-sweep-large-m-h100-2026-11-24b.json): a K tile of a 128 x 256 program takes ~2 us, a program ~4 us more.
-    """
-    def cost(s: int) -> float:
-        per = cdiv(k_tiles, s)
-        return cdiv(tiles_out * cdiv(k_tiles, per), sms) * (per + 2) + 2 * (s > 1)
-    splits = min(range(1, max(1, k_tiles // max(min_tiles, 1)) + 1), key=cost)
+    returns (splits, k tiles per split), the split count of least `wave_steps`."""
+    splits = min(range(1, max(1, k_tiles // max(min_tiles, 1)) + 1),
+                 key=lambda s: wave_steps(tiles_out, k_tiles, sms, s))
     per = cdiv(k_tiles, splits)
     return cdiv(k_tiles, per), per
+
+
+def wave_steps(tiles_out: int, k_tiles: int, sms: int, splits: int) -> int:
+    """Time of a split-K launch of compute-bound programs, one per SM, in K-tile steps of one program: waves x
+    (K tiles per program + 2 for its prologue and epilogue), plus 2 for zeroing the output of a split one.
+    Fit to affine_mma at M = 256 on the H100 (8B/70B shapes, results/mma-sweep-large-m-h100-2026-11-24b.json):
+    a K tile of a 128 x 256 program takes ~2 us, a program ~4 us more."""
+    per = cdiv(k_tiles, splits)
+    return cdiv(tiles_out * cdiv(k_tiles, per), sms) * (per + 2) + 2 * (splits > 1)
+
+
+def stream_k(tiles_out: int, k_tiles: int, sms: int) -> tuple[int, int, int, int]:
+    """Whole waves of output tiles, then stream-K for the rest: each of at most `sms` programs takes an equal run
+    of the remaining (tile, K tile) steps, crossing at most one tile boundary (there are fewer tiles than SMs).
+    Returns (tiles done whole, steps per stream program, stream programs, time in `wave_steps`' units: two
+    prologues and epilogues per stream program and the zeroing of the output)."""
+    whole = tiles_out // sms * sms
+    rest = (tiles_out - whole) * k_tiles
+    iters = cdiv(rest, sms)
+    programs = cdiv(rest, iters) if rest else 0
+    return whole, iters, programs, whole // sms * (k_tiles + 2) + (iters + 4 + 2 if rest else 0)
 
 
 # --- programmatic dependent launch (PDL, sm90+) --------------------------------------------------
