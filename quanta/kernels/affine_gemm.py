@@ -223,7 +223,7 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
     if m <= affine_mma.MMA_MAX_M and affine_mma.applies(st):
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
                        "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "
-                       "1.2-2.5x dequantize + cuBLAS at M=128..512)")
+                       "1.1-1.9x dequantize + cuBLAS at M=256..512, stream-K where tiles leave a wave short)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"

@@ -6,7 +6,9 @@ read operand B from shared memory). Here the product is computed transposed, yáµ
 the weight is operand A, which both read from registers, and the activations are operand B, which the
 pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little. A
 program holds 16 weight rows per warp: 64 (one warpgroup) for small M, 128 (two) with 256 rows of x for
-large M, where the decode is spread over 256 columns of output and the kernel is bound by the MMA.
+large M, where the decode is spread over 256 columns of output and the kernel is bound by the MMA. There, too
+few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K:
+whole waves first, then equal runs of (tile, K tile) steps, each added to the zeroed output.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 (or m16n8k16) MMA gives lane (g, q) = (lane // 4,
@@ -213,7 +215,9 @@ def _affine_mma_kernel(
 # M bucket -> (BLOCK_M, num_stages, waves of programs per SM or None for whole_wave_split_k, least K tiles per
 # split, num_warps: 16 weight rows each); H100 sweeps (benchmarks/mma_sweep.py): waves 4 best at M = 16 on 7 of
 # 8 shapes (results/mma-sweep-h100-2026-11-23.json); from M = 65, 128-row programs with 3 stages of 128 or 256
-# rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages were 20-30% slower at M = 256)
+# rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages were 20-30% slower at M = 256), K split
+# or stream-K as triton_support.wave_steps / stream_k expect faster (results/mma-sweep-stream-k-h100-2026-11-25.json:
+# stream-K 8B qkv M = 256 33.8 us against 41.4 split in two, 70B qkv 86.9 against 104.0)
 MMA_CONFIGS = ((16, (16, 3, 4.0, 4, 4)), (32, (32, 3, 4.0, 4, 4)), (64, (64, 3, 4.0, 4, 4)),
                (128, (128, 3, None, 4, 8)), (1 << 62, (256, 3, None, 4, 8)))
 
