@@ -173,7 +173,9 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# M and the launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a
+# variant compiled per value Triton would specialize on (1, multiples of 16) showed up inside timed runs
+@triton.jit(do_not_specialize=["M", "tiles_per_split", "tile0", "stream_iters", "end_iter"])
 def _affine_mma_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
