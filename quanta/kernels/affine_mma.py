@@ -1,8 +1,8 @@
 """Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
 For M = 3..512 rows (a batch of decode steps, a prefill chunk; plan() gives it no more) the split-K `tl.dot`
-kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync
-read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
+kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory to the tensor
+cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
 the weight is operand A, which both read from registers, and the activations are operand B, which the
 pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little. A
 program holds 16 weight rows per warp: 64 (one warpgroup) for small M, 128 (two) with 256 rows of x for
@@ -174,7 +174,8 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
 
 
 # M and the launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a
-# variant compiled per value Triton would specialize on (1, multiples of 16) showed up inside timed runs
+# variant compiled per value Triton would specialize on (1, multiples of 16), or per split count, showed up inside
+# timed runs; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added)
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "tile0", "stream_iters", "end_iter"])
 def _affine_mma_kernel(
     # pointers
@@ -185,7 +186,7 @@ def _affine_mma_kernel(
     stride_xm, stride_ym,
     # meta
     BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr,
-    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, MODE: tl.constexpr,
     TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_K: tl.constexpr = False,
 ):
     """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
@@ -209,7 +210,7 @@ def _affine_mma_kernel(
         t_begin = tl.program_id(1) * tiles_per_split
         _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile0 + tl.program_id(0),
                  n_blocks, t_begin, tl.minimum(t_begin + tiles_per_split, num_tiles), num_tiles, stride_xm, stride_ym,
-                 BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM, HAS_BIAS, SPLIT_K > 1, MODE, TILE_SCALE, H2, BLOCK_N)
+                 BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM, HAS_BIAS, ATOMIC, MODE, TILE_SCALE, H2, BLOCK_N)
 
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
@@ -267,13 +268,13 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
                 H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
     if not stream:
         _affine_mma_kernel[(tiles, splits)](*args, per, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0), y.stride(0),
-                                            SPLIT_K=splits, **meta)
+                                            ATOMIC=splits > 1, **meta)
     else:
         if whole:                                   # whole waves of output tiles, each one program, stored
             _affine_mma_kernel[(whole, 1)](*args, st.num_tiles, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0),
-                                           y.stride(0), SPLIT_K=1, **meta)
+                                           y.stride(0), ATOMIC=False, **meta)
         if programs:                                # the rest, equal runs of (tile, K tile) steps, added
             _affine_mma_kernel[(programs,)](*args, st.num_tiles, st.num_tiles, n_blocks, whole, iters,
-                                            tiles * st.num_tiles, x2.stride(0), y.stride(0), SPLIT_K=1, STREAM_K=True,
-                                            **meta)
+                                            tiles * st.num_tiles, x2.stride(0), y.stride(0), ATOMIC=True,
+                                            STREAM_K=True, **meta)
     return y if y.dtype == st.dtype else y.to(st.dtype)
