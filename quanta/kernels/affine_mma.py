@@ -173,10 +173,11 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# M and the launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a
-# variant compiled per value Triton would specialize on (1, multiples of 16), or per split count, showed up inside
-# timed runs; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added)
-@triton.jit(do_not_specialize=["M", "tiles_per_split", "tile0", "stream_iters", "end_iter"])
+# The launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a variant
+# compiled per value Triton would specialize on (1, multiples of 16), or per split count, showed up inside timed
+# runs; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added). M stays
+# specialized: unspecialized, M = 64 ran 15-30% slower on the H100 (results/mma-specialize-m-h100-2026-11-25.json)
+@triton.jit(do_not_specialize=["tiles_per_split", "tile0", "stream_iters", "end_iter"])
 def _affine_mma_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
