@@ -35,7 +35,6 @@ def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     check(w, st, m, torch.float16, h2=h2, bias=m == 3, config=config)
 
 
-
 @pytest.mark.parametrize("case,m,sms", [((136, 896, 4, 128, "asym", False), 40, 4),
                                         ((136, 896, 4, 32, "fmin", True), 40, 4),
                                         ((73, 213, 4, 32, "sym", False), 20, 64)],
@@ -50,6 +49,7 @@ def test_stream_k_matches_dequantize(case, m, sms, monkeypatch):
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
     check(w, st, m, torch.float16, bias=True, config=(32, 2, None, 1, 4) if m > 20 else (16, 2, None, 1, 4),
           stream=True)
+
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     """Symmetric codes: both decode (q - zero) exactly and round its product with the scale once, so the

@@ -2,9 +2,10 @@
 
 For M = 3..512 rows (a batch of decode steps, a prefill chunk; plan() gives it no more) the split-K `tl.dot`
 kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory to the tensor
-cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]:
-the weight is operand A, which both read from registers, and the activations are operand B, which the
-pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes little. A
+cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
+yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
+are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
+M = 3 wastes little. A
 program holds 16 weight rows per warp: 64 (one warpgroup) for small M, 128 (two) with 256 rows of x for
 large M, where the decode is spread over 256 columns of output and the kernel is bound by the MMA. There, too
 few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K:
