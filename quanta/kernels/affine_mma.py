@@ -178,12 +178,12 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
 # compiled per value Triton would specialize on (1, multiples of 16), or per split count, showed up inside timed
 # runs; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added). M stays
 # specialized: unspecialized, M = 64 ran 15-30% slower on the H100 (results/mma-specialize-m-h100-2026-11-25.json)
-@triton.jit(do_not_specialize=["tiles_per_split", "tile0", "stream_iters", "end_iter"])
+@triton.jit(do_not_specialize=["tiles_per_split", "tile0", "stream_iters"])
 def _affine_mma_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr,
-    # sizes
-    M, N, K, GS, tiles_per_split, num_tiles, n_blocks, tile0, stream_iters, end_iter,
+    # sizes, and this launch's share of the output tiles
+    M, N, K, GS, tiles_per_split, num_tiles, n_blocks, tile0, stream_iters,
     # strides (x and y are row-major)
     stride_xm, stride_ym,
     # meta
@@ -196,10 +196,10 @@ def _affine_mma_kernel(
 
     Split-K: program (tile0 + i, split j) takes K tiles [j * tiles_per_split, ...) of one output tile. Stream-K:
     program i takes the `stream_iters` (output tile, K tile) steps from (tile0 * num_tiles + i * stream_iters) in
-    tile-major order, up to end_iter: at most two partial tiles when stream_iters <= num_tiles, added to y."""
+    tile-major order, up to the last tile's: at most two partial tiles when stream_iters <= num_tiles, added to y."""
     if STREAM_K:
         it = tile0 * num_tiles + tl.program_id(0) * stream_iters
-        it_end = tl.minimum(it + stream_iters, end_iter)
+        it_end = tl.minimum(it + stream_iters, n_blocks * tl.cdiv(M, BLOCK_M) * num_tiles)
         for _ in range(2):
             tile = it // num_tiles
             t_begin = it - tile * num_tiles
@@ -248,35 +248,37 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     benchmarks."""
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
+    assert not h2 or h2_applies(st)
     bm, stages, waves, min_tiles, warps = config or next(c for top, c in MMA_CONFIGS if m <= top)
-    n_blocks, tiles = cdiv(st.n, 16 * warps), cdiv(st.n, 16 * warps) * cdiv(m, bm)
-    sms = num_sms(x2.device)
+    n_blocks = cdiv(st.n, 16 * warps)
+    tiles, sms = n_blocks * cdiv(m, bm), num_sms(x2.device)
     splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
                    else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
     whole, iters, programs, steps = stream_k(tiles, st.num_tiles, sms)
     if stream is None:
         stream = waves is None and steps < wave_steps(tiles, st.num_tiles, sms, splits)
-    assert not h2 or h2_applies(st)
-    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
     atomic = programs > 0 if stream else splits > 1
+    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
     y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if atomic
          else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
     tile_k = (32 // st.bits) * R
-    args = (x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
+
+    def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
+        _affine_mma_kernel[grid](
+            x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
             st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
-            m, st.n, st.k, st.group_size)
-    meta = dict(BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
-                HAS_BIAS=bias is not None, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
-                H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, num_warps=warps, num_stages=stages)
+            m, st.n, st.k, st.group_size, tiles_per_split, st.num_tiles, n_blocks, tile0, stream_iters,
+            x2.stride(0), y.stride(0),
+            BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb, HAS_PERM=st.perm is not None,
+            HAS_BIAS=bias is not None, ATOMIC=add, MODE=st.mode, TILE_SCALE=st.group_size % tile_k == 0,
+            H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, STREAM_K=streamed, num_warps=warps,
+            num_stages=stages)
+
     if not stream:
-        _affine_mma_kernel[(tiles, splits)](*args, per, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0), y.stride(0),
-                                            ATOMIC=splits > 1, **meta)
+        launch((tiles, splits), per, 0, 0, splits > 1, False)
     else:
         if whole:                                   # whole waves of output tiles, each one program, stored
-            _affine_mma_kernel[(whole, 1)](*args, st.num_tiles, st.num_tiles, n_blocks, 0, 0, 0, x2.stride(0),
-                                           y.stride(0), ATOMIC=False, **meta)
+            launch((whole, 1), st.num_tiles, 0, 0, False, False)
         if programs:                                # the rest, equal runs of (tile, K tile) steps, added
-            _affine_mma_kernel[(programs,)](*args, st.num_tiles, st.num_tiles, n_blocks, whole, iters,
-                                            tiles * st.num_tiles, x2.stride(0), y.stride(0), ATOMIC=True,
-                                            STREAM_K=True, **meta)
+            launch((programs,), st.num_tiles, whole, iters, True, True)
     return y if y.dtype == st.dtype else y.to(st.dtype)

@@ -91,7 +91,11 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
     Each split keeps at least `min_tiles` K tiles so the partial sums stay worth their atomics.
     """
     want = max(1, round(waves * sms / max(tiles_out, 1)))
-    splits = max(1, min(want, k_tiles // max(min_tiles, 1)))
+    return _even_splits(k_tiles, max(1, min(want, k_tiles // max(min_tiles, 1))))
+
+
+def _even_splits(k_tiles: int, splits: int) -> tuple[int, int]:
+    """(splits, K tiles per split) for about `splits` equal splits of which none is empty."""
     per = cdiv(k_tiles, splits)
     return cdiv(k_tiles, per), per
 
@@ -99,10 +103,8 @@ def split_k(tiles_out: int, k_tiles: int, sms: int, waves: float, min_tiles: int
 def whole_wave_split_k(tiles_out: int, k_tiles: int, sms: int, min_tiles: int) -> tuple[int, int]:
     """Split the K loop of compute-bound programs, one per SM, so that the last wave is not left mostly idle;
     returns (splits, k tiles per split), the split count of least `wave_steps`."""
-    splits = min(range(1, max(1, k_tiles // max(min_tiles, 1)) + 1),
-                 key=lambda s: wave_steps(tiles_out, k_tiles, sms, s))
-    per = cdiv(k_tiles, splits)
-    return cdiv(k_tiles, per), per
+    return _even_splits(k_tiles, min(range(1, max(1, k_tiles // max(min_tiles, 1)) + 1),
+                                     key=lambda s: wave_steps(tiles_out, k_tiles, sms, s)))
 
 
 def wave_steps(tiles_out: int, k_tiles: int, sms: int, splits: int) -> int:
@@ -110,8 +112,8 @@ def wave_steps(tiles_out: int, k_tiles: int, sms: int, splits: int) -> int:
     (K tiles per program + 2 for its prologue and epilogue), plus 2 for zeroing the output of a split one.
     Fit to affine_mma at M = 256 on the H100 (8B/70B shapes, results/mma-sweep-large-m-h100-2026-11-24b.json):
     a K tile of a 128 x 256 program takes ~2 us, a program ~4 us more."""
-    per = cdiv(k_tiles, splits)
-    return cdiv(tiles_out * cdiv(k_tiles, per), sms) * (per + 2) + 2 * (splits > 1)
+    splits, per = _even_splits(k_tiles, splits)
+    return cdiv(tiles_out * splits, sms) * (per + 2) + 2 * (splits > 1)
 
 
 def stream_k(tiles_out: int, k_tiles: int, sms: int) -> tuple[int, int, int, int]:
