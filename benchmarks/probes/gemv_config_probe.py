@@ -1,0 +1,32 @@
+"""GEMV launch configs for the mid-size Llama shapes at M = 1, each timed twice (graphed), with its error against
+the dequantized weight: OUT=dir python benchmarks/probes/gemv_config_probe.py"""
+import json
+import os
+import sys
+from pathlib import Path
+import torch
+sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd() + "/benchmarks")
+from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth
+from quanta.kernels import affine_gemm
+from quanta.kernels.affine_gemv import gemv
+CFGS = [(256, 4, 2, 8.0, 2), (256, 4, 2, 8.0, 3), (256, 4, 2, 8.0, 4), (256, 4, 2, 6.0, 2), (256, 4, 2, 10.0, 2),
+        (256, 4, 2, 12.0, 1), (256, 2, 2, 8.0, 2), (256, 8, 2, 8.0, 2), (512, 4, 4, 8.0, 2), (256, 4, 2, 4.0, 4)]
+bw = copy_bandwidth()
+out = []
+for model, layer in (("8b", "down"), ("70b", "o"), ("70b", "qkv"), ("8b", "gate_up")):
+    n, k = SHAPES[model][layer]
+    w = affine_w(n, k, 4, 128)
+    sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
+    xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
+    ref = xs[0].float() @ w.dequantize().float().T
+    for rep in range(2):
+        for cfg in CFGS:
+            err = ((gemv(xs[0], sts[0], config=cfg).float() - ref).norm() / ref.norm()).item()
+            us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
+            out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
+    del sts; torch.cuda.empty_cache()
+Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "results": out}))
+for shape in dict.fromkeys(r["shape"] for r in out):
+    print(shape, " ".join(f"{'_'.join(map(str, c))}:" + "/".join(str(r["us"]) for r in out if r["shape"] == shape and tuple(r["config"]) == c) for c in CFGS))
+print("max rel err", max(r["rel_err"] for r in out))
