@@ -4,12 +4,17 @@ import json
 import os
 import sys
 from pathlib import Path
+
 import torch
-sys.path.insert(0, os.getcwd())
-sys.path.insert(0, os.getcwd() + "/benchmarks")
-from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth
-from quanta.kernels import affine_gemm
-from quanta.kernels.affine_gemv import gemv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
+
+from quanta.kernels import affine_gemm  # noqa: E402
+from quanta.kernels.affine_gemv import gemv  # noqa: E402
+
+# (BLOCK_N, word rows per step, num_warps, waves, least K tiles per split); the first is the default
 CFGS = [(256, 4, 2, 8.0, 2), (256, 4, 2, 8.0, 3), (256, 4, 2, 8.0, 4), (256, 4, 2, 6.0, 2), (256, 4, 2, 10.0, 2),
         (256, 4, 2, 12.0, 1), (256, 2, 2, 8.0, 2), (256, 8, 2, 8.0, 2), (512, 4, 4, 8.0, 2), (256, 4, 2, 4.0, 4)]
 bw = copy_bandwidth()
@@ -25,7 +30,8 @@ for model, layer in (("8b", "down"), ("70b", "o"), ("70b", "qkv"), ("8b", "gate_
             err = ((gemv(xs[0], sts[0], config=cfg).float() - ref).norm() / ref.norm()).item()
             us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
             out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
-    del sts; torch.cuda.empty_cache()
+    del sts
+    torch.cuda.empty_cache()
 Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "results": out}))
 for shape in dict.fromkeys(r["shape"] for r in out):
     print(shape, " ".join(f"{'_'.join(map(str, c))}:" + "/".join(str(r["us"]) for r in out if r["shape"] == shape and tuple(r["config"]) == c) for c in CFGS))
