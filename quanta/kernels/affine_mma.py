@@ -19,7 +19,12 @@ MMA accumulator of a [64, 16] product has that same thread map, so the [64 rows,
 in the accumulator layout: Triton then reads them from the pipeliner's shared-memory buffer straight into it,
 the decoded codes are joined along register dims only, and the [64, PACK * R] tile reaches the MMA without a
 conversion (sm90 SASS: no ldmatrix, no shared store in the loop). One tl.dot per tile: a dot per code makes
-Triton wait for each wgmma.
+Triton wait for each wgmma. The price: the pipeliner's buffer takes the fragment's order (word rows adjacent)
+while memory has columns adjacent, so the words arrive by 4-byte cp.async. A layout in fragment order loads 16
+bytes (benchmarks/probes/chunked-4d-gemv.patch, RESULTS.md 2026-11-25) but has so far cost the GEMV more.
+
+Under programmatic dependent launch (sm90) a program reads its scales before waiting for the previous kernel
+and lets the next one launch once past its main loop.
 
 fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
 (columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
