@@ -199,8 +199,7 @@ def _affine_mma_kernel(
     # meta (the group size too: a run-time group size cost the loop an integer division per K tile)
     GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, MODE: tl.constexpr,
-    TILE_SCALE: tl.constexpr, H2: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_K: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    H2: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_K: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
     column block; BLOCK_N is 16 weight rows per warp, 64 per warpgroup).
@@ -208,6 +207,7 @@ def _affine_mma_kernel(
     Split-K: program (tile0 + i, split j) takes K tiles [j * tiles_per_split, ...) of one output tile. Stream-K:
     program i takes the `stream_iters` (output tile, K tile) steps from (tile0 * num_tiles + i * stream_iters) in
     tile-major order, up to the last tile's: at most two partial tiles when stream_iters <= num_tiles, added to y."""
+    TILE_SCALE: tl.constexpr = GS % ((32 // BITS) * R) == 0         # one scale row per K tile: loaded once a tile
     if STREAM_K:
         it = tile0 * num_tiles + tl.program_id(0) * stream_iters
         it_end = tl.minimum(it + stream_iters, n_blocks * tl.cdiv(M, BLOCK_M) * num_tiles)
@@ -273,7 +273,6 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
     y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if atomic
          else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
-    tile_k = (32 // st.bits) * R
 
     def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
         _affine_mma_kernel[grid](
@@ -283,8 +282,8 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
             x2.stride(0), y.stride(0),
             GS=st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb,
             HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, ATOMIC=add, MODE=st.mode,
-            TILE_SCALE=st.group_size % tile_k == 0, H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps,
-            STREAM_K=streamed, num_warps=warps, num_stages=stages, **pdl_launch(x2.device))
+            H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, STREAM_K=streamed, num_warps=warps,
+            num_stages=stages, **pdl_launch(x2.device))
 
     if not stream:
         launch((tiles, splits), per, 0, 0, splits > 1, False)
