@@ -24,9 +24,11 @@ def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1, stream=None
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-@pytest.mark.parametrize("m,config", [(3, (16, 3, 1.0, 1, 4)), (40, (32, 2, 64.0, 1, 4)),
-                                      (130, (128, 2, 1.0, 1, 8))],
-                         ids=["m3-one-split", "m40-two-m-blocks-split-k", "m130-two-warpgroups"])
+@pytest.mark.parametrize("m,config", [(3, (16, 3, 1.0, 1, 4, 16)), (40, (32, 2, 64.0, 1, 4, 16)),
+                                      (130, (128, 2, 1.0, 1, 8, 16)), (9, (16, 3, 8.0, 1, 4, 32)),
+                                      (17, (32, 2, 1.0, 1, 4, 64))],
+                         ids=["m3-one-split", "m40-two-m-blocks-split-k", "m130-two-warpgroups",
+                              "m9-32-rows-a-warp", "m17-64-rows-a-warp"])
 @pytest.mark.parametrize("h2", [True, False], ids=["pairs-in-ptx", "per-element"])
 def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     ptx_emulator.install(monkeypatch)
@@ -39,7 +41,8 @@ def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
                                         ((136, 896, 4, 32, "fmin", True), 40, 4),
                                         ((73, 213, 4, 32, "sym", False), 20, 64)],
                          ids=["whole-wave-then-runs-across-tiles", "act-order-narrow-groups", "stream-only"])
-def test_stream_k_matches_dequantize(case, m, sms, monkeypatch):
+@pytest.mark.parametrize("config", [None, (16, 2, 2.0, 1, 4, 32)], ids=["whole-waves", "two-programs-an-sm"])
+def test_stream_k_matches_dequantize(case, m, sms, config, monkeypatch):
     """Stream-K: with 4 SMs the 6 output tiles (3 column blocks x 2 M blocks) of 7 K tiles are one whole wave of
     4 tiles, then 4 programs of 4 (tile, K tile) steps over the other two, runs that cross a tile boundary; with
     64 SMs every tile is streamed. Bias once per tile, from the run that holds its K tile 0."""
@@ -47,8 +50,9 @@ def test_stream_k_matches_dequantize(case, m, sms, monkeypatch):
     monkeypatch.setattr(affine_mma, "num_sms", lambda device: sms)
     w = make_affine(*case)
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    check(w, st, m, torch.float16, bias=True, config=(32, 2, None, 1, 4) if m > 20 else (16, 2, None, 1, 4),
-          stream=True)
+    if config is None:
+        config = (32, 2, None, 1, 4, 16) if m > 20 else (16, 2, None, 1, 4, 16)
+    check(w, st, m, torch.float16, bias=True, config=config, stream=True)
 
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
@@ -58,22 +62,22 @@ def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_affine(96, 512, 4, 128, "sym")
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1, 4))
-    single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1, 4))
+    pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1, 4, 16))
+    single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1, 4, 16))
     assert torch.equal(pairs, single)
 
 
 @pytest.mark.parametrize("qt,blocksize,dq", [("nf4", 64, True), ("fp4", 32, False)])
 def test_table_codes(qt, blocksize, dq):
     w = make_codebook(72, 256, blocksize, qt, dq)
-    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1, 4))
+    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1, 4, 16))
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on sm89+ fp8_gemm.prepare makes a W8A8 state")
 @pytest.mark.parametrize("fmt,strategy", [("e4m3", "channel"), ("e5m2", "block")])
 def test_fp8_weight_only(fmt, strategy):
     w = make_fp8(130, 300, fmt, strategy)
-    check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1, 4))
+    check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1, 4, 16))
 
 
 @pytest.mark.skipif(interpreter_bf16_dot(), reason="interpreter bf16 tl.dot is wrong; covered by the GPU run")
@@ -107,6 +111,17 @@ def test_gpu_stream_k(n, k, m):
     w = make_affine(n, k, 4, 128, "asym", device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
         check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=True, stream=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("config,stream", [((16, 3, 4.0, 4, 4, 32), False), ((16, 4, 2.0, 4, 4, 64), False),
+                                           ((16, 3, 4.0, 1, 4, 32), True), ((32, 3, 2.0, 1, 8, 32), True)],
+                         ids=["32-rows", "64-rows", "32-rows-stream", "8-warps-stream"])
+def test_gpu_rows_a_warp(n, k, config, stream):
+    w = make_affine(n, k, 4, 128, "asym", device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, affine_gemm.prepare(w, "cuda", dtype), 16, dtype, bias=True, config=config, stream=stream)
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ for (n, k) in ((6144, 4096), (28672, 4096), (4096, 14336)):
             out[f"B_existing_plain_s{splits}"] = bench(f2, xs, st, nb)
             waves = splits * (n // 64) / 132
             for h2 in (True, False):
-                cfg = (16 if m <= 16 else 64, 3, waves, 1, 4)
+                cfg = (16 if m <= 16 else 64, 3, waves, 1, 4, 16)
                 out[f"C_mma_h2{int(h2)}_s{splits}"] = bench(lambda x, s_: affine_mma.matmul(x, s_, config=cfg, h2=h2), xs, st, nb)
                 y = affine_mma.matmul(xs[0], st[0], config=cfg, h2=h2).float()
                 out[f"err_h2{int(h2)}_s{splits}"] = ((y - ref).abs().max() / ref.abs().max()).item()

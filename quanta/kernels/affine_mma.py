@@ -6,22 +6,30 @@ cores (wgmma and mma.sync read operand B from shared memory). Here the product i
 yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
 M = 3 wastes little. A
-program holds 16 weight rows per warp: 64 (one warpgroup) for small M, 128 (two) with 256 rows of x for
-large M, where the decode is spread over 256 columns of output and the kernel is bound by the MMA. There, too
-few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K:
-whole waves first, then equal runs of (tile, K tile) steps, each added to the zeroed output.
+program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps
+up to M = 64, 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
+columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv
+at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile, K tile)
+steps, each added to the zeroed output.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
-k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 (or m16n8k16) MMA gives lane (g, q) = (lane // 4,
-lane % 4) of warp w the rows 16w + g, 16w + g + 8 and the columns 2q, 2q+1, 2q+8, 2q+9 of every 16: that is,
-the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every 16-column slice. The
-MMA accumulator of a [64, 16] product has that same thread map, so the [64 rows, R] words are OR-ed with zeros
-in the accumulator layout: Triton then reads them from the pipeliner's shared-memory buffer straight into it,
-the decoded codes are joined along register dims only, and the [64, PACK * R] tile reaches the MMA without a
-conversion (sm90 SASS: no ldmatrix, no shared store in the loop). One tl.dot per tile: a dot per code makes
-Triton wait for each wgmma. The price: the pipeliner's buffer takes the fragment's order (word rows adjacent)
-while memory has columns adjacent, so the words arrive by 4-byte cp.async. A layout in fragment order loads 16
-bytes (benchmarks/probes/chunked-4d-gemv.patch, RESULTS.md 2026-11-25) but has so far cost the GEMV more.
+k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives lane (g, q) = (lane // 4, lane % 4) of
+warp w the rows 64j + 16w + g and 64j + 16w + g + 8 (j the repetition) and the columns 2q, 2q+1, 2q+8, 2q+9 of
+every 16: that is, the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every
+16-column slice. The MMA accumulator of a [rows, 16] product has that same thread map, so the words are OR-ed
+with zeros in the accumulator layout: Triton then reads them from the pipeliner's shared-memory buffer straight
+into it, the decoded codes are joined along register dims only, and the tile reaches the MMA without a
+conversion (sm90 SASS: no ldmatrix, no shared store of weights in the loop). One tl.dot per tile: a dot per
+code makes Triton wait for each wgmma.
+
+Which weight row an MMA row computes is the kernel's choice (the output is stored through the same map): MMA
+row (16 W) j + 16 w + 8 h + g takes weight row C (8 w + g) + 2 j + h of the block, C = 2 x repetitions. A
+thread's rows are then C adjacent columns of memory, so each word row arrives by C * 4-byte cp.async, and the
+outputs leave as vector stores or atomics. Loaded in the row-major order of an unswizzled shared buffer, [word
+row // 8, word row % 2, lane group, q, C columns], a phase of lanes reads 128 contiguous bytes (C <= 4; at
+C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). H100, M = 16: with identity rows the
+words came by 4-byte copies and 8B gate_up took 41.2 us; with the map, 16 rows a warp 32.2 us and 64 rows
+31.3 us (RESULTS.md, 2026-11-25, third session).
 
 Under programmatic dependent launch (sm90) a program reads its scales before waiting for the previous kernel
 and lets the next one launch once past its main loop.
@@ -79,12 +87,28 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
 
 
 @triton.jit
-def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr,
+def _by_row(v, BN: tl.constexpr):
+    """[1, 8W, C] values of the columns y_cols as [BN], one per MMA row (16 W) j + 16 w + 8 h + g."""
+    WARPS: tl.constexpr = v.shape[1] // 8
+    C: tl.constexpr = v.shape[2]
+    return tl.reshape(tl.permute(tl.reshape(v, (WARPS, 8, C // 2, 2)), (2, 0, 3, 1)), (BN,))
+
+
+@triton.jit
+def _row_scales(sz_ptr, g, y_cols, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, DT: tl.constexpr,
+                BN: tl.constexpr):
+    """(scale, zbias) [BN] of group g for the MMA rows: read at y_cols (adjacent columns a thread), then mapped."""
+    s, zb = load_scales(sz_ptr, g, y_cols, y_cols < N, N, ZERO, HAS_ZB, DT)
+    return _by_row(s, BN), _by_row(zb, BN)
+
+
+@triton.jit
+def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr,
            ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr,
            H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
     """Weights [BN, R] in DT of code i of words p: columns kt + i * R + r."""
     if not TILE_SCALE:                                              # groups narrower than the tile
-        s, zb = load_scales(sz_ptr, (kt + i * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+        s, zb = _row_scales(sz_ptr, (kt + i * R) // GS, y_cols, N, ZERO, HAS_ZB, DT, BN)
     if H2:
         w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, BN)
     else:
@@ -94,31 +118,31 @@ def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb
 
 
 @triton.jit
-def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
+def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
                   HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
                   R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
     """The weight tile [BN, PACK * R] of words p (column i * R + r from code i of word r), in operand A's layout
     when p is in the accumulator's: the codes' joins become register dims, which is where the operand holds
     its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each)."""
-    w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+    w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                 R, DT, BN)
-    w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+    w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                 R, DT, BN)
-    w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+    w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                 R, DT, BN)
-    w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+    w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                 R, DT, BN)
     if BITS == 8:
         j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
         tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
     else:
-        w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+        w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                     H2, R, DT, BN)
-        w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+        w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                     H2, R, DT, BN)
-        w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+        w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                     H2, R, DT, BN)
-        w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+        w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                     H2, R, DT, BN)
         j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
         tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (BN, 8 * R))   # [BN, i2 i1 i0 r]
@@ -130,35 +154,42 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
              num_tiles, stride_xm, stride_ym, BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr,
              BLOCK_M: tl.constexpr, HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
              ATOMIC: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
-             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+             BLOCK_N: tl.constexpr, PDL: tl.constexpr, WARPS: tl.constexpr):
     """K tiles [t_begin, t_end) of output tile `tile` (BLOCK_N weight rows of column block tile % n_blocks, BLOCK_M
     rows of x of block tile // n_blocks): stored, or added to y (zeroed) when ATOMIC; nothing when the range is
     empty (a stream-K program's spare segment)."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    offs_n = (tile % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    C: tl.constexpr = BLOCK_N // (8 * WARPS)                        # words per thread per word row (2 a rep)
+    n0 = (tile % n_blocks) * BLOCK_N
+    y_cols = n0 + tl.arange(0, 8 * WARPS)[None, :, None] * C + tl.arange(0, C)[None, None, :]   # [1, 8W, C]
+    # the words as [r // 8, r % 2, 8W, r % 8 // 2, C]: a thread's C columns, then the lanes' q, then their g, in the
+    # order of Triton's (unswizzled) shared buffer: with C <= 4 a phase of lanes reads 128 bytes, free of conflicts
+    w_cols = n0 + tl.arange(0, 8 * WARPS)[None, None, :, None, None] * C + tl.arange(0, C)[None, None, None, None, :]
+    word_rows = (8 * tl.arange(0, 2)[:, None, None, None, None] + tl.arange(0, 2)[None, :, None, None, None]
+                 + 2 * tl.arange(0, 4)[None, None, None, :, None])
     offs_m = (tile // n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_n = offs_n < N
     mask_m = offs_m < M
-    offs_r = tl.arange(0, R)
     offs_kk = tl.arange(0, TILE_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # zeros in the MMA accumulator layout: OR-ing them into the words puts the words in that layout (read from
     # shared memory by the pipeliner), whose thread map is operand A's, so the decoded codes become the operand
     # without another conversion (Triton's accumulator-to-operand shortcut, as in attention's P @ V)
     acc_layout = tl.dot(tl.zeros((BLOCK_N, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
-    s, zb = load_scales(sz_ptr, (t_begin * TILE_K) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+    s, zb = _row_scales(sz_ptr, (t_begin * TILE_K) // GS, y_cols, N, ZERO, HAS_ZB, DT, BLOCK_N)
     pdl_wait(PDL)                        # x (and y) belong to the kernels before this one
     # --- main loop: one tile of TILE_K columns per step; a tile-wide scale row is loaded one step ahead
     for t in range(t_begin, t_end):
         kt = t * TILE_K
         if TILE_SCALE:
-            s_next, zb_next = load_scales(sz_ptr, (tl.minimum(t + 1, t_end - 1) * TILE_K) // GS, offs_n, mask_n, N,
-                                          ZERO, HAS_ZB, DT)
-        p = tl.load(w_ptr + (t * R + offs_r)[None, :] * N + offs_n[:, None], mask=mask_n[:, None], other=0)
-        p = p | acc_layout                                              # [BLOCK_N rows, R word rows]
-        w = _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, offs_n, mask_n, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+            s_next, zb_next = _row_scales(sz_ptr, (tl.minimum(t + 1, t_end - 1) * TILE_K) // GS, y_cols, N, ZERO,
+                                          HAS_ZB, DT, BLOCK_N)
+        p = tl.load(w_ptr + (t * R + word_rows) * N + w_cols, mask=w_cols < N, other=0)
+        p = tl.reshape(p, (2, 2, WARPS, 8, 4, C // 2, 2))
+        p = tl.reshape(tl.permute(p, (5, 2, 6, 3, 0, 4, 1)), (BLOCK_N, R))   # [(j, w, h, g) rows, R word rows]
+        p = p | acc_layout
+        w = _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
                           TILE_SCALE, H2, R, DT, BLOCK_N)
         k = kt + offs_kk
         kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
@@ -175,13 +206,17 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
     # --- epilogue: bias once (with K tile 0), then store or accumulate the transposed partial sum
     if HAS_BIAS:
         if t_begin == 0:
-            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-    mask = mask_n[:, None] & mask_m[None, :] & (t_begin < t_end)
+            acc += _by_row(tl.load(bias_ptr + y_cols, mask=y_cols < N, other=0.0), BLOCK_N).to(tl.float32)[:, None]
+    # in y's order ([BLOCK_M, 8W, C] is [BLOCK_M, BLOCK_N] of adjacent columns), so stores and atomics are vectors
+    out = tl.reshape(acc.to(y_ptr.dtype.element_ty), (C // 2, WARPS, 2, 8, BLOCK_M))
+    out = tl.reshape(tl.permute(out, (4, 1, 3, 0, 2)), (BLOCK_M, BLOCK_N))
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = (offs_n < N)[None, :] & mask_m[:, None] & (t_begin < t_end)
     if ATOMIC:
-        tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+        tl.atomic_add(y_ptrs, out, mask=mask, sem="relaxed")
     else:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs, out, mask=mask)
 
 
 # The launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a variant
@@ -199,7 +234,8 @@ def _affine_mma_kernel(
     # meta (the group size too: a run-time group size cost the loop an integer division per K tile)
     GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, MODE: tl.constexpr,
-    H2: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_K: tl.constexpr = False, PDL: tl.constexpr = False,
+    H2: tl.constexpr, BLOCK_N: tl.constexpr, WARPS: tl.constexpr, STREAM_K: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
     column block; BLOCK_N is 16 weight rows per warp, 64 per warpgroup).
@@ -217,26 +253,28 @@ def _affine_mma_kernel(
             t_end = tl.minimum(num_tiles, t_begin + it_end - it)
             _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile, n_blocks,
                      t_begin, t_end, num_tiles, stride_xm, stride_ym, BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM,
-                     HAS_BIAS, True, MODE, TILE_SCALE, H2, BLOCK_N, PDL)
+                     HAS_BIAS, True, MODE, TILE_SCALE, H2, BLOCK_N, PDL, WARPS)
             it += tl.maximum(t_end - t_begin, 0)
     else:
         t_begin = tl.program_id(1) * tiles_per_split
         _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, GS, tile0 + tl.program_id(0),
                  n_blocks, t_begin, tl.minimum(t_begin + tiles_per_split, num_tiles), num_tiles, stride_xm, stride_ym,
                  BITS, R, ZERO, BLOCK_M, HAS_ZB, HAS_PERM, HAS_BIAS, ATOMIC, MODE, TILE_SCALE, H2, BLOCK_N,
-                 PDL)
+                 PDL, WARPS)
 
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
 
 # M bucket -> (BLOCK_M, num_stages, waves of programs per SM or None for whole_wave_split_k, least K tiles per
-# split, num_warps: 16 weight rows each); H100 sweeps (benchmarks/mma_sweep.py): waves 4 best at M = 16 on 7 of
-# 8 shapes (results/mma-sweep-h100-2026-11-23.json); from M = 65, 128-row programs with 3 stages of 128 or 256
-# rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages were 20-30% slower at M = 256), K split
-# or stream-K as triton_support.wave_steps / stream_k expect faster (results/mma-sweep-stream-k-h100-2026-11-25.json:
-# stream-K 8B qkv M = 256 33.8 us against 41.4 split in two, 70B qkv 86.9 against 104.0)
-MMA_CONFIGS = ((16, (16, 3, 4.0, 4, 4)), (32, (32, 3, 4.0, 4, 4)), (64, (64, 3, 4.0, 4, 4)),
-               (128, (128, 3, None, 4, 8)), (1 << 62, (256, 3, None, 4, 8)))
+# split, num_warps, weight rows a warp: 16, 32 or 64); H100 sweeps: up to M = 64, 64 rows a warp in 4 warps with
+# 2 waves (benchmarks/probes/mma_rows_sweep.py, results/mma-rows-configs-h100-2026-11-25.json, M = 4..64: within
+# 5% of the best of 12 configs on 33 of 40 shape x M points; slower than 16 rows a warp only on 8B o / qkv at
+# M <= 16, by up to 10%; 70B gate_up at M = 4, 8 is 14% faster streamed); from M = 65, 128-row
+# programs with 3 stages of 128 or 256 rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages
+# were 20-30% slower at M = 256), K split or stream-K as triton_support.wave_steps / stream_k expect faster
+# (results/mma-sweep-stream-k-h100-2026-11-25.json: stream-K 8B qkv M = 256 33.8 us against 41.4 split in two)
+MMA_CONFIGS = ((16, (16, 3, 2.0, 2, 4, 64)), (32, (32, 3, 2.0, 2, 4, 64)), (64, (64, 3, 2.0, 4, 4, 64)),
+               (128, (128, 3, None, 4, 8, 16)), (1 << 62, (256, 3, None, 4, 8, 16)))
 
 
 def applies(st: AffineState) -> bool:
@@ -256,17 +294,18 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
            config: tuple | None = None, h2: bool | None = None, stream: bool | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config`, `h2` (decode in
     PTX, default where h2_applies) and `stream` (stream-K for the tiles past the whole waves, by default where
-    configs of whole waves expect it faster than splitting K: triton_support.stream_k) are forced by tests and
-    benchmarks."""
+    configs of whole waves expect it faster than splitting K: triton_support.stream_k; forced on a config of
+    `waves`, over that many programs an SM) are forced by tests and benchmarks."""
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     assert not h2 or h2_applies(st)
-    bm, stages, waves, min_tiles, warps = config or next(c for top, c in MMA_CONFIGS if m <= top)
-    n_blocks = cdiv(st.n, 16 * warps)
+    bm, stages, waves, min_tiles, warps, rows = config or next(c for top, c in MMA_CONFIGS if m <= top)
+    assert rows in (16, 32, 64), rows               # 1, 2 or 4 m64 repetitions: C = rows / 8 adjacent columns
+    n_blocks = cdiv(st.n, rows * warps)
     tiles, sms = n_blocks * cdiv(m, bm), num_sms(x2.device)
     splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
                    else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
-    whole, iters, programs, steps = stream_k(tiles, st.num_tiles, sms)
+    whole, iters, programs, steps = stream_k(tiles, st.num_tiles, sms if waves is None else round(waves * sms))
     if stream is None:
         stream = waves is None and steps < wave_steps(tiles, st.num_tiles, sms, splits)
     atomic = programs > 0 if stream else splits > 1
@@ -282,8 +321,8 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
             x2.stride(0), y.stride(0),
             GS=st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb,
             HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, ATOMIC=add, MODE=st.mode,
-            H2=h2_applies(st) if h2 is None else h2, BLOCK_N=16 * warps, STREAM_K=streamed, num_warps=warps,
-            num_stages=stages, **pdl_launch(x2.device))
+            H2=h2_applies(st) if h2 is None else h2, BLOCK_N=rows * warps, WARPS=warps, STREAM_K=streamed,
+            num_warps=warps, num_stages=stages, **pdl_launch(x2.device))
 
     if not stream:
         launch((tiles, splits), per, 0, 0, splits > 1, False)
