@@ -76,6 +76,36 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / us / 1e3                      # GB/s, read + write
 
 
+def fp16_weights(n: int, k: int) -> list:
+    """Rotating copies of a random fp16 weight [n, k], the cuBLAS operand every table compares with."""
+    return copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
+
+
+def w4_shapes(models: str):
+    """For each Llama shape of `models` ("8b,70b"): (model, layer, n, k, a W4A16 g128 weight, rotating copies of
+    it prepared for fp16, rotating fp16 copies for cuBLAS)."""
+    for model in models.split(","):
+        for layer, (n, k) in SHAPES[model].items():
+            w4 = affine_w(n, k, 4, 128)
+            yield (model, layer, n, k, w4, copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes),
+                   fp16_weights(n, k))
+            torch.cuda.empty_cache()
+
+
+def write_run(path: str, meta: dict, t0: float, **parts) -> None:
+    """The run's JSON: its meta (with the seconds since t0) and `parts`."""
+    meta["seconds"] = round(time.time() - t0, 1)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"meta": meta, **parts}, indent=1))
+
+
+def run_meta(**extra) -> dict:
+    """The device, versions, date, copy bandwidth and command line of a benchmark run, for its JSON."""
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            **extra, "date": time.strftime("%Y-%m-%d"), "copy_GBps": round(copy_bandwidth(), 1),
+            "command": " ".join(sys.argv)}
+
+
 def affine_w(n: int, k: int, bits: int, group: int) -> Affine:
     codes = torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8, device="cuda")
     g = k // group if group > 0 else 1
@@ -122,7 +152,7 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
     st8 = copies(lambda: affine_gemm.prepare(w8, "cuda", torch.float16), w8.nbytes)
     nf4 = nf4_w(n, k)
     st_nf4 = copies(lambda: codebook_gemm.prepare(nf4, "cuda", torch.float16), nf4.nbytes)
-    fp16 = copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
+    fp16 = fp16_weights(n, k)
     bf16 = [w.bfloat16() for w in fp16]
     fp8 = Fp8(data=(torch.randn(n, k, device="cuda") * 30).clamp(-440, 440).to(torch.float8_e4m3fn),
               scale=torch.rand(n, device="cuda") * 1e-3 + 1e-4)
@@ -208,9 +238,7 @@ def main() -> None:
         bnb = None
     torch.manual_seed(0)
     t0 = time.time()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "bitsandbytes": getattr(bnb, "__version__", None), "date": time.strftime("%Y-%m-%d"),
-            "copy_GBps": round(copy_bandwidth(), 1), "command": " ".join(sys.argv)}
+    meta = run_meta(bitsandbytes=getattr(bnb, "__version__", None))
     print(json.dumps(meta), flush=True)
     results, layers = [], []
     ms = tuple(map(int, args.ms.split(","))) if args.ms else (1, 16, 256, 1024) if args.quick else MS
@@ -219,8 +247,7 @@ def main() -> None:
             run_shape(model, layer, n, k, ms, bnb, results, args.sweep)
             torch.cuda.empty_cache()
         layers += layer_figure(model, (1, 16))
-    meta["seconds"] = round(time.time() - t0, 1)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results, "layers": layers}, indent=1))
+    write_run(args.out, meta, t0, results=results, layers=layers)
     summary(meta, results, layers)
 
 

@@ -7,7 +7,6 @@ affine_mma.MMA_CONFIGS (issue 4, M = 3..1024).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton  # noqa: E402
-from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth, nf4_w  # noqa: E402
+from kernels import bench, copies, nf4_w, run_meta, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_gemm, affine_mma, codebook_gemm  # noqa: E402
 
@@ -43,46 +42,37 @@ def main() -> None:
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     t0 = time.time()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": time.strftime("%Y-%m-%d"), "copy_GBps": round(copy_bandwidth(), 1),
-            "command": " ".join(sys.argv)}
+    meta = run_meta()
     print(meta, flush=True)
     results = []
-    for model in args.models.split(","):
-        for layer, (n, k) in SHAPES[model].items():
-            w4 = affine_w(n, k, 4, 128)
-            st4 = copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes)
-            nf4 = nf4_w(n, k)
-            st_nf4 = copies(lambda: codebook_gemm.prepare(nf4, "cuda", torch.float16), nf4.nbytes)
-            fp16 = copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
-            for m in ms:
-                xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
-                rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}
-                rec["fp16"] = round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)
-                for path in ("gemm", "cublas"):
-                    rec[f"w4_{path}"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
-                                                    w4.nbytes), 2)
-                for cfg in SWEEP.get(m, ((min(256, max(16, triton.next_power_of_2(m))), 3, 4.0, 4, 4),)):
-                    for stream in (False, True) if cfg[2] is None else (False,):   # stream-K: whole-wave configs
-                        rec["w4_mma_" + "_".join(map(str, cfg)) + ("_stream" if stream else "")] = round(
-                            bench(lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream), xs, st4,
-                                  w4.nbytes), 2)
-                rec["w4_mma_default"] = round(bench(lambda x, st: affine_mma.matmul(x, st), xs, st4, w4.nbytes), 2)
-                rec["nf4_cublas"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path="cublas"), xs, st_nf4,
-                                                nf4.nbytes), 2)
-                rec["nf4_mma"] = round(bench(lambda x, st: affine_mma.matmul(x, st), xs, st_nf4, nf4.nbytes), 2)
-                mma = min((v, key) for key, v in rec.items() if key.startswith("w4_mma"))
-                rec["best_mma"] = mma[1]
-                results.append(rec)
-                print(f"{model} {layer:8s} M={m:4d} fp16 {rec['fp16']:7.1f} gemm {rec['w4_gemm']:7.1f} cublas "
-                      f"{rec['w4_cublas']:7.1f} mma {mma[0]:7.1f} ({rec['fp16'] / mma[0]:.2f}x, {mma[1]}) default "
-                      f"{rec['w4_mma_default']:7.1f} | nf4 cublas {rec['nf4_cublas']:7.1f} mma {rec['nf4_mma']:7.1f}",
-                      flush=True)
-            del st4, st_nf4, fp16
-            torch.cuda.empty_cache()
-    meta["seconds"] = round(time.time() - t0, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
+        nf4 = nf4_w(n, k)
+        st_nf4 = copies(lambda: codebook_gemm.prepare(nf4, "cuda", torch.float16), nf4.nbytes)
+        for m in ms:
+            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}
+            rec["fp16"] = round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)
+            for path in ("gemm", "cublas"):
+                rec[f"w4_{path}"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
+                                                w4.nbytes), 2)
+            for cfg in SWEEP.get(m, ((min(256, max(16, triton.next_power_of_2(m))), 3, 4.0, 4, 4, 16),)):
+                for stream in (False, True) if cfg[2] is None else (False,):   # stream-K: whole-wave configs
+                    rec["w4_mma_" + "_".join(map(str, cfg)) + ("_stream" if stream else "")] = round(
+                        bench(lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream), xs, st4,
+                              w4.nbytes), 2)
+            rec["w4_mma_default"] = round(bench(lambda x, st: affine_mma.matmul(x, st), xs, st4, w4.nbytes), 2)
+            rec["nf4_cublas"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path="cublas"), xs, st_nf4,
+                                            nf4.nbytes), 2)
+            rec["nf4_mma"] = round(bench(lambda x, st: affine_mma.matmul(x, st), xs, st_nf4, nf4.nbytes), 2)
+            mma = min((v, key) for key, v in rec.items() if key.startswith("w4_mma"))
+            rec["best_mma"] = mma[1]
+            results.append(rec)
+            print(f"{model} {layer:8s} M={m:4d} fp16 {rec['fp16']:7.1f} gemm {rec['w4_gemm']:7.1f} cublas "
+                  f"{rec['w4_cublas']:7.1f} mma {mma[0]:7.1f} ({rec['fp16'] / mma[0]:.2f}x, {mma[1]}) default "
+                  f"{rec['w4_mma_default']:7.1f} | nf4 cublas {rec['nf4_cublas']:7.1f} mma {rec['nf4_mma']:7.1f}",
+                  flush=True)
+        del st4, st_nf4, fp16
+    write_run(args.out, meta, t0, results=results)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
-from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
+from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
 
-from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
+from quanta.kernels import affine_mma  # noqa: E402
 
 # (BLOCK_M, num_stages, waves, least K tiles per split, num_warps, rows a warp), stream-K or split-K
 CONFIGS = [((16, 3, 4.0, 4, 4, 16), False), ((16, 3, 2.0, 4, 4, 64), False), ((16, 2, 2.0, 4, 4, 64), False),
@@ -36,35 +35,25 @@ def main() -> None:
     ap.add_argument("--models", default="8b,70b")
     args = ap.parse_args()
     t0 = time.time()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": time.strftime("%Y-%m-%d"), "copy_GBps": round(copy_bandwidth(), 1), "command": " ".join(sys.argv)}
+    meta = run_meta()
     print(meta, flush=True)
     results = []
-    for model in args.models.split(","):
-        for layer, (n, k) in SHAPES[model].items():
-            w4 = affine_w(n, k, 4, 128)
-            st4 = copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes)
-            fp16 = copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
-            for m in map(int, args.ms.split(",")):
-                xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
-                rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
-                       "fp16": round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)}
-                for cfg, stream in CONFIGS:
-                    cfg = (max(16, triton.next_power_of_2(m)),) + cfg[1:]
-                    key = "_".join(map(str, cfg)) + ("_stream" if stream else "")
-                    rec[key] = round(bench(lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream), xs,
-                                           st4, w4.nbytes), 2)
-                best = min((v, key) for key, v in rec.items() if "_" in key)
-                results.append(rec)
-                print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.1f} | "
-                      + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
-                      + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
-            del st4, fp16
-            torch.cuda.empty_cache()
-    meta["seconds"] = round(time.time() - t0, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "configs": [list(c) + [s] for c, s in CONFIGS],
-                                          "results": results}, indent=1))
+    for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
+        for m in map(int, args.ms.split(",")):
+            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
+                   "fp16": round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)}
+            for cfg, stream in CONFIGS:
+                cfg = (max(16, triton.next_power_of_2(m)),) + cfg[1:]
+                key = "_".join(map(str, cfg)) + ("_stream" if stream else "")
+                rec[key] = round(bench(lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream), xs,
+                                       st4, w4.nbytes), 2)
+            best = min((v, key) for key, v in rec.items() if "_" in key)
+            results.append(rec)
+            print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.1f} | "
+                  + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
+                  + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
+    write_run(args.out, meta, t0, configs=[list(c) + [s] for c, s in CONFIGS], results=results)
 
 
 if __name__ == "__main__":
