@@ -34,7 +34,7 @@ def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_affine(*case)
     st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    check(w, st, m, torch.float16, h2=h2, bias=m == 3, config=config)
+    check(w, st, m, torch.float16, h2=h2, bias=m in (3, 17), config=config)
 
 
 @pytest.mark.parametrize("case,m,sms", [((136, 896, 4, 128, "asym", False), 40, 4),
@@ -53,6 +53,14 @@ def test_stream_k_matches_dequantize(case, m, sms, config, monkeypatch):
     if config is None:
         config = (32, 2, None, 1, 4, 16) if m > 20 else (16, 2, None, 1, 4, 16)
     check(w, st, m, torch.float16, bias=True, config=config, stream=True)
+
+
+@pytest.mark.parametrize("m", [4, 20, 64])
+def test_default_configs(m, monkeypatch):
+    """The launcher's own config for each M bucket (64 weight rows a warp up to M = 64), bias included."""
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(300, 384, 4, 128, "asym")
+    check(w, affine_gemm.prepare(w, DEVICE, torch.float16), m, torch.float16, bias=True)
 
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
