@@ -28,8 +28,8 @@ thread's rows are then C adjacent columns of memory, so each word row arrives by
 outputs leave as vector stores or atomics. Loaded in the row-major order of an unswizzled shared buffer, [word
 row // 8, word row % 2, lane group, q, C columns], a phase of lanes reads 128 contiguous bytes (C <= 4; at
 C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). H100, M = 16: with identity rows the
-words came by 4-byte copies and 8B gate_up took 41.2 us; with the map, 16 rows a warp 32.2 us and 64 rows
-31.3 us (RESULTS.md, 2026-11-25, third session).
+words came by 4-byte copies and 8B gate_up took 41.2 us; with the map, 33.1 us at 16 rows a warp and 31.3 at
+64 (RESULTS.md, 2026-11-25, third session).
 
 Under programmatic dependent launch (sm90) a program reads its scales before waiting for the previous kernel
 and lets the next one launch once past its main loop.
