@@ -123,13 +123,13 @@ def test_gpu_stream_k(n, k, m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", LLAMA)
-@pytest.mark.parametrize("config,stream", [((16, 3, 4.0, 4, 4, 32), False), ((16, 4, 2.0, 4, 4, 64), False),
-                                           ((16, 3, 4.0, 1, 4, 32), True), ((32, 3, 2.0, 1, 8, 32), True)],
-                         ids=["32-rows", "64-rows", "32-rows-stream", "8-warps-stream"])
+@pytest.mark.parametrize("config,stream", [((16, 3, 4.0, 4, 4, 32), False), ((32, 3, 2.0, 1, 8, 32), True)],
+                         ids=["32-rows", "8-warps-stream"])
 def test_gpu_rows_a_warp(n, k, config, stream):
+    """Configs the defaults do not use (64 rows a warp in 4 warps are test_gpu_llama_shapes' M <= 64)."""
     w = make_affine(n, k, 4, 128, "asym", device="cuda")
-    for dtype in (torch.float16, torch.bfloat16):
-        check(w, affine_gemm.prepare(w, "cuda", dtype), 16, dtype, bias=True, config=config, stream=stream)
+    check(w, affine_gemm.prepare(w, "cuda", torch.float16), 16, torch.float16, bias=True, config=config,
+          stream=stream)
 
 
 @pytest.mark.gpu
