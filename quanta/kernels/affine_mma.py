@@ -88,10 +88,20 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
 
 @triton.jit
 def _by_row(v, BN: tl.constexpr):
-    """[1, 8W, C] values of the columns y_cols as [BN], one per MMA row (16 W) j + 16 w + 8 h + g."""
+    """[1, 8W, C] values of the columns y_cols as [BN], one per MMA row (16 W) j + 16 w + 8 h + g (the row map:
+    row (j, w, h, g) is column C (8 w + g) + 2 j + h of the block)."""
     WARPS: tl.constexpr = v.shape[1] // 8
     C: tl.constexpr = v.shape[2]
     return tl.reshape(tl.permute(tl.reshape(v, (WARPS, 8, C // 2, 2)), (2, 0, 3, 1)), (BN,))
+
+
+@triton.jit
+def _by_column(acc, WARPS: tl.constexpr):
+    """The inverse of _by_row for a [BN, BM] tile of MMA rows: [BM, BN] in the block's column order."""
+    BN: tl.constexpr = acc.shape[0]
+    BM: tl.constexpr = acc.shape[1]
+    C: tl.constexpr = BN // (8 * WARPS)
+    return tl.reshape(tl.permute(tl.reshape(acc, (C // 2, WARPS, 2, 8, BM)), (4, 1, 3, 0, 2)), (BM, BN))
 
 
 @triton.jit
@@ -165,7 +175,8 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
     n0 = (tile % n_blocks) * BLOCK_N
     y_cols = n0 + tl.arange(0, 8 * WARPS)[None, :, None] * C + tl.arange(0, C)[None, None, :]   # [1, 8W, C]
     # the words as [r // 8, r % 2, 8W, r % 8 // 2, C]: a thread's C columns, then the lanes' q, then their g, in the
-    # order of Triton's (unswizzled) shared buffer: with C <= 4 a phase of lanes reads 128 bytes, free of conflicts
+    # order of Triton's (unswizzled) shared buffer: with C <= 4 a phase of lanes reads 128 bytes, free of conflicts.
+    # Built from aranges, not by reshaping y_cols: the reshape hid the columns' contiguity (4-byte copies)
     w_cols = n0 + tl.arange(0, 8 * WARPS)[None, None, :, None, None] * C + tl.arange(0, C)[None, None, None, None, :]
     word_rows = (8 * tl.arange(0, 2)[:, None, None, None, None] + tl.arange(0, 2)[None, :, None, None, None]
                  + 2 * tl.arange(0, 4)[None, None, None, :, None])
@@ -207,9 +218,8 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
     if HAS_BIAS:
         if t_begin == 0:
             acc += _by_row(tl.load(bias_ptr + y_cols, mask=y_cols < N, other=0.0), BLOCK_N).to(tl.float32)[:, None]
-    # in y's order ([BLOCK_M, 8W, C] is [BLOCK_M, BLOCK_N] of adjacent columns), so stores and atomics are vectors
-    out = tl.reshape(acc.to(y_ptr.dtype.element_ty), (C // 2, WARPS, 2, 8, BLOCK_M))
-    out = tl.reshape(tl.permute(out, (4, 1, 3, 0, 2)), (BLOCK_M, BLOCK_N))
+    # in y's column order, so stores and atomics are vectors
+    out = _by_column(acc.to(y_ptr.dtype.element_ty), WARPS)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = (offs_n < N)[None, :] & mask_m[:, None] & (t_begin < t_end)

@@ -28,7 +28,7 @@ _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr
             y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
-_MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256, WARPS=4)  # the M = 16 default
+_MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
 _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
@@ -73,9 +73,9 @@ CASES = {
     "affine_mma_w4": ("affine_mma", "_affine_mma_kernel", _P16, _MMA_W4, 4, 3, 75),
     "affine_mma_w4_pdl": ("affine_mma", "_affine_mma_kernel", _P16, dict(_MMA_W4, PDL=True), 4, 3, 90),
     "affine_mma_w4_large": ("affine_mma", "_affine_mma_kernel", _P16,
-                            dict(_MMA_W4, BLOCK_M=256, ATOMIC=False, BLOCK_N=128, WARPS=8), 8, 3, 90),
+                            dict(_MMA_W4, BLOCK_M=256, ATOMIC=False, BLOCK_N=128), 8, 3, 90),
     "affine_mma_w4_stream_k": ("affine_mma", "_affine_mma_kernel", _P16,
-                               dict(_MMA_W4, BLOCK_M=256, BLOCK_N=128, WARPS=8, STREAM_K=True), 8, 3, 90),
+                               dict(_MMA_W4, BLOCK_M=256, BLOCK_N=128, STREAM_K=True), 8, 3, 90),
     "affine_mma_w4_g32_zb_perm_bias": ("affine_mma", "_affine_mma_kernel", _P16,
                                        dict(_MMA_W4, GS=32, BLOCK_M=64, HAS_ZB=True, HAS_PERM=True, HAS_BIAS=True,
                                             ATOMIC=False), 4, 3, 75),
@@ -149,6 +149,8 @@ def compile_case(name: str, cc: int):
     fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
     # constexprs a launcher leaves at their defaults (H2, PDL, ...) compile at those defaults, not as arguments
     constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
+    if "WARPS" in fn.arg_names:                  # a kernel's WARPS is its launch's num_warps
+        constexprs["WARPS"] = warps
     signature, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:
