@@ -56,11 +56,16 @@ def test_stream_k_matches_dequantize(case, m, sms, config, monkeypatch):
 
 
 @pytest.mark.parametrize("m", [4, 20, 64])
-def test_default_configs(m, monkeypatch):
-    """The launcher's own config for each M bucket (64 weight rows a warp up to M = 64), bias included."""
+@pytest.mark.parametrize("sms,rows", [(1, 64), (132, 16)], ids=["blocks-fill-the-sms", "too-few-blocks"])
+def test_default_configs(m, sms, rows, monkeypatch):
+    """The launcher's own config for each M bucket, bias included: 64 weight rows a warp up to M = 64, or 16 where
+    256-row blocks would not fill the SMs (the 2 here fill 1 SM, not 132)."""
     ptx_emulator.install(monkeypatch)
+    monkeypatch.setattr(affine_mma, "num_sms", lambda device: sms)
     w = make_affine(300, 384, 4, 128, "asym")
-    check(w, affine_gemm.prepare(w, DEVICE, torch.float16), m, torch.float16, bias=True)
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    assert affine_mma.default_config(m, st, sms)[5] == rows
+    check(w, st, m, torch.float16, bias=True)
 
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):

@@ -287,6 +287,20 @@ MMA_CONFIGS = ((16, (16, 3, 2.0, 2, 4, 64)), (32, (32, 3, 2.0, 2, 4, 64)), (64, 
                (128, (128, 3, None, 4, 8, 16)), (1 << 62, (256, 3, None, 4, 8, 16)))
 
 
+def default_config(m: int, st: AffineState, sms: int) -> tuple:
+    """The config of M rows: MMA_CONFIGS' bucket, except where its 256-row blocks are too few to fill the SMs
+    twice over, or leave a program under 3 K tiles (K = 4096 with N <= 6144: 8B qkv and o), where 64-row
+    blocks in 4 waves run (H100, M = 64: 8B qkv 13.9-14.5 us against 16.9-17.0, 8B o 10.8-11.0 against 14.5;
+    M = 16: 8B o 8.4-8.9 against 9.3-9.5; results/mma-ordered-split-k-h100-2026-11-25.json and
+    mma-scales-pipelined-h100-2026-11-25.json, the "before" columns)."""
+    bm, stages, waves, min_tiles, warps, rows = config = next(c for top, c in MMA_CONFIGS if m <= top)
+    if waves is None:
+        return config
+    tiles = cdiv(st.n, rows * warps) * cdiv(m, bm)
+    splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
+    return (bm, stages, 4.0, min_tiles, 4, 16) if tiles * splits < 1.5 * sms or per < 3 else config
+
+
 def applies(st: AffineState) -> bool:
     """Whether plan() gives this path the weight: affine codes on sm90, where it was measured (the register
     operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of shared memory). Table codes gather per
@@ -309,10 +323,11 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     assert not h2 or h2_applies(st)
-    bm, stages, waves, min_tiles, warps, rows = config or next(c for top, c in MMA_CONFIGS if m <= top)
+    sms = num_sms(x2.device)
+    bm, stages, waves, min_tiles, warps, rows = config or default_config(m, st, sms)
     assert rows in (16, 32, 64), rows               # 1, 2 or 4 m64 repetitions: C = rows / 8 adjacent columns
     n_blocks = cdiv(st.n, rows * warps)
-    tiles, sms = n_blocks * cdiv(m, bm), num_sms(x2.device)
+    tiles = n_blocks * cdiv(m, bm)
     splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
                    else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
     whole, iters, programs, steps = stream_k(tiles, st.num_tiles, sms if waves is None else round(waves * sms))
