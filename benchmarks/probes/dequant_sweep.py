@@ -1,0 +1,60 @@
+"""The dequantize kernel of the M >= 256 path (affine_gemm._affine_dequant_kernel: packed int4 -> fp16 [K, N] for
+cuBLAS) over column blocks and warps, at the Llama-3-8B / 70B shapes, as GB/s on the bytes it moves (issue 4,
+the M >= 256 line: its time is what dequantize + cuBLAS adds to fp16).
+
+    python benchmarks/probes/dequant_sweep.py --out results/dequant-sweep.json [--models 8b,70b]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
+
+from quanta.kernels import affine_gemm  # noqa: E402
+from quanta.kernels.triton_support import cdiv  # noqa: E402
+
+CONFIGS = [(128, 4), (64, 4), (256, 4), (256, 8), (512, 8), (128, 2)]     # (BLOCK_N, num_warps)
+
+
+def dequant(st, block_n: int, warps: int) -> torch.Tensor:
+    out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
+    affine_gemm._affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
+        st.packed, st.sz, st.sz, out, st.n, st.group_size, BITS=st.bits, R=affine_gemm.R, ZERO=st.zero,
+        BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=warps)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="8b,70b")
+    args = ap.parse_args()
+    t0 = time.time()
+    meta = run_meta()
+    print(meta, flush=True)
+    results = []
+    for model, layer, n, k, w4, st4, _ in w4_shapes(args.models):
+        ref = affine_gemm.dequantize_t(st4[0])
+        nbytes = w4.nbytes + 2 * n * k
+        rec = {"model": model, "layer": layer, "n": n, "k": k}
+        for block_n, warps in CONFIGS:
+            assert torch.equal(dequant(st4[0], block_n, warps)[:k], ref)
+            us = bench(lambda x, st: dequant(st, block_n, warps), [None], st4, w4.nbytes)
+            rec[f"{block_n}_{warps}"] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3, 1)}
+        results.append(rec)
+        print(model, layer, " ".join(f"{key} {v['us']} us {v['GBps']} GB/s" for key, v in rec.items()
+                                     if isinstance(v, dict)), flush=True)
+        del ref
+    write_run(args.out, meta, t0, configs=CONFIGS, results=results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Two versions of the MMA kernel module (affine_mma.py: the working tree's, and a saved one given by path) at
+the Llama-3-8B / 70B shapes, W4A16 g128, over a few configs, with torch fp16 in the same run (issue 4, M = 16).
+
+    python benchmarks/probes/mma_variants.py --before benchmarks/probes/_variants/affine_mma_before.py \
+        --out results/mma-variants.json [--ms 16,64] [--models 8b,70b]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
+
+from quanta.kernels import affine_mma  # noqa: E402
+
+# (BLOCK_M, stages, waves, least K tiles, warps, rows a warp); BLOCK_M is replaced by M's bucket; None = default
+CONFIGS = [None, (16, 3, 4.0, 4, 4, 32), (16, 3, 3.0, 4, 4, 32), (16, 4, 4.0, 4, 4, 32), (16, 3, 2.0, 4, 4, 32),
+           (16, 3, 4.0, 4, 4, 16), (16, 3, 6.0, 4, 4, 16)]
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location("affine_mma_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ms", default="16,64")
+    ap.add_argument("--models", default="8b,70b")
+    ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
+    args = ap.parse_args()
+    configs = [None] if args.defaults_only else CONFIGS
+    t0 = time.time()
+    meta = run_meta(before=args.before)
+    print(meta, flush=True)
+    versions = {"now": affine_mma, "before": load(args.before)}
+    results = []
+    for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
+        for m in map(int, args.ms.split(",")):
+            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            ref = xs[0].float() @ w4.dequantize().to("cuda", torch.float16).float().t()
+            rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
+                   "fp16": round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)}
+            for name, mod in versions.items():
+                for cfg in configs:
+                    cfg = cfg and (max(16, 1 << (m - 1).bit_length()),) + cfg[1:]
+                    y = mod.matmul(xs[0], st4[0], config=cfg).float()
+                    err = ((y - ref).norm() / ref.norm()).item()
+                    assert err < 1e-2, (name, cfg, err)
+                    key = name + "_" + ("default" if cfg is None else "_".join(map(str, cfg)))
+                    rec[key] = round(bench(lambda x, st: mod.matmul(x, st, config=cfg), xs, st4, w4.nbytes), 2)
+            results.append(rec)
+            print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.2f} | "
+                  + " ".join(f"{key} {v:.2f}" for key, v in rec.items() if key.startswith(("now", "before"))),
+                  flush=True)
+    write_run(args.out, meta, t0, configs=configs, results=results)
+
+
+if __name__ == "__main__":
+    main()
