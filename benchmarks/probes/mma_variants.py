@@ -40,8 +40,11 @@ def main() -> None:
     ap.add_argument("--ms", default="16,64")
     ap.add_argument("--models", default="8b,70b")
     ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
+    ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';'")
     args = ap.parse_args()
-    configs = [None] if args.defaults_only else CONFIGS
+    configs = ([None] if args.defaults_only else CONFIGS if not args.configs else
+               [None if c == "default" else tuple(float(v) if "." in v else int(v) for v in c.split(","))
+                for c in args.configs.split(";")])
     t0 = time.time()
     meta = run_meta(before=args.before)
     print(meta, flush=True)
