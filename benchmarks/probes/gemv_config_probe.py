@@ -1,5 +1,6 @@
 """GEMV launch configs for the mid-size Llama shapes at M = 1, each timed twice (graphed), with its error against
-the dequantized weight: OUT=dir python benchmarks/probes/gemv_config_probe.py"""
+the dequantized weight: OUT=dir python benchmarks/probes/gemv_config_probe.py
+(CFGS='[[256, 4, 2, 8.0, 2], ...]' and REPS=3 in the environment replace the configs and the two repetitions)"""
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from quanta.kernels.affine_gemv import gemv  # noqa: E402
 # (BLOCK_N, word rows per step, num_warps, waves, least K tiles per split); the first is the default
 CFGS = [(256, 4, 2, 8.0, 2), (256, 4, 2, 8.0, 3), (256, 4, 2, 8.0, 4), (256, 4, 2, 6.0, 2), (256, 4, 2, 10.0, 2),
         (256, 4, 2, 12.0, 1), (256, 2, 2, 8.0, 2), (256, 8, 2, 8.0, 2), (512, 4, 4, 8.0, 2), (256, 4, 2, 4.0, 4)]
+CFGS = [tuple(c) for c in json.loads(os.environ["CFGS"])] if "CFGS" in os.environ else CFGS
 bw = copy_bandwidth()
 out = []
 for model, layer in (("8b", "down"), ("70b", "o"), ("70b", "qkv"), ("8b", "gate_up")):
@@ -25,7 +27,7 @@ for model, layer in (("8b", "down"), ("70b", "o"), ("70b", "qkv"), ("8b", "gate_
     sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
     xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
     ref = xs[0].float() @ w.dequantize().float().T
-    for rep in range(2):
+    for rep in range(int(os.environ.get("REPS", 2))):
         for cfg in CFGS:
             err = ((gemv(xs[0], sts[0], config=cfg).float() - ref).norm() / ref.norm()).item()
             us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
