@@ -7,7 +7,7 @@ yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read fro
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
 M = 3 wastes little. A
 program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps
-up to M = 64, 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
+up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
 columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv
 at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile, K tile)
 steps, each added to the zeroed output.
@@ -278,8 +278,8 @@ def _affine_mma_kernel(
 # M bucket -> (BLOCK_M, num_stages, waves of programs per SM or None for whole_wave_split_k, least K tiles per
 # split, num_warps, weight rows a warp: 16, 32 or 64); H100 sweeps: up to M = 64, 64 rows a warp in 4 warps with
 # 2 waves (benchmarks/probes/mma_rows_sweep.py, results/mma-rows-configs-h100-2026-11-25.json, M = 4..64: within
-# 5% of the best of 12 configs on 33 of 40 shape x M points; slower than 16 rows a warp only on 8B o / qkv at
-# M <= 16, by up to 10%; 70B gate_up at M = 4, 8 is 14% faster streamed); from M = 65, 128-row
+# 5% of the best of 12 configs on 33 of 40 shape x M points; slower than 16 rows a warp only on 8B o / qkv,
+# which default_config gives 16 rows a warp; 70B gate_up at M = 4, 8 is 14% faster streamed); from M = 65, 128-row
 # programs with 3 stages of 128 or 256 rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages
 # were 20-30% slower at M = 256), K split or stream-K as triton_support.wave_steps / stream_k expect faster
 # (results/mma-sweep-stream-k-h100-2026-11-25.json: stream-K 8B qkv M = 256 33.8 us against 41.4 split in two)
