@@ -99,6 +99,27 @@ def write_run(path: str, meta: dict, t0: float, **parts) -> None:
     Path(path).write_text(json.dumps({"meta": meta, **parts}, indent=1))
 
 
+def sweep_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a sweep: --out (its JSON) and --models; the sweep adds its own, then parses."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="8b,70b")
+    return ap
+
+
+def start_run(**extra) -> tuple[float, dict]:
+    """(start time, run_meta(**extra)) of a sweep, the meta printed first."""
+    t0 = time.time()
+    meta = run_meta(**extra)
+    print(meta, flush=True)
+    return t0, meta
+
+
+def parse_config(text: str) -> tuple:
+    """A launch config from comma-separated fields: ints, or floats where a field has a '.'."""
+    return tuple(float(v) if "." in v else int(v) for v in text.split(","))
+
+
 def run_meta(**extra) -> dict:
     """The device, versions, date, copy bandwidth and command line of a benchmark run, for its JSON."""
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -6,9 +6,7 @@ the M >= 256 line: its time is what dequantize + cuBLAS adds to fp16).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -16,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
+from kernels import bench, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_gemm  # noqa: E402
 from quanta.kernels.triton_support import cdiv  # noqa: E402
@@ -33,13 +31,8 @@ def dequant(st, block_n: int, warps: int) -> torch.Tensor:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", default="8b,70b")
-    args = ap.parse_args()
-    t0 = time.time()
-    meta = run_meta()
-    print(meta, flush=True)
+    args = sweep_parser(__doc__).parse_args()
+    t0, meta = start_run()
     results = []
     for model, layer, n, k, w4, st4, _ in w4_shapes(args.models):
         ref = affine_gemm.dequantize_t(st4[0])

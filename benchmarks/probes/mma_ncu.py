@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import affine_w  # noqa: E402
+from kernels import affine_w, parse_config  # noqa: E402
 
 from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
 
@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     st = affine_gemm.prepare(affine_w(args.n, args.k, 4, 128), "cuda", torch.float16)
     x = torch.randn(args.m, args.k, device="cuda").half()
-    config = args.config and tuple(float(v) if "." in v else int(v) for v in args.config.split(","))
+    config = args.config and parse_config(args.config)
     for _ in range(6):
         affine_mma.matmul(x, st, config=config)
     torch.cuda.synchronize()

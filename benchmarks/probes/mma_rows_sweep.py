@@ -6,9 +6,7 @@ programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
-from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
+from kernels import bench, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -29,14 +27,10 @@ CONFIGS = [((16, 3, 4.0, 4, 4, 16), False), ((16, 3, 2.0, 4, 4, 64), False), ((1
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap = sweep_parser(__doc__)
     ap.add_argument("--ms", default="16")
-    ap.add_argument("--models", default="8b,70b")
     args = ap.parse_args()
-    t0 = time.time()
-    meta = run_meta()
-    print(meta, flush=True)
+    t0, meta = start_run()
     results = []
     for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
         for m in map(int, args.ms.split(",")):

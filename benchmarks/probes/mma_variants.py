@@ -6,10 +6,8 @@ the Llama-3-8B / 70B shapes, W4A16 g128, over a few configs, with torch fp16 in 
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import bench, run_meta, w4_shapes, write_run  # noqa: E402
+from kernels import bench, parse_config, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -34,20 +32,15 @@ def load(path: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = sweep_parser(__doc__)
     ap.add_argument("--before", required=True)
-    ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default="16,64")
-    ap.add_argument("--models", default="8b,70b")
     ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';'")
     args = ap.parse_args()
     configs = ([None] if args.defaults_only else CONFIGS if not args.configs else
-               [None if c == "default" else tuple(float(v) if "." in v else int(v) for v in c.split(","))
-                for c in args.configs.split(";")])
-    t0 = time.time()
-    meta = run_meta(before=args.before)
-    print(meta, flush=True)
+               [None if c == "default" else parse_config(c) for c in args.configs.split(";")])
+    t0, meta = start_run(before=args.before)
     versions = {"now": affine_mma, "before": load(args.before)}
     results = []
     for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
