@@ -7,9 +7,10 @@ yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read fro
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
 M = 3 wastes little. A
 program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps
-up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
-columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv
-at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile, K tile)
+up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with
+128 or 256 rows of x for large M, where the decode is spread over 256 columns of output and the kernel is
+bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs)
+are balanced by stream-K: whole waves first, then equal runs of (tile, K tile)
 steps, each added to the zeroed output.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
@@ -288,11 +289,10 @@ MMA_CONFIGS = ((16, (16, 3, 2.0, 2, 4, 64)), (32, (32, 3, 2.0, 2, 4, 64)), (64, 
 
 
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
-    """The config of M rows: MMA_CONFIGS' bucket, except where its 256-row blocks are too few to fill the SMs
-    twice over, or leave a program under 3 K tiles (K = 4096 with N <= 6144: 8B qkv and o), where 64-row
-    blocks in 4 waves run (H100, M = 64: 8B qkv 13.9-14.5 us against 16.9-17.0, 8B o 10.8-11.0 against 14.5;
-    M = 16: 8B o 8.4-8.9 against 9.3-9.5; results/mma-ordered-split-k-h100-2026-11-25.json and
-    mma-scales-pipelined-h100-2026-11-25.json, the "before" columns)."""
+    """The config of M rows: MMA_CONFIGS' bucket, except where its blocks of 256 weight rows give fewer programs
+    than 1.5 x the SMs or a program fewer than 3 K tiles (of the Llama shapes, 8B o up to M = 64 and 8B qkv at
+    M = 33..64): there blocks of 64 rows (16 a warp) run in 4 waves. H100, results/mma-small-n-configs-h100-
+    2026-11-25.json: 8B o 8.3-10.9 us against 9.2-14.6 at M = 4..64, 8B qkv 13.5 against 16.7 at M = 64."""
     bm, stages, waves, min_tiles, warps, rows = config = next(c for top, c in MMA_CONFIGS if m <= top)
     if waves is None:
         return config
