@@ -81,6 +81,11 @@ def fp16_weights(n: int, k: int) -> list:
     return copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
 
 
+def dense_us(xs: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """Median µs of cuBLAS x @ w.t() over rotating dense weights (fp16_weights, or their bf16 copies)."""
+    return bench(lambda x, w: x @ w.t(), xs, weights, weights[0].numel() * weights[0].element_size())
+
+
 def w4_shapes(models: str):
     """For each Llama shape of `models` ("8b,70b"): (model, layer, n, k, a W4A16 g128 weight, rotating copies of
     it prepared for fp16, rotating fp16 copies for cuBLAS)."""
@@ -108,10 +113,10 @@ def sweep_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def start_run(**extra) -> tuple[float, dict]:
-    """(start time, run_meta(**extra)) of a sweep, the meta printed first."""
+    """(start time, run_meta(**extra)) of a run, the meta printed first as a JSON line."""
     t0 = time.time()
     meta = run_meta(**extra)
-    print(meta, flush=True)
+    print(json.dumps(meta), flush=True)
     return t0, meta
 
 
@@ -189,8 +194,8 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
         act = 2 * (m * k + m * n)
         fl = 2.0 * m * n * k
         rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}
-        row(rec, "fp16", bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2 * n * k + act, fl)
-        row(rec, "bf16", bench(lambda x, w: x @ w.t(), xb, bf16, 2 * n * k), 2 * n * k + act, fl)
+        row(rec, "fp16", dense_us(xs, fp16), 2 * n * k + act, fl)
+        row(rec, "bf16", dense_us(xb, bf16), 2 * n * k + act, fl)
         rec["w4_path"] = affine_gemm.plan(m, st4[0])[0]
         row(rec, "w4a16", bench(affine_gemm.matmul, xs, st4, w4.nbytes), w4.nbytes + act, fl)
         row(rec, "w8a16", bench(affine_gemm.matmul, xs, st8, w8.nbytes), w8.nbytes + act, fl)
@@ -258,9 +263,7 @@ def main() -> None:
         print(f"bitsandbytes not importable ({exc}): its column is left out")
         bnb = None
     torch.manual_seed(0)
-    t0 = time.time()
-    meta = run_meta(bitsandbytes=getattr(bnb, "__version__", None))
-    print(json.dumps(meta), flush=True)
+    t0, meta = start_run(bitsandbytes=getattr(bnb, "__version__", None))
     results, layers = [], []
     ms = tuple(map(int, args.ms.split(","))) if args.ms else (1, 16, 256, 1024) if args.quick else MS
     for model in args.models.split(","):

@@ -6,9 +6,7 @@ affine_mma.MMA_CONFIGS (issue 4, M = 3..1024).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton  # noqa: E402
-from kernels import bench, copies, nf4_w, run_meta, w4_shapes, write_run  # noqa: E402
+from kernels import bench, copies, dense_us, nf4_w, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_gemm, affine_mma, codebook_gemm  # noqa: E402
 
@@ -35,15 +33,11 @@ SWEEP = {4: ((16, 3, 8.0, 4, 4, 16), (16, 4, 8.0, 4, 4, 16), (16, 3, 16.0, 2, 4,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap = sweep_parser(__doc__)
     ap.add_argument("--ms", default="4,16,32,64,128,256")
-    ap.add_argument("--models", default="8b,70b")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
-    t0 = time.time()
-    meta = run_meta()
-    print(meta, flush=True)
+    t0, meta = start_run()
     results = []
     for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
         nf4 = nf4_w(n, k)
@@ -51,7 +45,7 @@ def main() -> None:
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
             rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}
-            rec["fp16"] = round(bench(lambda x, w: x @ w.t(), xs, fp16, 2 * n * k), 2)
+            rec["fp16"] = round(dense_us(xs, fp16), 2)
             for path in ("gemm", "cublas"):
                 rec[f"w4_{path}"] = round(bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
                                                 w4.nbytes), 2)

@@ -11,24 +11,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import SHAPES, affine_w, bench, copies  # noqa: E402
+from kernels import bench, w4_shapes  # noqa: E402
 
-from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
+from quanta.kernels import affine_mma  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--ms", default="4,16,32,64")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 rows = []
-for model in ("8b", "70b"):
-    for layer, (n, k) in SHAPES[model].items():
-        w4 = affine_w(n, k, 4, 128)
-        st4 = copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes)
-        for m in map(int, args.ms.split(",")):
-            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
-            us = bench(lambda x, st: affine_mma.matmul(x, st), xs, st4, w4.nbytes)
-            rows.append({"model": model, "layer": layer, "m": m, "us": round(us, 2)})
-        del st4
-        torch.cuda.empty_cache()
+for model, layer, n, k, w4, st4, _ in w4_shapes("8b,70b"):
+    for m in map(int, args.ms.split(",")):
+        xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+        us = bench(lambda x, st: affine_mma.matmul(x, st), xs, st4, w4.nbytes)
+        rows.append({"model": model, "layer": layer, "m": m, "us": round(us, 2)})
 print(" ".join(f"{r['model']}-{r['layer']}-{r['m']}:{r['us']}" for r in rows))
 Path(args.out).write_text(json.dumps(rows))

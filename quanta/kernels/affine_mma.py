@@ -5,13 +5,12 @@ kernel in affine_gemm.py is bound by its decoded weight tile travelling through 
 cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
 yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
-M = 3 wastes little. A
-program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps
-up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with
-128 or 256 rows of x for large M, where the decode is spread over 256 columns of output and the kernel is
-bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs)
-are balanced by stream-K: whole waves first, then equal runs of (tile, K tile)
-steps, each added to the zeroed output.
+M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a
+warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
+default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
+columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B
+qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile,
+K tile) steps, each added to the zeroed output.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives lane (g, q) = (lane // 4, lane % 4) of
@@ -249,7 +248,7 @@ def _affine_mma_kernel(
     PDL: tl.constexpr = False,
 ):
     """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
-    column block; BLOCK_N is 16 weight rows per warp, 64 per warpgroup).
+    column block; BLOCK_N weight rows in WARPS warps, 16, 32 or 64 a warp).
 
     Split-K: program (tile0 + i, split j) takes K tiles [j * tiles_per_split, ...) of one output tile. Stream-K:
     program i takes the `stream_iters` (output tile, K tile) steps from (tile0 * num_tiles + i * stream_iters) in
