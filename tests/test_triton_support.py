@@ -1,4 +1,5 @@
 """The launch helpers shared by the Triton kernels."""
+import pytest
 import torch
 
 import kernel_util  # noqa: F401  (sets TRITON_INTERPRET without a GPU)
@@ -61,3 +62,15 @@ def test_stream_k_covers_every_step_once_in_runs_that_cross_at_most_one_tile():
             assert steps <= triton_support.wave_steps(tiles_out, k_tiles, 132, 1) + 6
     # 48 tiles of 32 K tiles on 132 SMs: streamed in runs of 12 steps, against 2 splits of 16
     assert triton_support.stream_k(48, 32, 132)[1:3] == (12, 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("numel", [1, 4096, 4097, 3 * 4096 + 5])
+def test_zero_clears_every_element_and_nothing_past_the_tensor(numel, dtype):
+    """The in-place Triton zeroing of a split-K output: every element, across a partial last block, and not
+    one element of the storage beyond the tensor's end."""
+    storage = torch.full((numel + 64,), 7.0, dtype=dtype)
+    y = storage[:numel]
+    assert triton_support.zero_(y) is y
+    assert torch.equal(y, torch.zeros(numel, dtype=dtype))
+    assert torch.equal(storage[numel:], torch.full((64,), 7.0, dtype=dtype))

@@ -46,7 +46,8 @@ import torch
 
 from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
 from quanta.kernels.triton_support import (capability, cdiv, num_sms, pdl_launch, pdl_launch_dependents, pdl_wait,
-                                           split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k)
+                                           split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k,
+                                           zero_)
 
 MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
                             # Llama shapes at M = 4..128 and dequantize + cuBLAS at M = 128..512 on 31 of 32;
@@ -334,8 +335,9 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         stream = waves is None and steps < wave_steps(tiles, st.num_tiles, sms, splits)
     atomic = programs > 0 if stream else splits > 1
     atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if atomic
-         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
+    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if atomic else st.dtype)
+    if atomic:
+        zero_(y)
 
     def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
         _affine_mma_kernel[grid](
