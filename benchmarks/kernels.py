@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import sys
@@ -118,6 +119,25 @@ def start_run(**extra) -> tuple[float, dict]:
     meta = run_meta(**extra)
     print(json.dumps(meta), flush=True)
     return t0, meta
+
+
+def load_module(path: str):
+    """A kernel module saved at `path` (a variant of one in quanta/kernels), imported under its file name."""
+    spec = importlib.util.spec_from_file_location("variant_" + Path(path).stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def dense_reference(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ Wᵀ in float32 from the quantized weight `w` dequantized to x's dtype: what a kernel variant must match."""
+    return x.float() @ w.dequantize().to(x.device, x.dtype).float().t()
+
+
+def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """Stop a sweep whose kernel variant `what` strays from the float reference by more than 1% (relative norm)."""
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, (what, err)
 
 
 def parse_config(text: str) -> tuple:

@@ -2,7 +2,9 @@
 64-byte word runs per thread and word row, see the kernel's row map), split-K or stream-K over several
 programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the M = 16 line).
 
-    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b]
+    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] \
+        [--configs "default;16,3,2.0,2,4,64,1;..."]   (a seventh field 1: SYNC, mma.sync with one dot a code,
+                                                        from probes/mma-sync-per-code.patch)
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
-from kernels import bench, dense_us, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
+from kernels import (bench, check_close, dense_reference, dense_us, parse_config, start_run,  # noqa: E402
+                     sweep_parser, w4_shapes, write_run)
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -29,25 +32,33 @@ CONFIGS = [((16, 3, 4.0, 4, 4, 16), False), ((16, 3, 2.0, 4, 4, 64), False), ((1
 def main() -> None:
     ap = sweep_parser(__doc__)
     ap.add_argument("--ms", default="16")
+    ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
+                    "(split-K; 'stream:' before the fields for stream-K)")
     args = ap.parse_args()
+    configs = CONFIGS if not args.configs else [
+        (None, False) if c == "default" else (parse_config(c.removeprefix("stream:")), c.startswith("stream:"))
+        for c in args.configs.split(";")]
     t0, meta = start_run()
     results = []
     for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
         for m in map(int, args.ms.split(",")):
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            ref = dense_reference(xs[0], w4)
             rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
                    "fp16": round(dense_us(xs, fp16), 2)}
-            for cfg, stream in CONFIGS:
-                cfg = (max(16, triton.next_power_of_2(m)),) + cfg[1:]
-                key = "_".join(map(str, cfg)) + ("_stream" if stream else "")
-                rec[key] = round(bench(lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream), xs,
-                                       st4, w4.nbytes), 2)
+            for cfg, stream in configs:
+                cfg = cfg and (max(16, triton.next_power_of_2(m)),) + cfg[1:]
+                key = ("_".join(map(str, cfg)) if cfg else "default_") + ("_stream" if stream else "")
+                run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
+                check_close(run(xs[0], st4[0]), ref, key)
+                rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
             best = min((v, key) for key, v in rec.items() if "_" in key)
             results.append(rec)
             print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.1f} | "
                   + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
                   + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
-    write_run(args.out, meta, t0, configs=[list(c) + [s] for c, s in CONFIGS], results=results)
+    write_run(args.out, meta, t0, configs=[(list(c) if c else "default") for c, s in configs],
+              streamed=[s for c, s in configs], results=results)
 
 
 if __name__ == "__main__":
