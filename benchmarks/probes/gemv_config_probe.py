@@ -1,7 +1,7 @@
 """GEMV launch configs for the mid-size Llama shapes at M = 1, each timed twice (graphed), with its error against
 the dequantized weight: OUT=dir python benchmarks/probes/gemv_config_probe.py
 (CFGS='[[256, 4, 2, 8.0, 2], ...]' and REPS=3 in the environment replace the configs and the two repetitions,
-BITS=8 times int8 codes, LAYERS='8b qkv,8b o' other shapes)"""
+BITS=8 times int8 codes, GROUP=-1 per-channel scales, LAYERS='8b qkv,8b o' other shapes)"""
 import json
 import os
 import sys
@@ -23,10 +23,11 @@ CFGS = [tuple(c) for c in json.loads(os.environ["CFGS"])] if "CFGS" in os.enviro
 bw = copy_bandwidth()
 out = []
 BITS = int(os.environ.get("BITS", 4))
+GROUP = int(os.environ.get("GROUP", 128))
 LAYERS = [tuple(x.split()) for x in os.environ.get("LAYERS", "8b down,70b o,70b qkv,8b gate_up").split(",")]
 for model, layer in LAYERS:
     n, k = SHAPES[model][layer]
-    w = affine_w(n, k, BITS, 128)
+    w = affine_w(n, k, BITS, GROUP)
     sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
     xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
     ref = xs[0].float() @ w.dequantize().float().T
@@ -37,7 +38,7 @@ for model, layer in LAYERS:
             out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
     del sts
     torch.cuda.empty_cache()
-Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "results": out}))
+Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "group": GROUP, "results": out}))
 for shape in dict.fromkeys(r["shape"] for r in out):
     print(shape, " ".join(f"{'_'.join(map(str, c))}:" + "/".join(str(r["us"]) for r in out if r["shape"] == shape and tuple(r["config"]) == c) for c in CFGS))
 print("max rel err", max(r["rel_err"] for r in out))
