@@ -104,6 +104,28 @@ def w4_shapes(models: str):
             torch.cuda.empty_cache()
 
 
+def w4_points(models: str, ms: str):
+    """For each Llama shape of `models` and each M of `ms` ("4,16"): (its record: model, layer, n, k, m and the
+    fp16 cuBLAS µs; four activations [M, K]; the W4A16 g128 weight; its rotating copies prepared for fp16)."""
+    for model, layer, n, k, w4, st4, fp16 in w4_shapes(models):
+        for m in map(int, ms.split(",")):
+            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            yield ({"model": model, "layer": layer, "n": n, "k": k, "m": m, "fp16": round(dense_us(xs, fp16), 2)},
+                   xs, w4, st4)
+
+
+def m1_cases(layers, bits: int = 4, group: int = 128):
+    """For each (model, layer) of `layers` at M = 1: (model, layer, n, k, the affine weight, its rotating copies
+    prepared for fp16, four activations [1, K], the reference dense_reference(xs[0], w))."""
+    for model, layer in layers:
+        n, k = SHAPES[model][layer]
+        w = affine_w(n, k, bits, group)
+        sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
+        xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
+        yield model, layer, n, k, w, sts, xs, dense_reference(xs[0], w)
+        torch.cuda.empty_cache()
+
+
 def write_run(path: str, meta: dict, t0: float, **parts) -> None:
     """The run's JSON: its meta (with the seconds since t0) and `parts`."""
     meta["seconds"] = round(time.time() - t0, 1)
@@ -125,6 +147,21 @@ def start_run(**extra) -> tuple[float, dict]:
     meta = run_meta(**extra)
     print(json.dumps(meta), flush=True)
     return t0, meta
+
+
+def variants_parser(doc: str, reps: int) -> argparse.ArgumentParser:
+    """sweep_parser plus what a comparison of saved kernel modules takes: --before (their paths, by ','), --reps
+    (timings of each, interleaved) and --unchecked (diagnostic versions wrong on purpose: timed, not checked)."""
+    ap = sweep_parser(doc)
+    ap.add_argument("--before", required=True, help="module paths, by ','")
+    ap.add_argument("--reps", type=int, default=reps, help="time each version this many times, interleaved")
+    ap.add_argument("--unchecked", default="", help="versions wrong on purpose (diagnostics): timed, not checked")
+    return ap
+
+
+def load_versions(now, paths: str) -> dict:
+    """{"now": the working tree's module, then each module saved at the ','-separated `paths` by its file name}."""
+    return {"now": now} | {Path(p).stem: load_module(p) for p in paths.split(",")}
 
 
 def load_module(path: str):
@@ -149,6 +186,18 @@ def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 def parse_config(text: str) -> tuple:
     """A launch config from comma-separated fields: ints, or floats where a field has a '.'."""
     return tuple(float(v) if "." in v else int(v) for v in text.split(","))
+
+
+def parse_configs(text: str) -> list[tuple[tuple | None, bool]]:
+    """Launch configs from ';'-separated entries, as (config, stream-K): 'default' is (None, False), the launcher's
+    own; else comma-separated fields (parse_config), 'stream:' before them for stream-K."""
+    return [(None, False) if c == "default" else (parse_config(c.removeprefix("stream:")), c.startswith("stream:"))
+            for c in text.split(";")]
+
+
+def with_m_bucket(config: tuple | None, m: int) -> tuple | None:
+    """`config` with its first field, BLOCK_M, set to M's bucket (the power of two >= M, 16 at least); None stays."""
+    return config and (max(16, triton.next_power_of_2(m)),) + tuple(config[1:])
 
 
 def run_meta(**extra) -> dict:

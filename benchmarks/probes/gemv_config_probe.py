@@ -7,13 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
+from kernels import bench, copy_bandwidth, m1_cases  # noqa: E402
 
-from quanta.kernels import affine_gemm  # noqa: E402
 from quanta.kernels.affine_gemv import gemv  # noqa: E402
 
 # (BLOCK_N, word rows per step, num_warps, waves, least K tiles per split); the first is the default
@@ -25,19 +23,12 @@ out = []
 BITS = int(os.environ.get("BITS", 4))
 GROUP = int(os.environ.get("GROUP", 128))
 LAYERS = [tuple(x.split()) for x in os.environ.get("LAYERS", "8b down,70b o,70b qkv,8b gate_up").split(",")]
-for model, layer in LAYERS:
-    n, k = SHAPES[model][layer]
-    w = affine_w(n, k, BITS, GROUP)
-    sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
-    xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
-    ref = xs[0].float() @ w.dequantize().float().T
+for model, layer, n, k, w, sts, xs, ref in m1_cases(LAYERS, BITS, GROUP):
     for rep in range(int(os.environ.get("REPS", 2))):
         for cfg in CFGS:
             err = ((gemv(xs[0], sts[0], config=cfg).float() - ref).norm() / ref.norm()).item()
             us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
             out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
-    del sts
-    torch.cuda.empty_cache()
 Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "group": GROUP, "results": out}))
 for shape in dict.fromkeys(r["shape"] for r in out):
     print(shape, " ".join(f"{'_'.join(map(str, c))}:" + "/".join(str(r["us"]) for r in out if r["shape"] == shape and tuple(r["config"]) == c) for c in CFGS))

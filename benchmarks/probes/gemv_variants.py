@@ -10,35 +10,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (SHAPES, affine_w, bench, check_close, copies, dense_reference, load_module,  # noqa: E402
-                     start_run, sweep_parser, write_run)
+from kernels import bench, check_close, load_versions, m1_cases, start_run, variants_parser, write_run  # noqa: E402
 
-from quanta.kernels import affine_gemm, affine_gemv, triton_support  # noqa: E402
+from quanta.kernels import affine_gemv  # noqa: E402
 
 LAYERS = (("8b", "down"), ("8b", "gate_up"), ("70b", "o"), ("70b", "qkv"), ("8b", "qkv"))
 
 
 def main() -> None:
-    ap = sweep_parser(__doc__)
-    ap.add_argument("--before", required=True, help="module paths, by ','")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--unchecked", default="")
-    args = ap.parse_args()
+    args = variants_parser(__doc__, reps=2).parse_args()
     t0, meta = start_run(before=args.before)
-    versions = {"now": affine_gemv} | {Path(p).stem: load_module(p) for p in args.before.split(",")}
+    versions = load_versions(affine_gemv, args.before)
     unchecked = set(args.unchecked.split(","))
     results = []
-    for model, layer in LAYERS:
-        n, k = SHAPES[model][layer]
-        w = affine_w(n, k, 4, 128)
-        sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
-        xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
-        ref = dense_reference(xs[0], w)
+    for model, layer, n, k, w, sts, xs, ref in m1_cases(LAYERS):
         rec = {"model": model, "layer": layer, "n": n, "k": k, "bytes": w.nbytes}
         for _ in range(args.reps):
             for name, mod in versions.items():
@@ -48,17 +37,15 @@ def main() -> None:
                     check_close(mod.gemv(xs[0], sts[0]), ref, name)
                 rec.setdefault(name, []).append(round(bench(mod.gemv, xs, sts, w.nbytes), 2))
                 if name in unchecked:       # a diagnostic leaves the shared split-K workspace dirty
-                    triton_support._scratch.clear()
+                    for buf in affine_gemv.workspace(xs[0].device, n, 1):
+                        buf.zero_()
         moved = w.nbytes + 2 * (n + k)                  # the weight as stored, x and y
         rec["pct_copy"] = {name: [round(100 * moved / us / 1e3 / meta["copy_GBps"], 1) for us in rec[name]]
                            for name in versions}
         results.append(rec)
         print(f"{model} {layer:8s} " + " | ".join(f"{name} {'/'.join(map(str, rec[name]))}" for name in versions),
               flush=True)
-        del sts
-        torch.cuda.empty_cache()
     write_run(args.out, meta, t0, results=results)
-
 
 if __name__ == "__main__":
     main()

@@ -11,14 +11,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
-from kernels import (bench, check_close, dense_reference, dense_us, parse_config, start_run,  # noqa: E402
-                     sweep_parser, w4_shapes, write_run)
+from kernels import (bench, check_close, dense_reference, parse_configs, start_run, sweep_parser,  # noqa: E402
+                     w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -35,31 +33,24 @@ def main() -> None:
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
                     "(split-K; 'stream:' before the fields for stream-K)")
     args = ap.parse_args()
-    configs = CONFIGS if not args.configs else [
-        (None, False) if c == "default" else (parse_config(c.removeprefix("stream:")), c.startswith("stream:"))
-        for c in args.configs.split(";")]
+    configs = parse_configs(args.configs) if args.configs else CONFIGS
     t0, meta = start_run()
     results = []
-    for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
-        for m in map(int, args.ms.split(",")):
-            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
-            ref = dense_reference(xs[0], w4)
-            rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
-                   "fp16": round(dense_us(xs, fp16), 2)}
-            for cfg, stream in configs:
-                cfg = cfg and (max(16, triton.next_power_of_2(m)),) + cfg[1:]
-                key = ("_".join(map(str, cfg)) if cfg else "default_") + ("_stream" if stream else "")
-                run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
-                check_close(run(xs[0], st4[0]), ref, key)
-                rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
-            best = min((v, key) for key, v in rec.items() if "_" in key)
-            results.append(rec)
-            print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.1f} | "
-                  + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
-                  + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms):
+        ref = dense_reference(xs[0], w4)
+        for cfg, stream in configs:
+            cfg = with_m_bucket(cfg, rec["m"])
+            key = ("_".join(map(str, cfg)) if cfg else "default_") + ("_stream" if stream else "")
+            run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
+            check_close(run(xs[0], st4[0]), ref, key)
+            rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+        best = min((v, key) for key, v in rec.items() if "_" in key)
+        results.append(rec)
+        print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.1f} | "
+              + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
+              + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
     write_run(args.out, meta, t0, configs=[(list(c) if c else "default") for c, s in configs],
               streamed=[s for c, s in configs], results=results)
-
 
 if __name__ == "__main__":
     main()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (bench, check_close, dense_reference, dense_us, load_module, parse_config,  # noqa: E402
-                     start_run, sweep_parser, w4_shapes, write_run)
+from kernels import (bench, check_close, dense_reference, load_versions, parse_configs, start_run,  # noqa: E402
+                     variants_parser, w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -26,40 +25,34 @@ CONFIGS = [None, (16, 3, 4.0, 4, 4, 32), (16, 3, 3.0, 4, 4, 32), (16, 4, 4.0, 4,
 
 
 def main() -> None:
-    ap = sweep_parser(__doc__)
-    ap.add_argument("--before", required=True, help="module paths, by ','")
-    ap.add_argument("--reps", type=int, default=1, help="time each version this many times, interleaved")
-    ap.add_argument("--unchecked", default="", help="versions wrong on purpose (diagnostics): timed, not checked")
+    ap = variants_parser(__doc__, reps=1)
     ap.add_argument("--ms", default="16,64")
     ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
-    ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';'")
+    ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';' "
+                    "('stream:' before the fields for stream-K)")
     args = ap.parse_args()
-    configs = ([None] if args.defaults_only else CONFIGS if not args.configs else
-               [None if c == "default" else parse_config(c) for c in args.configs.split(";")])
+    configs = ([(None, False)] if args.defaults_only else parse_configs(args.configs) if args.configs else
+               [(c, False) for c in CONFIGS])
     t0, meta = start_run(before=args.before)
-    versions = {"now": affine_mma} | {Path(p).stem: load_module(p) for p in args.before.split(",")}
+    versions = load_versions(affine_mma, args.before)
     results = []
-    for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
-        for m in map(int, args.ms.split(",")):
-            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
-            ref = dense_reference(xs[0], w4)
-            rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
-                   "fp16": round(dense_us(xs, fp16), 2)}
-            for _ in range(args.reps):
-                for name, mod in versions.items():
-                    for cfg in configs:
-                        cfg = cfg and (max(16, 1 << (m - 1).bit_length()),) + cfg[1:]
-                        key = name + "_" + ("default" if cfg is None else "_".join(map(str, cfg)))
-                        if name not in args.unchecked.split(","):
-                            check_close(mod.matmul(xs[0], st4[0], config=cfg), ref, key)
-                        us = bench(lambda x, st: mod.matmul(x, st, config=cfg), xs, st4, w4.nbytes)
-                        rec.setdefault(key, []).append(round(us, 2))
-            results.append(rec)
-            print(f"{model} {layer:8s} M={m:3d} fp16 {rec['fp16']:7.2f} | "
-                  + " ".join(f"{key} {'/'.join(map(str, v))}" for key, v in rec.items() if isinstance(v, list)),
-                  flush=True)
-    write_run(args.out, meta, t0, configs=configs, results=results)
-
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms):
+        ref = dense_reference(xs[0], w4)
+        for _ in range(args.reps):
+            for name, mod in versions.items():
+                for cfg, stream in configs:
+                    cfg = with_m_bucket(cfg, rec["m"])
+                    key = (name + "_" + ("default" if cfg is None else "_".join(map(str, cfg)))
+                           + ("_stream" if stream else ""))
+                    run = lambda x, st: mod.matmul(x, st, config=cfg, stream=stream or None)  # noqa: E731
+                    if name not in args.unchecked.split(","):
+                        check_close(run(xs[0], st4[0]), ref, key)
+                    rec.setdefault(key, []).append(round(bench(run, xs, st4, w4.nbytes), 2))
+        results.append(rec)
+        print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.2f} | "
+              + " ".join(f"{key} {'/'.join(map(str, v))}" for key, v in rec.items() if isinstance(v, list)),
+              flush=True)
+    write_run(args.out, meta, t0, configs=[c for c, s in configs], results=results)
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ import os
 import tempfile
 
 from quanta.kernels.paged_kv import FP8_FORMATS, NO_FP8_READ
+from quanta.kernels.triton_support import ZERO_BLOCK
 
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
@@ -82,9 +83,10 @@ CASES = {
     "affine_mma_w8_bf16": ("affine_mma", "_affine_mma_kernel", _PBF,
                            dict(_MMA_W4, BITS=8, ZERO=128, BLOCK_M=32, HAS_ZB=True, H2=False), 4, 3, 80),
     "affine_mma_nf4": ("affine_mma", "_affine_mma_kernel", _P16,
-                       dict(_MMA_W4, GS=64, ZERO=0, BLOCK_M=128, ATOMIC=False, H2=False, MODE=1, BLOCK_N=64), 4, 3, 75),
-    "zero": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=4096), 4, 1, 75),
-    "zero_pdl": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=4096, PDL=True), 4, 1, 90),
+                       dict(_MMA_W4, GS=64, ZERO=0, BLOCK_M=128, ATOMIC=False, H2=False, MODE=1, BLOCK_N=64),
+                       4, 3, 75),
+    "zero": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=ZERO_BLOCK), 4, 1, 75),
+    "zero_pdl": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=ZERO_BLOCK, PDL=True), 4, 1, 90),
     "affine_dequant": ("affine_gemm", "_affine_dequant_kernel",
                        dict(w_ptr="*i32", sz_ptr="*i32", lut_ptr="*fp32", out_ptr="*fp16"),
                        dict(BITS=4, R=16, ZERO=8, BLOCK_N=128, HAS_ZB=True, MODE=0), 4, 1, 75),
