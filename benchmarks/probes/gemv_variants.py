@@ -1,9 +1,10 @@
 """Versions of the GEMV module (affine_gemv.py: the working tree's, and saved ones given by path, named by their file
-names) at M = 1 on the Llama shapes, W4A16 g128, each timed --reps times interleaved, with the share of the copy
-bandwidth on the bytes moved (issue 4, the M = 1 line).
+names) at M = 1 on the Llama shapes, W4A16 g128 (or --bits, --group), each timed --reps times interleaved, with the
+share of the copy bandwidth on the bytes moved (issue 4, the M = 1 lines).
 
     python benchmarks/probes/gemv_variants.py --before path[,path] --out results/gemv-variants.json [--reps 3] \
         [--unchecked name,...]   (diagnostic versions whose sums are wrong on purpose: timed, not checked)
+        [--bits 8 --group -1]    (W8A16 per-channel) [--layers "8b qkv,8b o"]
 """
 from __future__ import annotations
 
@@ -22,12 +23,17 @@ LAYERS = (("8b", "down"), ("8b", "gate_up"), ("70b", "o"), ("70b", "qkv"), ("8b"
 
 
 def main() -> None:
-    args = variants_parser(__doc__, reps=2).parse_args()
-    t0, meta = start_run(before=args.before)
+    ap = variants_parser(__doc__, reps=2)
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group", type=int, default=128, help="-1: one scale per output channel")
+    ap.add_argument("--layers", default=",".join(" ".join(x) for x in LAYERS))
+    args = ap.parse_args()
+    t0, meta = start_run(before=args.before, bits=args.bits, group=args.group)
     versions = load_versions(affine_gemv, args.before)
     unchecked = set(args.unchecked.split(","))
     results = []
-    for model, layer, n, k, w, sts, xs, ref in m1_cases(LAYERS):
+    for model, layer, n, k, w, sts, xs, ref in m1_cases([tuple(x.split()) for x in args.layers.split(",")],
+                                                          args.bits, args.group):
         rec = {"model": model, "layer": layer, "n": n, "k": k, "bytes": w.nbytes}
         for _ in range(args.reps):
             for name, mod in versions.items():
