@@ -38,6 +38,30 @@ def test_h2_gemv_matches_dequantize(case, m, monkeypatch):
     assert rel_err(y, y32) < 1e-3
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == 8], ids=lambda c: "-".join(map(str, c)))
+def test_h2_gemv_whole_tile_steps(case, monkeypatch):
+    """Steps of all 16 word rows of a tile over 4 warps, as the H100's 8-bit configs take them, split over
+    several programs: the same sums as the fp32 loop and the dequantized weight."""
+    ptx_emulator.install(monkeypatch)
+    w = make_affine(*case)
+    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, w.shape[1], generator=torch.Generator().manual_seed(5)).half()
+    y = affine_gemv.gemv(x, st, config=(64, 16, 4, 64.0, 1), h2=True)
+    assert rel_err(y, x.double() @ w.dequantize().double().T) < TOL[torch.float16]
+    assert rel_err(y, affine_gemv.gemv(x, st, config=(64, 16, 4, 64.0, 1), h2=False)) < 1e-3
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_default_config_by_code_width(bits, monkeypatch):
+    """Under PDL, 8-bit codes (twice the bytes a weight) take their own launch table, swept apart from 4-bit."""
+    st = affine_gemm.prepare(make_affine(64, 256, bits, 128, "sym"), DEVICE, torch.float16)
+    monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: True)
+    table = affine_gemv.GEMV_CONFIGS_PDL_W8 if bits == 8 else affine_gemv.GEMV_CONFIGS_PDL
+    assert affine_gemv.default_config(st, DEVICE) == table[0][1]
+    monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: False)
+    assert affine_gemv.default_config(st, DEVICE) == affine_gemv.GEMV_CONFIGS[0][1]
+
+
 def test_h2_keeps_outlier_activations_finite(monkeypatch):
     """(q - 8)/16 keeps each packed-half product within |x| / 2: activations of 3000 stay finite."""
     ptx_emulator.install(monkeypatch)

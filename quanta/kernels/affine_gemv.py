@@ -354,6 +354,13 @@ GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 
 # 128 x 8 at 32 waves, 91% against 76%.
 GEMV_CONFIGS_PDL = ((30_000_000, (128, 8, 2, 16.0, 1)), (300_000_000, (256, 4, 2, 8.0, 2)),
                     (1 << 62, (128, 8, 2, 32.0, 1)))
+# 8-bit codes (twice the bytes a weight) under PDL: their own sweep (W8 per-channel, 10 configs on the 8 Llama
+# shapes, results/gemv-configs-w8-sweep-h100-2026-11-25.json) picks 256 columns in 4 warps, 8 word rows a step:
+# 8B o 7.9 us against 8.3, 70B o 25.2 against 26.2, 70B qkv 31.0 against 32.1, 70B down 81.3 against 84.1, 8B
+# down and gate_up within 2%; on 8B qkv (25M) all 16 rows of a tile a step, 10.8-11.1 us against 12.1-12.3;
+# 70B gate_up keeps 128 x 8 at 32 waves.
+GEMV_CONFIGS_PDL_W8 = ((20_000_000, (256, 8, 4, 8.0, 1)), (30_000_000, (256, 16, 4, 8.0, 1)),
+                       (300_000_000, (256, 8, 4, 8.0, 1)), (1 << 62, (128, 8, 2, 32.0, 1)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
 
 
@@ -383,6 +390,12 @@ def use_h2(st: AffineState, device: torch.device) -> bool:
     return torch.device(device).type == "cuda" and h2_applies(st)
 
 
+def default_config(st: AffineState, device: torch.device) -> tuple:
+    """(BLOCK_N, RS, num_warps, waves, min_tiles) of the weight on `device`: the tables above, by weight count."""
+    table = (GEMV_CONFIGS if not use_pdl(device) else GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL)
+    return next(c for top, c in table if st.n * st.k <= top)
+
+
 def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
          config: tuple | None = None, h2: bool | None = None, glu: bool = False) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small). `glu`: W stacks
@@ -393,8 +406,7 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     """
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
-    table = GEMV_CONFIGS_PDL if use_pdl(x2.device) else GEMV_CONFIGS
-    bn, rs, warps, waves, min_tiles = config or next(c for top, c in table if st.n * st.k <= top)
+    bn, rs, warps, waves, min_tiles = config or default_config(st, x2.device)
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, x2.device) if h2 is None else h2
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
