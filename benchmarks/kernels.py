@@ -32,7 +32,10 @@ from quanta.kernels.affine_gemv import gemv  # noqa: E402
 from quanta.quant.kinds import NF4_TABLE, Affine, Codebook, Fp8  # noqa: E402
 
 SHAPES = {"8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
-          "70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}}
+          "70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)},
+          # Llama-3.2: not in the default tables, for probes of launch configs on smaller weights
+          "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)},
+          "3b": {"qkv": (5120, 3072), "o": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192)}}
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 

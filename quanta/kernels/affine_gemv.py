@@ -351,16 +351,21 @@ GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 
 # hides the fixed cost that made the small shapes want many tiny programs; the same sweep with PDL on
 # (results/gemv-sweep-pdl-h100-2026-11-23.json) picks 256 x 4 at 8 waves from 8B down (59M) up, e.g.
 # 70B qkv 83% of copy bandwidth against 73%, 8B gate_up 88% against 80%, and for 70B gate_up (470M)
-# 128 x 8 at 32 waves, 91% against 76%.
-GEMV_CONFIGS_PDL = ((30_000_000, (128, 8, 2, 16.0, 1)), (300_000_000, (256, 4, 2, 8.0, 2)),
-                    (1 << 62, (128, 8, 2, 32.0, 1)))
-# 8-bit codes (twice the bytes a weight) under PDL: their own sweep (W8 per-channel, 10 configs on the 8 Llama
-# shapes, results/gemv-configs-w8-sweep-h100-2026-11-25.json) picks 256 columns in 4 warps, 8 word rows a step:
-# 8B o 7.9 us against 8.3, 70B o 25.2 against 26.2, 70B qkv 31.0 against 32.1, 70B down 81.3 against 84.1, 8B
-# down and gate_up within 2%; on 8B qkv (25M) all 16 rows of a tile a step, 10.8-11.1 us against 12.1-12.3;
-# 70B gate_up keeps 128 x 8 at 32 waves.
-GEMV_CONFIGS_PDL_W8 = ((20_000_000, (256, 8, 4, 8.0, 1)), (30_000_000, (256, 16, 4, 8.0, 1)),
-                       (300_000_000, (256, 8, 4, 8.0, 1)), (1 << 62, (128, 8, 2, 32.0, 1)))
+# 128 x 8 at 32 waves, 91% against 76%. Up to 20M weights (Llama-3.2-1B/3B, 8B o) all 16 word rows of a tile a
+# step over 256 columns are 9-22% faster (results/gemv-configs-small-w4-h100-2026-11-25.json: 1B qkv 4.8 us
+# against 6.0, 3B o 5.1 against 6.6, 8B o 5.7 against 6.2); the 128 x 8 band reaches 40M for 1B gate_up (8.4 us
+# against 9.9 at 256 x 4).
+GEMV_CONFIGS_PDL = ((20_000_000, (256, 16, 2, 8.0, 1)), (40_000_000, (128, 8, 2, 16.0, 1)),
+                    (300_000_000, (256, 4, 2, 8.0, 2)), (1 << 62, (128, 8, 2, 32.0, 1)))
+# 8-bit codes (twice the bytes a weight) under PDL: their own sweeps (W8 per-channel on the 8 Llama-3 shapes and
+# the 1B/3B ones, results/gemv-configs-w8-sweep-h100-2026-11-25.json, -small-w8-) pick 256 columns in 4 warps, 8
+# word rows a step: 8B o 7.9 us against 8.3, 70B o 25.2 against 26.2, 70B qkv 31.0 against 32.1, 70B down 81.3
+# against 84.1, 8B down and gate_up within 2%; all 16 rows of a tile a step (79 registers: 6 programs an SM) where
+# its programs fit in one resident wave (~790; the 1000-program shapes between lose 14-18%): 8B qkv (25M) 10.8-11.1
+# us against 12.1-12.3, 1B qkv 4.7 against 6.0, 1B o 4.2 against 5.8; 70B gate_up keeps 128 x 8 at 32 waves.
+GEMV_CONFIGS_PDL_W8 = ((12_000_000, (256, 16, 4, 8.0, 1)), (20_000_000, (256, 8, 4, 8.0, 1)),
+                       (30_000_000, (256, 16, 4, 8.0, 1)), (300_000_000, (256, 8, 4, 8.0, 1)),
+                       (1 << 62, (128, 8, 2, 32.0, 1)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
 
 
