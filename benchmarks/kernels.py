@@ -180,10 +180,20 @@ def dense_reference(x: torch.Tensor, w) -> torch.Tensor:
     return x.float() @ w.dequantize().to(x.device, x.dtype).float().t()
 
 
+def rel_norm_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """|y - ref| / |ref| (Frobenius norms, y in float32): how far a kernel's output is from its float reference."""
+    return ((y.float() - ref).norm() / ref.norm()).item()
+
+
 def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     """Stop a sweep whose kernel variant `what` strays from the float reference by more than 1% (relative norm)."""
-    err = ((y.float() - ref).norm() / ref.norm()).item()
+    err = rel_norm_err(y, ref)
     assert err < 1e-2, (what, err)
+
+
+def parse_layers(text: str) -> list[tuple[str, str]]:
+    """(model, layer) pairs of SHAPES from "8b qkv,70b o"."""
+    return [tuple(x.split()) for x in text.split(",")]
 
 
 def parse_config(text: str) -> tuple:

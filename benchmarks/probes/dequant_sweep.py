@@ -17,17 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import bench, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
 
 from quanta.kernels import affine_gemm  # noqa: E402
-from quanta.kernels.triton_support import cdiv  # noqa: E402
 
 CONFIGS = [(128, 4), (64, 4), (256, 4), (256, 8), (512, 8), (128, 2)]     # (BLOCK_N, num_warps)
-
-
-def dequant(st, block_n: int, warps: int) -> torch.Tensor:
-    out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
-    affine_gemm._affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
-        st.packed, st.sz, st.sz, out, st.n, st.group_size, BITS=st.bits, R=affine_gemm.R, ZERO=st.zero,
-        BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=warps)
-    return out
 
 
 def main() -> None:
@@ -39,8 +30,8 @@ def main() -> None:
         nbytes = w4.nbytes + 2 * n * k
         rec = {"model": model, "layer": layer, "n": n, "k": k}
         for block_n, warps in CONFIGS:
-            assert torch.equal(dequant(st4[0], block_n, warps)[:k], ref)
-            us = bench(lambda x, st: dequant(st, block_n, warps), [None], st4, w4.nbytes)
+            assert torch.equal(affine_gemm.dequantize_t(st4[0], block_n, warps), ref)
+            us = bench(lambda x, st: affine_gemm.dequantize_t(st, block_n, warps), [None], st4, w4.nbytes)
             rec[f"{block_n}_{warps}"] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3, 1)}
         results.append(rec)
         print(model, layer, " ".join(f"{key} {v['us']} us {v['GBps']} GB/s" for key, v in rec.items()

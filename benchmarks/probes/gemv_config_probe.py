@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import bench, copy_bandwidth, m1_cases  # noqa: E402
+from kernels import bench, copy_bandwidth, m1_cases, parse_layers, rel_norm_err  # noqa: E402
 
 from quanta.kernels.affine_gemv import gemv  # noqa: E402
 
@@ -22,11 +22,11 @@ bw = copy_bandwidth()
 out = []
 BITS = int(os.environ.get("BITS", 4))
 GROUP = int(os.environ.get("GROUP", 128))
-LAYERS = [tuple(x.split()) for x in os.environ.get("LAYERS", "8b down,70b o,70b qkv,8b gate_up").split(",")]
+LAYERS = parse_layers(os.environ.get("LAYERS", "8b down,70b o,70b qkv,8b gate_up"))
 for model, layer, n, k, w, sts, xs, ref in m1_cases(LAYERS, BITS, GROUP):
     for rep in range(int(os.environ.get("REPS", 2))):
         for cfg in CFGS:
-            err = ((gemv(xs[0], sts[0], config=cfg).float() - ref).norm() / ref.norm()).item()
+            err = rel_norm_err(gemv(xs[0], sts[0], config=cfg), ref)
             us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
             out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
 Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "group": GROUP, "results": out}))

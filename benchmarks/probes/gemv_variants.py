@@ -15,7 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import bench, check_close, load_versions, m1_cases, start_run, variants_parser, write_run  # noqa: E402
+from kernels import (bench, check_close, load_versions, m1_cases, parse_layers, start_run,  # noqa: E402
+                     variants_parser, write_run)
 
 from quanta.kernels import affine_gemv  # noqa: E402
 
@@ -32,8 +33,7 @@ def main() -> None:
     versions = load_versions(affine_gemv, args.before)
     unchecked = set(args.unchecked.split(","))
     results = []
-    for model, layer, n, k, w, sts, xs, ref in m1_cases([tuple(x.split()) for x in args.layers.split(",")],
-                                                          args.bits, args.group):
+    for model, layer, n, k, w, sts, xs, ref in m1_cases(parse_layers(args.layers), args.bits, args.group):
         rec = {"model": model, "layer": layer, "n": n, "k": k, "bytes": w.nbytes}
         for _ in range(args.reps):
             for name, mod in versions.items():

@@ -32,6 +32,7 @@ from quanta.kernels.triton_support import (
     tl,
     triton,
     why_not_device,
+    zero_,
 )
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds.affine import Affine
@@ -242,8 +243,9 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     min_tiles = 4 if st.bits == 4 else 8
     splits, per = split_k(cdiv(m, bm) * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
     atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=atomic_dtype) if splits > 1
-         else torch.empty(m, st.n, device=x2.device, dtype=st.dtype))
+    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if splits > 1 else st.dtype)
+    if splits > 1:
+        zero_(y)
     grid = (cdiv(m, bm) * cdiv(st.n, bn), splits)
     _affine_gemm_kernel[grid](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
@@ -255,12 +257,13 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     return y if y.dtype == st.dtype else y.to(st.dtype)
 
 
-def dequantize_t(st: AffineState, block_n: int = 128) -> torch.Tensor:
-    """The weight transposed, [K, N] in the compute dtype (rows in sorted order when act-ordered)."""
+def dequantize_t(st: AffineState, block_n: int = 128, warps: int = 4) -> torch.Tensor:
+    """The weight transposed, [K, N] in the compute dtype (rows in sorted order when act-ordered); `block_n` and
+    `warps` (columns and warps a program) are swept by benchmarks/probes/dequant_sweep.py."""
     out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
     _affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
         st.packed, st.sz, st.lut if st.lut is not None else st.sz, out, st.n, st.group_size,
-        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=4)
+        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=warps)
     return out[: st.k]
 
 
