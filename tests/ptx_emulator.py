@@ -4,7 +4,7 @@
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
 (ta = 0xF0, tb = 0xCC, tc = 0xAA); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
 arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once and `mul.rn` rounding a*b once
-to fp16 (float64 holds both exactly); `cvt.f32.f16` widens, `add.f32` / `mul.f32` / `fma.rn.f32` work in
+to fp16 (float64 holds both exactly), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` / `mul.f32` / `fma.rn.f32` work in
 float32. Anything else raises, so a kernel using a new instruction fails loudly.
 """
 from __future__ import annotations
@@ -48,10 +48,23 @@ def _prmt(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
-def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
-    """Execute `asm` ($0 the output, $1.. the inputs as 32-bit patterns); returns $0's 32-bit patterns."""
+def _bf16_halves(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lo = ((bits & 0xFFFF) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+    hi = (bits & 0xFFFF0000).astype(np.uint32).view(np.float32).astype(np.float64)
+    return lo, hi
+
+
+def _bf16_round(v: np.ndarray) -> np.ndarray:
+    """float64 values (exact products and sums of bf16, which float32 holds) -> bf16 patterns, to nearest even."""
+    b = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32) & 0xFFFF
+
+
+def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | list[np.ndarray]:
+    """Execute `asm` ($0.. the outputs, then the inputs, as 32-bit patterns); returns $0's 32-bit patterns, or a list
+    of the `outputs` first registers' when more than one."""
     shape = np.broadcast_shapes(*(x.shape for x in inputs))
-    regs: dict[str, np.ndarray] = {f"${i + 1}": np.broadcast_to(x.view(np.uint32) if x.dtype.itemsize == 4
+    regs: dict[str, np.ndarray] = {f"${i + outputs}": np.broadcast_to(x.view(np.uint32) if x.dtype.itemsize == 4
                                                                  else x.astype(np.uint32), shape).copy()
                                    for i, x in enumerate(inputs)}
 
@@ -89,6 +102,9 @@ def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
         elif op == "mul.rn.f16x2":
             (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 * b0, a1 * b1)
+        elif op == "fma.rn.bf16x2":                      # float32 holds a bf16 product exactly; one rounding
+            (a0, a1), (b0, b1), (c0, c1) = (_bf16_halves(val(x)) for x in args)
+            regs[dst] = _bf16_round(a0 * b0 + c0) | (_bf16_round(a1 * b1 + c1) << 16)
         elif op == "cvt.f32.f16":
             regs[dst] = (val(args[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
         elif op == "add.f32":
@@ -100,7 +116,7 @@ def run(asm: str, inputs: list[np.ndarray]) -> np.ndarray:
             regs[dst] = (a * b + c).astype(np.float32).view(np.uint32)
         else:
             raise NotImplementedError(f"PTX emulator: {op}")
-    return regs["$0"]
+    return regs["$0"] if outputs == 1 else [regs[f"${i}"] for i in range(outputs)]
 
 
 def install(monkeypatch) -> None:
@@ -115,10 +131,11 @@ def install(monkeypatch) -> None:
             return self.results[i]
 
     def create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
-        assert pack in (1, 2) and len(types) == 1, "the emulator runs one or two elements per instance, one output"
-        ty = types[0]
-        scalar = getattr(ty, "element_ty", ty)
+        assert pack in (1, 2), "the emulator runs one or two elements per instance"
+        scalars = [getattr(ty, "element_ty", ty) for ty in types]
+        scalar = scalars[0]
         if pack == 1:
+            assert len(types) == 1, "pack 1 emulates one output"
             out = run(asm, [v.data for v in values])
             return _Call([interpreter.TensorHandle(out.view(np.float32) if scalar.is_fp32() else out.view(np.int32),
                                                    scalar)])
@@ -133,9 +150,12 @@ def install(monkeypatch) -> None:
                 operands += [lo.view(np.uint32), hi.view(np.uint32)]
             else:
                 operands.append(lo.view(np.uint16).astype(np.uint32) | (hi.view(np.uint16).astype(np.uint32) << 16))
-        out = run(asm, operands)
-        assert scalar.is_fp16(), "pack 2 emulates fp16 outputs"
-        halves = np.stack([out & 0xFFFF, out >> 16], axis=-1).reshape(shape).astype(np.uint16)
-        return _Call([interpreter.TensorHandle(halves.view(np.float16), scalar)])
+        outs = run(asm, operands, len(types))
+        results = []
+        for out, scalar in zip(outs if len(types) > 1 else [outs], scalars):
+            assert scalar.is_fp16() or scalar.is_bf16(), "pack 2 emulates 16-bit float outputs"
+            halves = np.stack([out & 0xFFFF, out >> 16], axis=-1).reshape(shape).astype(np.uint16)
+            results.append(interpreter.TensorHandle(halves.view(np.float16) if scalar.is_fp16() else halves, scalar))
+        return _Call(results)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_inline_asm", create_inline_asm)

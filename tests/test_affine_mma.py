@@ -7,6 +7,8 @@ import torch
 from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 import ptx_emulator
 from quanta.kernels import affine_gemm, affine_mma, codebook_gemm, fp8_gemm
+from quanta.kernels.triton_support import tl, triton
+from quanta.quant.kinds.codebook import FP4_TABLE, NF4_TABLE
 from test_affine_gemm import CASES, LLAMA, make_affine
 from test_codebook_gemm import make_codebook
 from test_fp8_gemm import make_fp8
@@ -80,10 +82,56 @@ def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     assert torch.equal(pairs, single)
 
 
-@pytest.mark.parametrize("qt,blocksize,dq", [("nf4", 64, True), ("fp4", 32, False)])
-def test_table_codes(qt, blocksize, dq):
-    w = make_codebook(72, 256, blocksize, qt, dq)
-    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), 6, torch.float16, config=(16, 3, 1.0, 1, 4, 16))
+@pytest.mark.parametrize("qt,n,k,blocksize,dq", [("nf4", 72, 256, 64, True), ("fp4", 72, 256, 32, False),
+                                                 ("nf4", 40, 384, 128, False), ("nf4", 33, 160, 16, True),
+                                                 ("fp4", 24, 288, 48, False)])
+@pytest.mark.parametrize("m,config", [(6, (16, 3, 1.0, 1, 4, 16)), (19, (32, 2, 64.0, 1, 4, 32)),
+                                      (5, (16, 3, 8.0, 1, 4, 64))],
+                         ids=["m6-one-split", "m19-split-k-32-rows-a-warp", "m5-64-rows-a-warp"])
+@pytest.mark.parametrize("h2", [True, False], ids=["lookup-in-ptx", "per-element"])
+def test_table_codes(qt, n, k, blocksize, dq, m, config, h2, monkeypatch):
+    """NF4 / FP4 codes: looked up four at a time by byte permutes (groups of 16..128 columns, and 48, which
+    begins mid-pair), or gathered per element."""
+    ptx_emulator.install(monkeypatch)
+    w = make_codebook(n, k, blocksize, qt, dq)
+    check(w, codebook_gemm.prepare(w, DEVICE, torch.float16), m, torch.float16, h2=h2, config=config)
+
+
+@triton.jit
+def _lookup_kernel(w_ptr, s_ptr, lut_ptr, out_ptr, BN: tl.constexpr, R: tl.constexpr):
+    """out[i, n, r] = the weight of code i of word (n, r), by affine_mma._table_pairs."""
+    offs = tl.arange(0, BN)[:, None] * R + tl.arange(0, R)[None, :]
+    p = tl.load(w_ptr + offs)
+    s0 = tl.load(s_ptr + tl.arange(0, BN))
+    s1 = tl.load(s_ptr + BN + tl.arange(0, BN))
+    lut = (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
+           tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+    for j in tl.static_range(4):
+        w0, w1 = affine_mma._table_pairs(p, j, lut, s0, s1, R, BN, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + (2 * j) * BN * R + offs, w0)
+        tl.store(out_ptr + (2 * j + 1) * BN * R + offs, w1)
+
+
+@pytest.mark.parametrize("qt", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_table_lookup_is_the_rounded_product(qt, dtype, monkeypatch):
+    """The byte-permute lookup of every code at every nibble of a word, bit for bit: code i of word (n, r) becomes
+    table[code] in the dtype times its pair's scale, rounded once to the dtype (codes 2j with s0, 2j + 1 with s1)."""
+    ptx_emulator.install(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    bn, r = 32, 16
+    codes = torch.randint(0, 16, (8, bn, r), generator=g)
+    codes[:, 0, :] = torch.arange(16)                             # every code at every position
+    words = sum(codes[i].long() << (4 * i) for i in range(8))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    scales = (torch.rand(2, bn, generator=g) * 0.1 + 0.01).to(dtype)
+    table = torch.tensor(NF4_TABLE if qt == "nf4" else FP4_TABLE)
+    out = torch.empty(8, bn, r, dtype=dtype, device=DEVICE)
+    _lookup_kernel[(1,)](words.to(DEVICE), scales.to(DEVICE), affine_gemm.lut_byte_words(table, dtype).to(DEVICE),
+                         out, BN=bn, R=r)
+    entries = table.to(dtype).float()[codes]                       # [8, bn, r]
+    expect = (entries * scales.float()[torch.arange(8) % 2][:, :, None]).to(dtype)
+    assert torch.equal(out.cpu().view(torch.int16), expect.view(torch.int16))
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on sm89+ fp8_gemm.prepare makes a W8A8 state")
@@ -138,13 +186,45 @@ def test_gpu_rows_a_warp(n, k, config, stream):
 
 
 @pytest.mark.gpu
-def test_gpu_plan_takes_this_path_for_affine_codes_only():
+def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
     st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemm", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, st)[0] for m in (2, 3, 512, 513)] == expect
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 512, 513)] == expect
+    assert affine_gemm.plan(2, st)[0] == ("mma" if hopper else "gemv")
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
-    assert affine_gemm.plan(16, nf4)[0] == "cublas"
+    expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemv", "cublas", "cublas"]
+    assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2, 512, 513)] == expect
+    nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.bfloat16)
+    assert affine_gemm.plan(2, nf4)[0] == ("mma" if hopper else "cublas")     # no bf16 byte-permute GEMV
+
+
+def test_plan_where_this_path_applies(monkeypatch):
+    """Where the MMA kernel applies (sm90), it takes M = 2 from the GEMV when it decodes in PTX (fp16 affine codes,
+    table codes in either dtype), and M = 33..64 of table codes take 32 rows a warp (64 spill)."""
+    monkeypatch.setattr(affine_mma, "applies", lambda st: True)
+    f16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
+    bf16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
+    nf4 = {dt: codebook_gemm.prepare(make_codebook(64, 256), DEVICE, dt) for dt in (torch.float16, torch.bfloat16)}
+    assert [affine_gemm.plan(m, f16)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
+    assert [affine_gemm.plan(m, bf16)[0] for m in (1, 2, 3)] == ["gemv", "gemv", "mma"]
+    for st in nf4.values():
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
+    big = codebook_gemm.prepare(make_codebook(1024, 1024), DEVICE, torch.float16)   # 4 blocks of 256 rows
+    assert [affine_mma.default_config(m, big, 1)[5] for m in (32, 33, 64)] == [64, 32, 32]
+    big = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, torch.float16)
+    assert affine_mma.default_config(64, big, 1)[5] == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [2, 16, 64, 300])
+@pytest.mark.parametrize("blocksize", [64, 128])
+def test_gpu_table_codes_llama_shapes(n, k, m, blocksize):
+    """NF4 (double-quantized absmax, as bnb stores it) on the default configs, fp16 and bf16, looked up in PTX."""
+    w = make_codebook(n, k, blocksize, "nf4", True, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, codebook_gemm.prepare(w, "cuda", dtype), m, dtype, bias=m == 16)
 
 
 @pytest.mark.gpu

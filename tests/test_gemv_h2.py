@@ -51,12 +51,20 @@ def test_h2_gemv_whole_tile_steps(case, monkeypatch):
     assert rel_err(y, affine_gemv.gemv(x, st, config=(64, 16, 4, 64.0, 1), h2=False)) < 1e-3
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_default_config_by_code_width(bits, monkeypatch):
-    """Under PDL, 8-bit codes (twice the bytes a weight) take their own launch table, swept apart from 4-bit."""
-    st = affine_gemm.prepare(make_affine(64, 256, bits, 128, "sym"), DEVICE, torch.float16)
+@pytest.mark.parametrize("kind", ["int4", "int8", "nf4"])
+def test_default_config_by_code_kind(kind, monkeypatch):
+    """Under PDL, 8-bit codes (twice the bytes a weight) and table codes (about twice the instructions a code) take
+    their own launch tables, swept apart from 4-bit affine codes."""
+    from quanta.kernels import codebook_gemm
+    from test_codebook_gemm import make_codebook
+    if kind == "nf4":
+        st = codebook_gemm.prepare(make_codebook(64, 256, 64, "nf4", True), DEVICE, torch.float16)
+    else:
+        st = affine_gemm.prepare(make_affine(64, 256, 8 if kind == "int8" else 4, 128, "sym"), DEVICE, torch.float16)
     monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: True)
-    table = affine_gemv.GEMV_CONFIGS_PDL_W8 if bits == 8 else affine_gemv.GEMV_CONFIGS_PDL
+    monkeypatch.setattr(affine_gemv, "use_h2", lambda st, device: affine_gemv.h2_applies(st))   # as on a GPU
+    table = {"int4": affine_gemv.GEMV_CONFIGS_PDL, "int8": affine_gemv.GEMV_CONFIGS_PDL_W8,
+             "nf4": affine_gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
     assert affine_gemv.default_config(st, DEVICE) == table[0][1]
     monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: False)
     assert affine_gemv.default_config(st, DEVICE) == affine_gemv.GEMV_CONFIGS[0][1]
@@ -101,6 +109,14 @@ def test_ptx_emulator_against_numpy():
     total = ptx_emulator.run("{\n.reg .f16 x, y;\n.reg .f32 p, q;\nmov.b32 {x, y}, $1;\ncvt.f32.f16 p, x;\n"
                              "cvt.f32.f16 q, y;\nadd.f32 $0, p, q;\n}", [packed])
     assert np.array_equal(total.view(np.float32), h[0].astype(np.float32) + h[1].astype(np.float32))
+    bf = torch.randn(2, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    bits = bf.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
+    packed = bits[0] | (bits[1] << 16)
+    prod = ptx_emulator.run("{\n.reg .b32 z;\nmov.b32 z, 0x80008000;\nfma.rn.bf16x2 $0, $1, $2, z;\n}",
+                            [packed, packed])
+    for half, row in ((prod & 0xFFFF, bf[0]), (prod >> 16, bf[1])):     # torch rounds to nearest even, as PTX's .rn
+        got = torch.from_numpy(half.astype(np.uint16).view(np.int16)).view(torch.bfloat16)
+        assert torch.equal(got, (row.float() * row.float()).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("kind", ["int4", "nf4"])

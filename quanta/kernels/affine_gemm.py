@@ -11,7 +11,7 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
 Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores,
-M <= 2), on sm90 the register-operand MMA kernel in affine_mma.py (affine codes, M <= 512), elsewhere this
+M <= 2; M = 1 on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py (M <= 512), elsewhere this
 file's split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from quanta.quant.kinds.affine import Affine
 NAME = "triton_affine"
 AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
 R = 16                      # word rows per tile: the K of one tensor-core step
-GEMV_MAX_M = 2              # M at or below this runs the GEMV (see affine_gemv.py)
+GEMV_MAX_M = 2              # M at or below this runs the GEMV (see affine_gemv.py), 1 where the MMA kernel applies
 CUBLAS_MIN_M = 256          # M at or above this dequantizes to fp16 and calls cuBLAS, where the MMA kernel does not
                             # apply (H100, M=256: the fused 128x256 tl.dot GEMM won on o/down but lost 30% on qkv)
 
@@ -214,17 +214,21 @@ GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64,
 
 def plan(m: int, st: AffineState) -> tuple[str, str]:
     """Which path runs M rows of this weight, and why."""
-    if st.mode == LUT and m > (GEMV_MAX_M if affine_gemv.h2_applies(st) else 1):
-        return "cublas", (f"M={m}, table codes: the fused kernels gather the table per code (the GEMV's "
-                          f"byte-permute lookup needs fp16 and M <= {GEMV_MAX_M}); dequantize to {st.dtype} + "
-                          "cuBLAS is faster (H100, 8B/70B shapes)")
-    if m <= GEMV_MAX_M:
-        return "gemv", (f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV without tensor cores "
-                        "(packed-half FMAs for fp16, else fp32)")
-    if m <= affine_mma.MMA_MAX_M and affine_mma.applies(st):
+    mma = affine_mma.applies(st)
+    pairs_mma = mma and affine_mma.h2_applies(st)        # (measured against the GEMV at M = 2 with PTX decoding)
+    gemv_max = 1 if pairs_mma or (st.mode == LUT and not affine_gemv.h2_applies(st)) else GEMV_MAX_M
+    if m <= gemv_max:
+        return "gemv", (f"M={m} <= {gemv_max}: bandwidth-bound GEMV without tensor cores "
+                        "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it applies, "
+                        "H100: 9-30% faster on the 8 Llama shapes, 48-93% for table codes)")
+    if m <= affine_mma.MMA_MAX_M and mma:
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
                        "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "
-                       "1.1-1.9x dequantize + cuBLAS at M=256..512, stream-K where tiles leave a wave short)")
+                       "1.1-1.9x dequantize + cuBLAS at M=256..512, stream-K where tiles leave a wave short; "
+                       "table codes looked up by byte permutes)")
+    if st.mode == LUT:
+        return "cublas", (f"M={m}, table codes: the fused kernels other than the MMA kernel gather the table per "
+                          f"code; dequantize to {st.dtype} + cuBLAS is faster (H100, 8B/70B shapes)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"
@@ -358,13 +362,13 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
         sz = s[0::2] | s[1::2] << 16
     return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
                        bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
-                       lut_byte_words(lut) if lut is not None and lut.numel() == 16 else None)
+                       lut_byte_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
 
 
-def lut_byte_words(lut: torch.Tensor) -> torch.Tensor:
-    """A 16-entry table as fp16, byte-sliced for PTX `prmt` lookups: int32 [8], words 0-3 holding the low
-    bytes of entries 0-3, 4-7, 8-11, 12-15 and words 4-7 their high bytes."""
-    h = lut.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+def lut_byte_words(lut: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """A 16-entry table in a 16-bit float dtype, byte-sliced for PTX `prmt` lookups: int32 [8], words 0-3 holding
+    the low bytes of entries 0-3, 4-7, 8-11, 12-15 and words 4-7 their high bytes."""
+    h = lut.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
     planes = torch.stack([h & 0xFF, h >> 8]).view(2, 4, 4)                    # [byte, word, entry]
     words = (planes << torch.tensor([0, 8, 16, 24], device=lut.device)).sum(-1).reshape(8)
     return _int32(words).contiguous()

@@ -366,6 +366,14 @@ GEMV_CONFIGS_PDL = ((20_000_000, (256, 16, 2, 8.0, 1)), (40_000_000, (128, 8, 2,
 GEMV_CONFIGS_PDL_W8 = ((12_000_000, (256, 16, 4, 8.0, 1)), (20_000_000, (256, 8, 4, 8.0, 1)),
                        (30_000_000, (256, 16, 4, 8.0, 1)), (300_000_000, (256, 8, 4, 8.0, 1)),
                        (1 << 62, (128, 8, 2, 32.0, 1)))
+# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: its own sweep (9 configs, bnb NF4 with blocks
+# of 64 on the 8 Llama-3 shapes, results/gemv-configs-nf4-h100-2026-11-25.json) picks 256 columns in 4 warps, 8 word
+# rows a step, from 20M weights: the loop's ~2x instructions a code want the W8 table's shape, not W4's 256 x 4
+# in 2 warps. 8B gate_up 36.7-37.3 us against 55.6-56.4, 8B down 20.3 against 27.4-28.3, 70B qkv 28.4 against
+# 40.8-41.7, 70B down 69.0-69.6 against 95.0; 70B gate_up keeps 128 x 8 at 32 waves, 8B o takes 256 x 8 in 2 warps
+# (7.7-7.9 against 7.9-8.1).
+GEMV_CONFIGS_PDL_TABLE = ((20_000_000, (256, 8, 2, 8.0, 1)), (300_000_000, (256, 8, 4, 8.0, 1)),
+                          (1 << 62, (128, 8, 2, 32.0, 1)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
 
 
@@ -397,7 +405,12 @@ def use_h2(st: AffineState, device: torch.device) -> bool:
 
 def default_config(st: AffineState, device: torch.device) -> tuple:
     """(BLOCK_N, RS, num_warps, waves, min_tiles) of the weight on `device`: the tables above, by weight count."""
-    table = (GEMV_CONFIGS if not use_pdl(device) else GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL)
+    if not use_pdl(device):
+        table = GEMV_CONFIGS
+    elif st.mode == LUT and use_h2(st, device):
+        table = GEMV_CONFIGS_PDL_TABLE
+    else:
+        table = GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL
     return next(c for top, c in table if st.n * st.k <= top)
 
 

@@ -1,6 +1,6 @@
 """Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
-For M = 3..512 rows (a batch of decode steps, a prefill chunk; plan() gives it no more) the split-K `tl.dot`
+For M = 2..512 rows (a batch of decode steps, a prefill chunk; plan() gives it no more) the split-K `tl.dot`
 kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory to the tensor
 cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
 yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
@@ -37,14 +37,19 @@ and lets the next one launch once past its main loop.
 fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
 (columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
 `fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
-by 16), and one more applies the scale (and zbias). Other modes (bf16, table codes, fp8) decode per element
-through affine_gemm.decode.
+by 16), and one more applies the scale (and zbias). 4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up
+four at a time by byte permutes in registers (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8).
+Other modes (bf16 affine, fp8) decode per element through affine_gemm.decode.
+
+H100, table codes against the dequantize + cuBLAS path they took before (fp16, RESULTS.md 2026-11-25 seventh
+session): 70B gate_up at M = 16 164 us against 818 (bitsandbytes 440), 8B gate_up 45.9 against 217; 1.5-1.6x the
+affine W4A16 g128 times at M = 16, whose decode takes 8 instructions for 4 codes.
 """
 from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine_gemm import AFFINE, R, AffineState, decode, load_scales
+from quanta.kernels.affine_gemm import AFFINE, LUT, R, AffineState, decode, load_scales
 from quanta.kernels.triton_support import (capability, cdiv, num_sms, pdl_launch, pdl_launch_dependents, pdl_wait,
                                            split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k,
                                            zero_)
@@ -59,6 +64,31 @@ _H2_SYM = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5
            "fma.rn.f16x2 t, t, $7, $8; mul.rn.f16x2 $0, t, $9; }")
 _H2_ZB = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5, 0x64006400, 0xea; "
           "fma.rn.f16x2 t, t, $7, $8; fma.rn.f16x2 $0, t, $9, $10; }")
+# PTX of one table lookup (NF4 / FP4), four codes: $0 $1 the pairs of codes 2j and 2j + 1 of words $2 $3 (columns
+# 2q, 2q+1); $4 (and $5) the prmt selector of byte j of both words; $6, $8, .. $20 the table's bytes
+# (affine_gemm.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
+# The gathered nibbles' low 3 bits select table bytes (prmt, among entries 0-7 and among 8-15, for the low and the
+# high bytes), bit 3 spread to a byte mask (a sign-replicating prmt) picks between the two, and two prmts interleave
+# low and high bytes into the pairs (as affine_gemv's _H2_LUT_HALF). fp16 scales with mul.rn.f16x2; bf16 (no bf16x2
+# mul before sm90) with fma.rn.bf16x2 and an addend of -0, which leaves every product as it is.
+_TABLE_LOOKUP = """.reg .b32 t, u, sel, m, lo, lo2, hi, hi2, e0, e1, z;
+prmt.b32 t, $2, $3, $4;
+and.b32 sel, t, 0x7777;
+prmt.b32 lo, $6, $8, sel;
+prmt.b32 lo2, $10, $12, sel;
+prmt.b32 hi, $14, $16, sel;
+prmt.b32 hi2, $18, $20, sel;
+shl.b32 u, t, 4;
+prmt.b32 m, u, t, 0xD9C8;
+lop3.b32 lo, lo, lo2, m, 0xD8;
+lop3.b32 hi, hi, hi2, m, 0xD8;
+prmt.b32 e0, lo, hi, 0x6240;
+prmt.b32 e1, lo, hi, 0x7351;
+"""
+_TABLE_CONSTRAINTS = tl.constexpr("=r,=r" + ",r" * 22)
+_TABLE_F16 = tl.constexpr("{" + _TABLE_LOOKUP + "mul.rn.f16x2 $0, e0, $22;\nmul.rn.f16x2 $1, e1, $23;\n}")
+_TABLE_BF16 = tl.constexpr("{" + _TABLE_LOOKUP + "mov.b32 z, 0x80008000;\nfma.rn.bf16x2 $0, e0, $22, z;\n"
+                           "fma.rn.bf16x2 $1, e1, $23, z;\n}")
 
 
 @triton.jit
@@ -85,6 +115,24 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
         w = tl.inline_asm_elementwise(_H2_SYM, "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=True,
                                       pack=2)
     return tl.reshape(w, (BN, R))
+
+
+@triton.jit
+def _table_pairs(p, j: tl.constexpr, lut, s0, s1, R: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """Weights [BN, R] of codes 2j and 2j + 1 of words p [BN, R] (columns 2j * R + r, (2j + 1) * R + r), looked up in
+    the 16-entry table `lut` (8 words of its bytes) and scaled by s0, s1 [BN], two columns per instruction."""
+    pairs = tl.reshape(p, (BN, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
+    shape: tl.constexpr = (BN, R // 2, 2)
+    SEL: tl.constexpr = j | ((4 + j) << 4) | (j << 8) | ((4 + j) << 12)
+    args = [pairs, tl.full(shape, SEL, tl.int32), lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7],
+            tl.broadcast_to(s0[:, None, None], shape), tl.broadcast_to(s1[:, None, None], shape)]
+    if DT == tl.float16:
+        w0, w1 = tl.inline_asm_elementwise(_TABLE_F16, _TABLE_CONSTRAINTS, args, dtype=(tl.float16, tl.float16),
+                                           is_pure=True, pack=2)
+    else:
+        w0, w1 = tl.inline_asm_elementwise(_TABLE_BF16, _TABLE_CONSTRAINTS, args, dtype=(tl.bfloat16, tl.bfloat16),
+                                           is_pure=True, pack=2)
+    return tl.reshape(w0, (BN, R)), tl.reshape(w1, (BN, R))
 
 
 @triton.jit
@@ -129,32 +177,71 @@ def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: 
 
 
 @triton.jit
-def _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
+def _pair_scales(sz_ptr, kt, j: tl.constexpr, s, s0, GS, y_cols, N, TILE_SCALE: tl.constexpr, R: tl.constexpr,
+                 DT: tl.constexpr, BN: tl.constexpr):
+    """Scales [BN] of codes 2j and 2j + 1 of the tile at column kt: the tile's s with TILE_SCALE; else code 2j's row,
+    loaded where its group begins (s0, code 2j - 2's, kept while the group runs on: every group begins at a code
+    when it divides the tile), and code 2j + 1's where the group changes inside the pair."""
+    if TILE_SCALE:
+        s0 = s
+        s1 = s
+    else:
+        if j == 0 or (8 * R) % GS != 0 or (2 * j * R) % GS == 0:
+            s0 = _row_scales(sz_ptr, (kt + 2 * j * R) // GS, y_cols, N, 0, False, DT, BN)[0]
+        if GS % (2 * R) == 0:
+            s1 = s0
+        else:
+            s1 = _row_scales(sz_ptr, (kt + (2 * j + 1) * R) // GS, y_cols, N, 0, False, DT, BN)[0]
+    return s0, s1
+
+
+@triton.jit
+def _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE: tl.constexpr, R: tl.constexpr, DT: tl.constexpr,
+                BN: tl.constexpr):
+    """The 8 codes' weights [BN, R] of 4-bit table codes p, two codes a _table_pairs."""
+    s0, s1 = _pair_scales(sz_ptr, kt, 0, s, s, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    w0, w1 = _table_pairs(p, 0, lut, s0, s1, R, BN, DT)
+    s0, s1 = _pair_scales(sz_ptr, kt, 1, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    w2, w3 = _table_pairs(p, 1, lut, s0, s1, R, BN, DT)
+    s0, s1 = _pair_scales(sz_ptr, kt, 2, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    w4, w5 = _table_pairs(p, 2, lut, s0, s1, R, BN, DT)
+    s0, s1 = _pair_scales(sz_ptr, kt, 3, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    w6, w7 = _table_pairs(p, 3, lut, s0, s1, R, BN, DT)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@triton.jit
+def _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
                   HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr, H2: tl.constexpr,
                   R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
     """The weight tile [BN, PACK * R] of words p (column i * R + r from code i of word r), in operand A's layout
     when p is in the accumulator's: the codes' joins become register dims, which is where the operand holds
-    its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each)."""
-    w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT, BN)
-    w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT, BN)
-    w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT, BN)
-    w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                R, DT, BN)
+    its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each).
+    `lut`: the table's 8 byte words (MODE LUT with H2), else unused."""
+    if MODE == 1 and H2:                                            # table codes, four a lookup
+        w0, w1, w2, w3, w4, w5, w6, w7 = _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE, R, DT, BN)
+    else:
+        w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                    R, DT, BN)
+        w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                    R, DT, BN)
+        w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                    R, DT, BN)
+        w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
+                    R, DT, BN)
     if BITS == 8:
         j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
         tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
     else:
-        w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT, BN)
-        w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT, BN)
-        w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT, BN)
-        w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                    H2, R, DT, BN)
+        if not (MODE == 1 and H2):
+            w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                        H2, R, DT, BN)
+            w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                        H2, R, DT, BN)
+            w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                        H2, R, DT, BN)
+            w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                        H2, R, DT, BN)
         j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
         tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (BN, 8 * R))   # [BN, i2 i1 i0 r]
     return tile
@@ -190,6 +277,11 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
     # without another conversion (Triton's accumulator-to-operand shortcut, as in attention's P @ V)
     acc_layout = tl.dot(tl.zeros((BLOCK_N, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
     s, zb = _row_scales(sz_ptr, (t_begin * TILE_K) // GS, y_cols, N, ZERO, HAS_ZB, DT, BLOCK_N)
+    if MODE == 1 and H2:                 # the table's bytes, in registers for the whole loop
+        lut = (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3),
+               tl.load(lut_ptr + 4), tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+    else:
+        lut = (0,)
     pdl_wait(PDL)                        # x (and y) belong to the kernels before this one
     # --- main loop: one tile of TILE_K columns per step; a tile-wide scale row is loaded one step ahead
     for t in range(t_begin, t_end):
@@ -201,7 +293,7 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
         p = tl.reshape(p, (2, 2, WARPS, 8, 4, C // 2, 2))
         p = tl.reshape(tl.permute(p, (5, 2, 6, 3, 0, 4, 1)), (BLOCK_N, R))   # [(j, w, h, g) rows, R word rows]
         p = p | acc_layout
-        w = _decoded_tile(p, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+        w = _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
                           TILE_SCALE, H2, R, DT, BLOCK_N)
         k = kt + offs_kk
         kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
@@ -292,26 +384,35 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
     """The config of M rows: MMA_CONFIGS' bucket, except where its blocks of 256 weight rows give fewer programs
     than 1.5 x the SMs or a program fewer than 3 K tiles (of the Llama shapes, 8B o up to M = 64 and 8B qkv at
     M = 33..64): there blocks of 64 rows (16 a warp) run in 4 waves. H100, results/mma-small-n-configs-h100-
-    2026-11-25.json: 8B o 8.3-10.9 us against 9.2-14.6 at M = 4..64, 8B qkv 13.5 against 16.7 at M = 64."""
+    2026-11-25.json: 8B o 8.3-10.9 us against 9.2-14.6 at M = 4..64, 8B qkv 13.5 against 16.7 at M = 64.
+    Table codes at M = 33..64 take 32 rows a warp: the lookup's registers spill at 64 (328 bytes a thread); 1.3-1.6x
+    faster on 7 of the 8 shapes, 8B gate_up 62.4 us against 93.5 (results/mma-nf4-configs-h100-2026-11-25.json)."""
     bm, stages, waves, min_tiles, warps, rows = config = next(c for top, c in MMA_CONFIGS if m <= top)
     if waves is None:
         return config
+    if st.mode == LUT and m > 32:
+        return (bm, stages, waves, min_tiles, warps, 32)
     tiles = cdiv(st.n, rows * warps) * cdiv(m, bm)
     splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
     return (bm, stages, 4.0, min_tiles, 4, 16) if tiles * splits < 1.5 * sms or per < 3 else config
 
 
 def applies(st: AffineState) -> bool:
-    """Whether plan() gives this path the weight: affine codes on sm90, where it was measured (the register
-    operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of shared memory). Table codes gather per
-    element and stay on cuBLAS (2x slower here); fp8 weight-only was not measured."""
+    """Whether plan() gives this path the weight: affine codes, or 4-bit table codes (looked up by byte permutes),
+    on sm90, where it was measured (the register operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of
+    shared memory). fp8 weight-only was not measured."""
     dev = st.packed.device
-    return st.mode == AFFINE and dev.type == "cuda" and capability(dev) == (9, 0)
+    return (st.mode == AFFINE or _table_h2(st)) and dev.type == "cuda" and capability(dev) == (9, 0)
+
+
+def _table_h2(st: AffineState) -> bool:
+    return st.mode == LUT and st.bits == 4 and st.lut_bytes is not None
 
 
 def h2_applies(st: AffineState) -> bool:
-    """Whether codes decode two at a time in PTX (fp16 affine)."""
-    return st.mode == AFFINE and st.dtype == torch.float16
+    """Whether codes decode two at a time in PTX: fp16 affine codes, or 4-bit table codes (fp16 or bf16; the
+    per-element path gathers the table from memory once per code)."""
+    return (st.mode == AFFINE and st.dtype == torch.float16) or _table_h2(st)
 
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
@@ -338,16 +439,18 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if atomic else st.dtype)
     if atomic:
         zero_(y)
+    h2 = h2_applies(st) if h2 is None else h2
+    table = st.lut_bytes if h2 and st.mode == LUT else st.lut if st.lut is not None else st.sz
 
     def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
         _affine_mma_kernel[grid](
             x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-            st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+            table, bias if bias is not None else x2, y,
             m, st.n, st.k, tiles_per_split, st.num_tiles, n_blocks, tile0, stream_iters,
             x2.stride(0), y.stride(0),
             GS=st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb,
             HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, ATOMIC=add, MODE=st.mode,
-            H2=h2_applies(st) if h2 is None else h2, BLOCK_N=rows * warps, WARPS=warps, STREAM_K=streamed,
+            H2=h2, BLOCK_N=rows * warps, WARPS=warps, STREAM_K=streamed,
             num_warps=warps, num_stages=stages, **pdl_launch(x2.device))
 
     if not stream:
