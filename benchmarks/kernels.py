@@ -96,34 +96,39 @@ def dense_us(xs: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
     return bench(lambda x, w: x @ w.t(), xs, weights, weights[0].numel() * weights[0].element_size())
 
 
-def w4_shapes(models: str):
-    """For each Llama shape of `models` ("8b,70b"): (model, layer, n, k, a W4A16 g128 weight, rotating copies of
-    it prepared for fp16, rotating fp16 copies for cuBLAS)."""
+def w4_shapes(models: str, weight: str = "w4", dtype: torch.dtype = torch.float16):
+    """For each Llama shape of `models` ("8b,70b"): (model, layer, n, k, a W4A16 g128 weight, or with `weight`
+    "nf4" a bnb NF4 one (nf4_w), rotating copies of it prepared for `dtype`, rotating dense copies in `dtype` for
+    cuBLAS)."""
     for model in models.split(","):
         for layer, (n, k) in SHAPES[model].items():
-            w4 = affine_w(n, k, 4, 128)
-            yield (model, layer, n, k, w4, copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes),
-                   fp16_weights(n, k))
+            w4 = affine_w(n, k, 4, 128) if weight == "w4" else nf4_w(n, k)
+            kernels = affine_gemm if weight == "w4" else codebook_gemm
+            yield (model, layer, n, k, w4, copies(lambda: kernels.prepare(w4, "cuda", dtype), w4.nbytes),
+                   [w.to(dtype) for w in fp16_weights(n, k)])
             torch.cuda.empty_cache()
 
 
-def w4_points(models: str, ms: str):
+def w4_points(models: str, ms: str, weight: str = "w4", dtype: torch.dtype = torch.float16):
     """For each Llama shape of `models` and each M of `ms` ("4,16"): (its record: model, layer, n, k, m and the
-    fp16 cuBLAS µs; four activations [M, K]; the W4A16 g128 weight; its rotating copies prepared for fp16)."""
-    for model, layer, n, k, w4, st4, fp16 in w4_shapes(models):
+    cuBLAS µs in `dtype` (key "fp16" also for bf16); four activations [M, K]; the W4A16 g128 weight, or `weight`
+    as in w4_shapes; its rotating copies prepared for `dtype`)."""
+    for model, layer, n, k, w4, st4, fp16 in w4_shapes(models, weight, dtype):
         for m in map(int, ms.split(",")):
-            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            xs = [torch.randn(m, k, device="cuda").to(dtype) for _ in range(4)]
             yield ({"model": model, "layer": layer, "n": n, "k": k, "m": m, "fp16": round(dense_us(xs, fp16), 2)},
                    xs, w4, st4)
 
 
-def m1_cases(layers, bits: int = 4, group: int = 128):
-    """For each (model, layer) of `layers` at M = 1: (model, layer, n, k, the affine weight, its rotating copies
-    prepared for fp16, four activations [1, K], the reference dense_reference(xs[0], w))."""
+def m1_cases(layers, bits: int = 4, group: int = 128, weight: str = "affine"):
+    """For each (model, layer) of `layers` at M = 1: (model, layer, n, k, the affine weight (or with `weight`
+    "nf4" a bnb NF4 one, nf4_w), its rotating copies prepared for fp16, four activations [1, K], the reference
+    dense_reference(xs[0], w))."""
     for model, layer in layers:
         n, k = SHAPES[model][layer]
-        w = affine_w(n, k, bits, group)
-        sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
+        w = affine_w(n, k, bits, group) if weight == "affine" else nf4_w(n, k)
+        kernels = affine_gemm if weight == "affine" else codebook_gemm
+        sts = copies(lambda: kernels.prepare(w, "cuda", torch.float16), w.nbytes)
         xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
         yield model, layer, n, k, w, sts, xs, dense_reference(xs[0], w)
         torch.cuda.empty_cache()

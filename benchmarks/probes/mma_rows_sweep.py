@@ -2,7 +2,7 @@
 64-byte word runs per thread and word row, see the kernel's row map), split-K or stream-K over several
 programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the M = 16 line).
 
-    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] \
+    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] [--weights nf4] [--dtype bf16] \
         [--configs "default;16,3,2.0,2,4,64,1;..."]   (a seventh field 1: SYNC, mma.sync with one dot a code,
                                                         from probes/mma-sync-per-code.patch)
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import torch
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -30,13 +32,17 @@ CONFIGS = [((16, 3, 4.0, 4, 4, 16), False), ((16, 3, 2.0, 4, 4, 64), False), ((1
 def main() -> None:
     ap = sweep_parser(__doc__)
     ap.add_argument("--ms", default="16")
+    ap.add_argument("--weights", default="w4", choices=["w4", "nf4"], help="W4A16 g128 (default) or bnb NF4 codes")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
+                    help="activations (and the cuBLAS baseline, still keyed 'fp16')")
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
                     "(split-K; 'stream:' before the fields for stream-K)")
     args = ap.parse_args()
     configs = parse_configs(args.configs) if args.configs else CONFIGS
     t0, meta = start_run()
     results = []
-    for rec, xs, w4, st4 in w4_points(args.models, args.ms):
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms, args.weights, dtype):
         ref = dense_reference(xs[0], w4)
         for cfg, stream in configs:
             cfg = with_m_bucket(cfg, rec["m"])
@@ -49,7 +55,7 @@ def main() -> None:
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.1f} | "
               + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
               + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
-    write_run(args.out, meta, t0, configs=[(list(c) if c else "default") for c, s in configs],
+    write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype, configs=[(list(c) if c else "default") for c, s in configs],
               streamed=[s for c, s in configs], results=results)
 
 if __name__ == "__main__":
