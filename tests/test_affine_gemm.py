@@ -153,7 +153,7 @@ def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
                                   (48, 256, 8, 64, "asym", False)],
                          ids=["g128-asym-two-column-blocks", "g32-act-order-ragged", "int8"])
 def test_glu_epilogue_equals_matmul_then_silu_and_mul(case, m):
-    """apply_glu on a stacked [gate; up] weight: on the GEMV path (M <= 2) the epilogue makes
+    """apply_glu on a stacked [gate; up] weight: on the GEMV path (M <= 2; M = 1 on sm90) the epilogue makes
     silu(gate) * up from each program's gate and up halves; bit for bit the GEMV + activation kernel (the
     same roundings), and close to the float64 reference."""
     from quanta.kernels import activation

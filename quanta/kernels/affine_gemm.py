@@ -219,8 +219,8 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
     gemv_max = 1 if pairs_mma or (st.mode == LUT and not affine_gemv.h2_applies(st)) else GEMV_MAX_M
     if m <= gemv_max:
         return "gemv", (f"M={m} <= {gemv_max}: bandwidth-bound GEMV without tensor cores "
-                        "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it applies, "
-                        "H100: 9-30% faster on the 8 Llama shapes, 48-93% for table codes)")
+                        "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it decodes in PTX, "
+                        "H100: 1.10-1.32x faster on the 8 Llama shapes, 1.3-2.5x for table codes)")
     if m <= affine_mma.MMA_MAX_M and mma:
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
                        "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "

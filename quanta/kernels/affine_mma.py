@@ -42,8 +42,8 @@ four at a time by byte permutes in registers (_TABLE_LOOKUP: 14 instructions for
 Other modes (bf16 affine, fp8) decode per element through affine_gemm.decode.
 
 H100, table codes against the dequantize + cuBLAS path they took before (fp16, RESULTS.md 2026-11-25 seventh
-session): 70B gate_up at M = 16 164 us against 818 (bitsandbytes 440), 8B gate_up 45.9 against 217; 1.5-1.6x the
-affine W4A16 g128 times at M = 16, whose decode takes 8 instructions for 4 codes.
+session, run N): 70B gate_up at M = 16 163 us against 818 (bitsandbytes 437), 8B gate_up 45.6 against 217;
+1.26-1.63x the affine W4A16 g128 times at M = 16, whose decode takes 8 instructions for 4 codes.
 """
 from __future__ import annotations
 
@@ -385,8 +385,9 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
     than 1.5 x the SMs or a program fewer than 3 K tiles (of the Llama shapes, 8B o up to M = 64 and 8B qkv at
     M = 33..64): there blocks of 64 rows (16 a warp) run in 4 waves. H100, results/mma-small-n-configs-h100-
     2026-11-25.json: 8B o 8.3-10.9 us against 9.2-14.6 at M = 4..64, 8B qkv 13.5 against 16.7 at M = 64.
-    Table codes at M = 33..64 take 32 rows a warp: the lookup's registers spill at 64 (328 bytes a thread); 1.3-1.6x
-    faster on 7 of the 8 shapes, 8B gate_up 62.4 us against 93.5 (results/mma-nf4-configs-h100-2026-11-25.json)."""
+    Table codes at M = 33..64 take 32 rows a warp: the lookup's registers spill at 64 (328 bytes a thread); 1.4-1.5x
+    faster on 6 of the 8 shapes (8B gate_up 62.4 us against 93.5), 1.04-1.09x on 8B qkv and o
+    (results/mma-nf4-configs-h100-2026-11-25.json)."""
     bm, stages, waves, min_tiles, warps, rows = config = next(c for top, c in MMA_CONFIGS if m <= top)
     if waves is None:
         return config

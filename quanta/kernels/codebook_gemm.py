@@ -7,9 +7,9 @@ scales, and the kernels run in MODE=LUT: the GEMV (fp16) and the MMA kernel look
 in registers (affine_gemv's H2 table loop, affine_mma's _TABLE_LOOKUP), the other kernels gather the 16-entry
 table per code (served from L1) in place of the magic-number conversion. Paths by M (affine_gemm.plan()): the
 GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512
-(H100, M = 2..64: 1.8-5x faster than the dequantize + cuBLAS path it replaced, 2.6-5.3x faster than
-bitsandbytes), else dequantize + cuBLAS, where the gathers made the fused GEMM 2-11x slower than bitsandbytes
-(H100, 2026-11-23).
+(H100, M = 4..64: 2.6-5.5x faster than the dequantize + cuBLAS path it replaced and 2.4-5.4x faster than
+bitsandbytes; M = 2: 1.3-2.5x the GEMV), else dequantize + cuBLAS, where the gathers made the fused GEMM 2-11x
+slower than bitsandbytes (H100, 2026-11-23).
 """
 from __future__ import annotations
 
