@@ -31,8 +31,8 @@ for model, layer, n, k, w, sts, xs, ref in m1_cases(LAYERS, BITS, GROUP, WEIGHTS
             err = rel_norm_err(gemv(xs[0], sts[0], config=cfg), ref)
             us = bench(lambda x, st: gemv(x, st, config=cfg), xs, sts, w.nbytes)
             out.append({"shape": f"{model} {layer}", "config": cfg, "rep": rep, "us": round(us, 2), "rel_err": err})
-Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "group": GROUP, "weights": WEIGHTS,
-                                                                 "results": out}))
+Path(os.environ["OUT"] + "/gemv_cfg.json").write_text(json.dumps({"copy_GBps": bw, "bits": BITS, "group": GROUP,
+                                                                 "weights": WEIGHTS, "results": out}))
 for shape in dict.fromkeys(r["shape"] for r in out):
     print(shape, " ".join(f"{'_'.join(map(str, c))}:" + "/".join(str(r["us"]) for r in out if r["shape"] == shape and tuple(r["config"]) == c) for c in CFGS))
 print("max rel err", max(r["rel_err"] for r in out))

@@ -2,7 +2,8 @@
 64-byte word runs per thread and word row, see the kernel's row map), split-K or stream-K over several
 programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the M = 16 line).
 
-    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] [--weights nf4] [--dtype bf16] \
+    python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] \
+        [--weights nf4] [--dtype bf16] \
         [--configs "default;16,3,2.0,2,4,64,1;..."]   (a seventh field 1: SYNC, mma.sync with one dot a code,
                                                         from probes/mma-sync-per-code.patch)
 """
@@ -55,7 +56,8 @@ def main() -> None:
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.1f} | "
               + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
               + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
-    write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype, configs=[(list(c) if c else "default") for c, s in configs],
+    write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype,
+              configs=[(list(c) if c else "default") for c, s in configs],
               streamed=[s for c, s in configs], results=results)
 
 if __name__ == "__main__":

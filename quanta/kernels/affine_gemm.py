@@ -11,8 +11,8 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
 Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores,
-M <= 2; M = 1 on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py (M <= 512), elsewhere this
-file's split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
+M <= 2; M = 1 on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py
+(M <= 512), elsewhere this file's split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
 
