@@ -133,26 +133,28 @@ def install(monkeypatch) -> None:
     def create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
         assert pack in (1, 2), "the emulator runs one or two elements per instance"
         scalars = [getattr(ty, "element_ty", ty) for ty in types]
-        scalar = scalars[0]
         if pack == 1:
-            assert len(types) == 1, "pack 1 emulates one output"
-            out = run(asm, [v.data for v in values])
-            return _Call([interpreter.TensorHandle(out.view(np.float32) if scalar.is_fp32() else out.view(np.int32),
-                                                   scalar)])
-        # pack 2: the pairs are neighbours along the last dimension (the kernels put that dimension in
-        # consecutive registers); a 32-bit input is two operands, a 16-bit one a single packed operand
-        shape = np.broadcast_shapes(*(v.data.shape for v in values))
-        operands = []
-        for v in values:
-            a = np.broadcast_to(v.data, shape)
-            lo, hi = a[..., 0::2], a[..., 1::2]
-            if a.dtype.itemsize == 4:
-                operands += [lo.view(np.uint32), hi.view(np.uint32)]
-            else:
-                operands.append(lo.view(np.uint16).astype(np.uint32) | (hi.view(np.uint16).astype(np.uint32) << 16))
+            operands, shape = [v.data for v in values], None
+        else:
+            # pack 2: the pairs are neighbours along the last dimension (the kernels put that dimension in
+            # consecutive registers); a 32-bit input is two operands, a 16-bit one a single packed operand
+            shape = np.broadcast_shapes(*(v.data.shape for v in values))
+            operands = []
+            for v in values:
+                a = np.broadcast_to(v.data, shape)
+                lo, hi = a[..., 0::2], a[..., 1::2]
+                if a.dtype.itemsize == 4:
+                    operands += [lo.view(np.uint32), hi.view(np.uint32)]
+                else:
+                    operands.append(lo.view(np.uint16).astype(np.uint32)
+                                    | (hi.view(np.uint16).astype(np.uint32) << 16))
         outs = run(asm, operands, len(types))
         results = []
         for out, scalar in zip(outs if len(types) > 1 else [outs], scalars):
+            if pack == 1:
+                bits = out.view(np.float32) if scalar.is_fp32() else out.view(np.int32)
+                results.append(interpreter.TensorHandle(bits, scalar))
+                continue
             assert scalar.is_fp16() or scalar.is_bf16(), "pack 2 emulates 16-bit float outputs"
             halves = np.stack([out & 0xFFFF, out >> 16], axis=-1).reshape(shape).astype(np.uint16)
             results.append(interpreter.TensorHandle(halves.view(np.float16) if scalar.is_fp16() else halves, scalar))

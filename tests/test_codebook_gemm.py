@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001
-from quanta.kernels import affine_gemm, codebook_gemm
+from kernel_util import DEVICE, TOL, bf16_rounds_to_nearest, interpreter_bf16_dot, rel_err  # noqa: I001
+from quanta.kernels import affine_gemm, affine_mma, codebook_gemm
 from quanta.quant.kinds.codebook import FP4_TABLE, NF4_TABLE, Codebook
 
 
@@ -36,9 +36,30 @@ def test_codebook_paths(n, k, blocksize, qt, dq, path, m, dtype):
     assert rel_err(affine_gemm.matmul(x, st, path=path), ref) < TOL[dtype]
 
 
-def test_plan_takes_cublas_above_the_gemv():
-    """Table codes: the GEMV up to M = 2 where its byte-permute lookup runs (fp16), else up to M = 1; above,
-    dequantize + cuBLAS (faster than the fused kernels' per-code gather on the H100)."""
+@pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", True), (73, 192, 32, "fp4", False),
+                                                 (40, 384, 128, "nf4", False)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_dequantize_by_lookup(n, k, blocksize, qt, dq, dtype, monkeypatch):
+    """The dequantize kernel's byte-permute lookup (the cuBLAS path's on CUDA): each weight is its code's table entry
+    in the dtype times its block's scale, rounded once (bit for bit in fp16; the interpreter truncates to bf16), and
+    close to Codebook.dequantize()."""
+    import ptx_emulator
+    ptx_emulator.install(monkeypatch)
+    w = make_codebook(n, k, blocksize, qt, dq)
+    st = codebook_gemm.prepare(w, DEVICE, dtype)
+    got = affine_gemm.dequantize_t(st, block_n=32, lookup=True).t()
+    scales = w.block_absmax().reshape(n, k // blocksize).to(dtype).float().repeat_interleave(blocksize, 1)
+    expect = (w.table.to(dtype).float()[w.codes.long()] * scales).to(dtype)
+    if dtype == torch.float16 or bf16_rounds_to_nearest():
+        assert torch.equal(got.view(torch.int16), expect.view(torch.int16))
+    assert rel_err(got, w.dequantize()) < TOL[dtype] / 4
+
+
+def test_plan_takes_cublas_above_the_gemv(monkeypatch):
+    """Table codes where the MMA kernel does not apply (off sm90): the GEMV up to M = 2 where its byte-permute
+    lookup runs (fp16), else up to M = 1; above, dequantize + cuBLAS (faster than the split-K kernel's per-code
+    gather on the H100). (Where it applies, test_affine_mma.test_plan_where_this_path_applies.)"""
+    monkeypatch.setattr(affine_mma, "applies", lambda st: False)
     st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16)
     assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 3, 16, 128, 1024)] == ["gemv"] * 2 + ["cublas"] * 4
     st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.bfloat16)

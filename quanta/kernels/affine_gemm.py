@@ -151,6 +151,26 @@ def _affine_gemm_kernel(
         tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
 
 
+def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23") -> str:
+    """PTX of a 16-entry table lookup of 4 codes, the nibbles 0-3 of the word register `w`, into two pairs of 16-bit
+    entries `e01` (codes 0, 1) and `e23` (codes 2, 3) by byte permutes: the codes' low 3 bits select a byte from 8
+    (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes; each code's bit 3, spread to a
+    byte mask by a sign-replicating prmt, picks between the two; two more prmts interleave low and high bytes.
+    `table`: the operand number of the first of the 8 table words (lut_byte_words), $table .. $table+7. Uses the
+    registers sel, t, m, lo, lo2, hi, hi2 (declared by the caller)."""
+    t = [f"${table + i}" for i in range(8)]
+    return (f"and.b32 sel, {w}, 0x7777;\nprmt.b32 lo, {t[0]}, {t[1]}, sel;\nprmt.b32 lo2, {t[2]}, {t[3]}, sel;\n"
+            f"prmt.b32 hi, {t[4]}, {t[5]}, sel;\nprmt.b32 hi2, {t[6]}, {t[7]}, sel;\nshl.b32 t, {w}, 4;\n"
+            f"prmt.b32 m, t, {w}, 0xD9C8;\nlop3.b32 lo, lo, lo2, m, 0xD8;\nlop3.b32 hi, hi, hi2, m, 0xD8;\n"
+            f"prmt.b32 {e01}, lo, hi, 0x5140;\nprmt.b32 {e23}, lo, hi, 0x7362;\n")
+
+
+# A word's 8 table codes as four pairs of 16-bit entries ($0 codes 0, 1 .. $3 codes 6, 7), from the word $4 and the
+# table words $5..$12: the dequantize kernel's lookup (no global gather per code)
+_LUT_WORD = tl.constexpr("{\n.reg .b32 w, sel, t, m, lo, lo2, hi, hi2;\n" + lut_lookup4_ptx("$4", 5, "$0", "$1")
+                         + "shr.u32 w, $4, 16;\n" + lut_lookup4_ptx("w", 5, "$2", "$3") + "}")
+
+
 @triton.jit
 def _affine_dequant_kernel(
     # pointers
@@ -159,11 +179,13 @@ def _affine_dequant_kernel(
     N, GS,
     # meta
     BITS: tl.constexpr, R: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ZB: tl.constexpr,
-    MODE: tl.constexpr,
+    MODE: tl.constexpr, LOOKUP: tl.constexpr = False,
 ):
-    """out[K_pad, N] = dequant(packed) in out's dtype (the transposed weight for cuBLAS)."""
+    """out[K_pad, N] = dequant(packed) in out's dtype (the transposed weight for cuBLAS). LOOKUP: 4-bit table codes
+    looked up by byte permutes (lut_ptr: lut_byte_words in out's dtype), not gathered from memory per code."""
     PACK: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, R)
@@ -171,15 +193,36 @@ def _affine_dequant_kernel(
     mask_n = offs_n < N
     # --- load one tile of words and its scales
     p = tl.load(w_ptr + (t * R + offs_r)[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0)
-    g = ((t * PACK * R + offs_i * R) // GS)[:, None, None]
-    s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB,
-                        out_ptr.dtype.element_ty)
-    # --- dequantize (exact integer in fp32, then scale)
-    code = (p[None, :, :] >> (offs_i * BITS)[:, None, None]) & MASK
-    w = decode(code, s, zb, lut_ptr, ZERO, HAS_ZB, MODE, False, out_ptr.dtype.element_ty)
-    # --- store rows k = t*TILE_K + i*R + r
-    rows = t * PACK * R + offs_i[:, None, None] * R + offs_r[None, :, None]
-    tl.store(out_ptr + rows * N + offs_n[None, None, :], w, mask=mask_n[None, None, :])
+    if LOOKUP:
+        _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N, GS, R, DT)
+    else:
+        g = ((t * PACK * R + offs_i * R) // GS)[:, None, None]
+        s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB, DT)
+        # --- dequantize (exact integer in fp32, then scale; or a table entry, gathered)
+        code = (p[None, :, :] >> (offs_i * BITS)[:, None, None]) & MASK
+        w = decode(code, s, zb, lut_ptr, ZERO, HAS_ZB, MODE, False, DT)
+        # --- store rows k = t*TILE_K + i*R + r
+        rows = t * PACK * R + offs_i[:, None, None] * R + offs_r[None, :, None]
+        tl.store(out_ptr + rows * N + offs_n[None, None, :], w, mask=mask_n[None, None, :])
+
+
+@triton.jit
+def _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N, GS, R: tl.constexpr,
+                       DT: tl.constexpr):
+    """The dequantize kernel's tile of 4-bit table codes: each word's 8 entries by _LUT_WORD (four pairs of 16-bit
+    entries in DT), times their group's scale in fp32, rounded once to DT, stored at rows t * TILE_K + i * R + r."""
+    args = [p, tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
+            tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7)]
+    pairs = tl.inline_asm_elementwise(_LUT_WORD, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", args,
+                                      dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    for j in tl.static_range(4):
+        for h in tl.static_range(2):
+            entry = ((pairs[j] >> (16 * h)) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+            k0 = t * 8 * R + (2 * j + h) * R                       # the code's K slice of the tile
+            s, zb = load_scales(sz_ptr, k0 // GS, offs_n[None, :], mask_n[None, :], N, 0, False, DT)
+            rows = k0 + offs_r
+            tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], (entry.to(tl.float32) * s.to(tl.float32)).to(DT),
+                     mask=mask_n[None, :])
 
 
 @dataclass(slots=True)
@@ -227,8 +270,8 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
                        "1.1-1.9x dequantize + cuBLAS at M=256..512, stream-K where tiles leave a wave short; "
                        "table codes looked up by byte permutes)")
     if st.mode == LUT:
-        return "cublas", (f"M={m}, table codes: the fused kernels other than the MMA kernel gather the table per "
-                          f"code; dequantize to {st.dtype} + cuBLAS is faster (H100, 8B/70B shapes)")
+        return "cublas", (f"M={m}, table codes: the split-K kernel gathers the table per code; dequantize to "
+                          f"{st.dtype} (by byte permutes on CUDA) + cuBLAS is faster (H100, 8B/70B shapes)")
     if m >= CUBLAS_MIN_M:
         return "cublas", f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {st.dtype} + cuBLAS"
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"
@@ -261,13 +304,18 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     return y if y.dtype == st.dtype else y.to(st.dtype)
 
 
-def dequantize_t(st: AffineState, block_n: int = 128, warps: int = 4) -> torch.Tensor:
+def dequantize_t(st: AffineState, block_n: int = 128, warps: int = 4, lookup: bool | None = None) -> torch.Tensor:
     """The weight transposed, [K, N] in the compute dtype (rows in sorted order when act-ordered); `block_n` and
-    `warps` (columns and warps a program) are swept by benchmarks/probes/dequant_sweep.py."""
+    `warps` (columns and warps a program) are swept by benchmarks/probes/dequant_sweep.py. `lookup`: 4-bit table
+    codes by byte permutes (default on CUDA, where PTX runs; the interpreter's tests force it with an emulator)."""
+    if lookup is None:
+        lookup = st.packed.device.type == "cuda"
+    lookup = lookup and st.mode == LUT and st.bits == 4 and st.lut_bytes is not None
     out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
     _affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
-        st.packed, st.sz, st.lut if st.lut is not None else st.sz, out, st.n, st.group_size,
-        BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, num_warps=warps)
+        st.packed, st.sz, st.lut_bytes if lookup else st.lut if st.lut is not None else st.sz, out, st.n,
+        st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode,
+        LOOKUP=lookup, num_warps=warps)
     return out[: st.k]
 
 

@@ -19,7 +19,16 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.activation import silu_mul
-from quanta.kernels.affine_gemm import AFFINE, GEMV_MAX_M, LUT, R, AffineState, load_scales, reference  # noqa: F401  (the oracle)
+from quanta.kernels.affine_gemm import (
+    AFFINE,
+    GEMV_MAX_M,
+    LUT,
+    AffineState,
+    R,
+    load_scales,
+    lut_lookup4_ptx,
+    reference,  # noqa: F401  (the oracle)
+)
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
     cdiv,
@@ -33,7 +42,6 @@ from quanta.kernels.triton_support import (
     use_pdl,
     zeroed_scratch,
 )
-
 
 # --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
 # A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
@@ -82,25 +90,12 @@ mul.rn.f16x2 acc, lo, $2;
 fma.rn.f16x2 acc, hi, $3, acc;
 """ + _H2_LANES_TO_F32)
 # A 16-entry table (NF4 / FP4) instead of the magic numbers: 4 codes of a word at a time (nibbles 0-3, then
-# 4-7, each half one scale group) become fp16 table entries with byte permutes. The code's low 3 bits
-# select a byte from 8 (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes;
-# the code's bit 3, spread to a byte mask by a sign-replicating prmt, picks between the two; two more prmts
-# interleave low and high bytes into fp16 pairs. $1 the word, $2..$5 the activation pairs (x0, x1), (x2, x3),
+# 4-7, each half one scale group) become fp16 table entries with byte permutes (affine_gemm.lut_lookup4_ptx),
+# which meet the activations in packed-half FMAs. $1 the word, $2..$5 the activation pairs (x0, x1), (x2, x3),
 # (x4, x5), (x6, x7), $6 / $7 the two halves' scales (f32), $8..$15 the table bytes (lut_byte_words).
 # Compiled (compile_check --sass, one 128-column tile of 8 word rows): 1.65x the int4 loop's instructions,
 # against 2.5x and five times the loads for the fp32 loop's global gather per code.
-_H2_LUT_HALF = """and.b32 sel, {w}, 0x7777;
-prmt.b32 lo, $8, $9, sel;
-prmt.b32 lo2, $10, $11, sel;
-prmt.b32 hi, $12, $13, sel;
-prmt.b32 hi2, $14, $15, sel;
-shl.b32 t, {w}, 4;
-prmt.b32 m, t, {w}, 0xD9C8;
-lop3.b32 lo, lo, lo2, m, 0xD8;
-lop3.b32 hi, hi, hi2, m, 0xD8;
-prmt.b32 e01, lo, hi, 0x5140;
-prmt.b32 e23, lo, hi, 0x7362;
-mul.rn.f16x2 acc, e01, {xa};
+_H2_LUT_DOT = """mul.rn.f16x2 acc, e01, {xa};
 fma.rn.f16x2 acc, e23, {xb}, acc;
 mov.b32 {{h0, h1}}, acc;
 cvt.f32.f16 f0, h0;
@@ -111,9 +106,9 @@ _H2_DOT_LUT = tl.constexpr("""{
 .reg .b32 w, sel, t, m, lo, lo2, hi, hi2, e01, e23, acc;
 .reg .f16 h0, h1;
 .reg .f32 f0, f1, part;
-""" + _H2_LUT_HALF.format(w="$1", xa="$2", xb="$3") + """mul.f32 part, f0, $6;
+""" + lut_lookup4_ptx("$1", 8) + _H2_LUT_DOT.format(xa="$2", xb="$3") + """mul.f32 part, f0, $6;
 shr.u32 w, $1, 16;
-""" + _H2_LUT_HALF.format(w="w", xa="$4", xb="$5") + """fma.rn.f32 $0, f0, $7, part;
+""" + lut_lookup4_ptx("w", 8) + _H2_LUT_DOT.format(xa="$4", xb="$5") + """fma.rn.f32 $0, f0, $7, part;
 }""")
 # D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
 # (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
