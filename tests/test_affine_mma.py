@@ -86,8 +86,8 @@ def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
                                                  ("nf4", 40, 384, 128, False), ("nf4", 33, 160, 16, True),
                                                  ("fp4", 24, 288, 48, False)])
 @pytest.mark.parametrize("m,config", [(6, (16, 3, 1.0, 1, 4, 16)), (19, (32, 2, 64.0, 1, 4, 32)),
-                                      (5, (16, 3, 8.0, 1, 4, 64))],
-                         ids=["m6-one-split", "m19-split-k-32-rows-a-warp", "m5-64-rows-a-warp"])
+                                      (5, (16, 3, 8.0, 1, 4, 64)), (1, (16, 3, 4.0, 1, 4, 64))],
+                         ids=["m6-one-split", "m19-split-k-32-rows-a-warp", "m5-64-rows-a-warp", "m1-split-k"])
 @pytest.mark.parametrize("h2", [True, False], ids=["lookup-in-ptx", "per-element"])
 def test_table_codes(qt, n, k, blocksize, dq, m, config, h2, monkeypatch):
     """NF4 / FP4 codes: looked up four at a time by byte permutes (groups of 16..128 columns, and 48, which
@@ -196,20 +196,21 @@ def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
     expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemv", "cublas", "cublas"]
     assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2, 512, 513)] == expect
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.bfloat16)
-    assert affine_gemm.plan(2, nf4)[0] == ("mma" if hopper else "cublas")     # no bf16 byte-permute GEMV
+    assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2)] == (["mma"] * 2 if hopper else ["gemv", "cublas"])
 
 
 def test_plan_where_this_path_applies(monkeypatch):
     """Where the MMA kernel applies (sm90), it takes M = 2 from the GEMV when it decodes in PTX (fp16 affine codes,
-    table codes in either dtype), and M = 33..64 of table codes take 32 rows a warp (64 spill)."""
+    table codes in either dtype), and M = 1 too for bf16 table codes (the GEMV would gather them per code); M = 33..64
+    of table codes take 32 rows a warp (64 spill)."""
     monkeypatch.setattr(affine_mma, "applies", lambda st: True)
     f16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
     bf16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
     nf4 = {dt: codebook_gemm.prepare(make_codebook(64, 256), DEVICE, dt) for dt in (torch.float16, torch.bfloat16)}
     assert [affine_gemm.plan(m, f16)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
     assert [affine_gemm.plan(m, bf16)[0] for m in (1, 2, 3)] == ["gemv", "gemv", "mma"]
-    for st in nf4.values():
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
+    assert [affine_gemm.plan(m, nf4[torch.float16])[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
+    assert [affine_gemm.plan(m, nf4[torch.bfloat16])[0] for m in (1, 513)] == ["mma", "cublas"]   # no bf16 lookup GEMV
     big = codebook_gemm.prepare(make_codebook(1024, 1024), DEVICE, torch.float16)   # 4 blocks of 256 rows
     assert [affine_mma.default_config(m, big, 1)[5] for m in (32, 33, 64)] == [64, 32, 32]
     big = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, torch.float16)
@@ -218,7 +219,7 @@ def test_plan_where_this_path_applies(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", LLAMA)
-@pytest.mark.parametrize("m", [2, 16, 64, 300])
+@pytest.mark.parametrize("m", [1, 2, 16, 64, 300])
 @pytest.mark.parametrize("blocksize", [64, 128])
 def test_gpu_table_codes_llama_shapes(n, k, m, blocksize):
     """NF4 (double-quantized absmax, as bnb stores it) on the default configs, fp16 and bf16, looked up in PTX."""

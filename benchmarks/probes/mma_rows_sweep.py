@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import (bench, check_close, dense_reference, parse_configs, start_run, sweep_parser,  # noqa: E402
                      w4_points, with_m_bucket, write_run)
 
-from quanta.kernels import affine_mma  # noqa: E402
+from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
 
 # (BLOCK_M, num_stages, waves, least K tiles per split, num_warps, rows a warp), stream-K or split-K
 CONFIGS = [((16, 3, 4.0, 4, 4, 16), False), ((16, 3, 2.0, 4, 4, 64), False), ((16, 2, 2.0, 4, 4, 64), False),
@@ -38,6 +38,7 @@ def main() -> None:
                     help="activations (and the cuBLAS baseline, still keyed 'fp16')")
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
                     "(split-K; 'stream:' before the fields for stream-K)")
+    ap.add_argument("--gemv", action="store_true", help="also time the GEMV path (key 'gemv_'), at small M")
     args = ap.parse_args()
     configs = parse_configs(args.configs) if args.configs else CONFIGS
     t0, meta = start_run()
@@ -51,12 +52,16 @@ def main() -> None:
             run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
             check_close(run(xs[0], st4[0]), ref, key)
             rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+        if args.gemv:
+            gemv = lambda x, st: affine_gemm.matmul(x, st, path="gemv")  # noqa: E731
+            check_close(gemv(xs[0], st4[0]), ref, "gemv")
+            rec["gemv_"] = round(bench(gemv, xs, st4, w4.nbytes), 2)
         best = min((v, key) for key, v in rec.items() if "_" in key)
         results.append(rec)
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.1f} | "
               + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
               + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
-    write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype,
+    write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype, gemv=args.gemv,
               configs=[(list(c) if c else "default") for c, s in configs],
               streamed=[s for c, s in configs], results=results)
 

@@ -258,12 +258,16 @@ GEMM_CONFIGS = ((16, (16, 128, 4, 3, 2.0)), (32, (32, 64, 4, 3, 3.0)), (64, (64,
 def plan(m: int, st: AffineState) -> tuple[str, str]:
     """Which path runs M rows of this weight, and why."""
     mma = affine_mma.applies(st)
-    pairs_mma = mma and affine_mma.h2_applies(st)        # (measured against the GEMV at M = 2 with PTX decoding)
-    gemv_max = 1 if pairs_mma or (st.mode == LUT and not affine_gemv.h2_applies(st)) else GEMV_MAX_M
+    table_gather = st.mode == LUT and not affine_gemv.h2_applies(st)      # the GEMV's fp32 loop gathers per code
+    if mma and affine_mma.h2_applies(st):                # (measured against the GEMV with PTX decoding)
+        gemv_max = 0 if table_gather else 1
+    else:
+        gemv_max = 1 if table_gather else GEMV_MAX_M
     if m <= gemv_max:
         return "gemv", (f"M={m} <= {gemv_max}: bandwidth-bound GEMV without tensor cores "
                         "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it decodes in PTX, "
-                        "H100: 1.10-1.32x faster on the 8 Llama shapes, 1.3-2.5x for table codes)")
+                        "H100: 1.10-1.32x faster on the 8 Llama shapes, 1.3-2.5x for table codes; bf16 table codes "
+                        "from M = 1, 2.1-32x faster than the GEMV's gather loop)")
     if m <= affine_mma.MMA_MAX_M and mma:
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
                        "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "
