@@ -7,10 +7,10 @@ scales, and the kernels run in MODE=LUT: on CUDA the GEMV (fp16), the MMA kernel
 4-bit codes up by byte permutes in registers (affine_gemv's H2 table loop, affine_mma's _TABLE_LOOKUP,
 affine_gemm._LUT_WORD); the split-K tl.dot kernel and the fp32 GEMV loop gather the 16-entry table per code
 (served from L1) in place of the magic-number conversion. Paths by M (affine_gemm.plan()): the
-GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512
-(from M = 1 for bf16, where the GEMV would gather: H100 2.1-32x faster)
-(H100, M = 4..64: 2.6-5.5x faster than the dequantize + cuBLAS path it replaced and 2.4-5.4x faster than
-bitsandbytes; M = 2: 1.3-2.5x the GEMV), else dequantize + cuBLAS, where the gathers made the fused GEMM 2-11x
+GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512,
+from M = 1 for bf16, where the GEMV would gather (H100: 2.1-32x faster than that GEMV; at M = 2 1.3-2.5x the fp16
+GEMV; at M = 4..64 2.6-5.5x faster than the dequantize + cuBLAS path it replaced and 2.4-5.4x faster than
+bitsandbytes), else dequantize + cuBLAS, where the gathers made the fused GEMM 2-11x
 slower than bitsandbytes (H100, 2026-11-23). The dequantize's lookup is 1.13-1.34x its former gather (H100,
 2.5-2.7 TB/s, as the affine codes'), which brings M = 1024 level with W4A16 g128.
 """
