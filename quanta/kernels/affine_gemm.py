@@ -219,7 +219,7 @@ def _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N
         for h in tl.static_range(2):
             entry = ((pairs[j] >> (16 * h)) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
             k0 = t * 8 * R + (2 * j + h) * R                       # the code's K slice of the tile
-            s, zb = load_scales(sz_ptr, k0 // GS, offs_n[None, :], mask_n[None, :], N, 0, False, DT)
+            s = load_scales(sz_ptr, k0 // GS, offs_n[None, :], mask_n[None, :], N, 0, False, DT)[0]
             rows = k0 + offs_r
             tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], (entry.to(tl.float32) * s.to(tl.float32)).to(DT),
                      mask=mask_n[None, :])
