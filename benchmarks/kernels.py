@@ -86,6 +86,13 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / us / 1e3                      # GB/s, read + write
 
 
+def prepared_copies(w, dtype: torch.dtype = torch.float16) -> list:
+    """Rotating copies (`copies`) of the quantized weight `w` in kernel layout for `dtype`, by the kernels of its
+    kind: codebook_gemm for table codes, affine_gemm for affine ones."""
+    kernels = codebook_gemm if isinstance(w, Codebook) else affine_gemm
+    return copies(lambda: kernels.prepare(w, "cuda", dtype), w.nbytes)
+
+
 def fp16_weights(n: int, k: int) -> list:
     """Rotating copies of a random fp16 weight [n, k], the cuBLAS operand every table compares with."""
     return copies(lambda: (torch.randn(n, k, device="cuda") * 0.02).half(), 2 * n * k)
@@ -103,9 +110,7 @@ def w4_shapes(models: str, weight: str = "w4", dtype: torch.dtype = torch.float1
     for model in models.split(","):
         for layer, (n, k) in SHAPES[model].items():
             w4 = affine_w(n, k, 4, 128) if weight == "w4" else nf4_w(n, k)
-            kernels = affine_gemm if weight == "w4" else codebook_gemm
-            yield (model, layer, n, k, w4, copies(lambda: kernels.prepare(w4, "cuda", dtype), w4.nbytes),
-                   [w.to(dtype) for w in fp16_weights(n, k)])
+            yield model, layer, n, k, w4, prepared_copies(w4, dtype), [w.to(dtype) for w in fp16_weights(n, k)]
             torch.cuda.empty_cache()
 
 
@@ -127,8 +132,7 @@ def m1_cases(layers, bits: int = 4, group: int = 128, weight: str = "affine"):
     for model, layer in layers:
         n, k = SHAPES[model][layer]
         w = affine_w(n, k, bits, group) if weight == "affine" else nf4_w(n, k)
-        kernels = affine_gemm if weight == "affine" else codebook_gemm
-        sts = copies(lambda: kernels.prepare(w, "cuda", torch.float16), w.nbytes)
+        sts = prepared_copies(w)
         xs = [torch.randn(1, k, device="cuda").half() for _ in range(4)]
         yield model, layer, n, k, w, sts, xs, dense_reference(xs[0], w)
         torch.cuda.empty_cache()
@@ -266,11 +270,11 @@ GEMM_SWEEP = {16: ((16, 64, 4, 3, 4.0), (16, 128, 4, 3, 2.0), (16, 64, 4, 4, 8.0
 
 def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sweep: bool) -> None:
     w4 = affine_w(n, k, 4, 128)
-    st4 = copies(lambda: affine_gemm.prepare(w4, "cuda", torch.float16), w4.nbytes)
+    st4 = prepared_copies(w4)
     w8 = affine_w(n, k, 8, -1)
-    st8 = copies(lambda: affine_gemm.prepare(w8, "cuda", torch.float16), w8.nbytes)
+    st8 = prepared_copies(w8)
     nf4 = nf4_w(n, k)
-    st_nf4 = copies(lambda: codebook_gemm.prepare(nf4, "cuda", torch.float16), nf4.nbytes)
+    st_nf4 = prepared_copies(nf4)
     fp16 = fp16_weights(n, k)
     bf16 = [w.bfloat16() for w in fp16]
     fp8 = Fp8(data=(torch.randn(n, k, device="cuda") * 30).clamp(-440, 440).to(torch.float8_e4m3fn),

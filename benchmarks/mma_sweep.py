@@ -15,9 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton  # noqa: E402
-from kernels import bench, copies, dense_us, nf4_w, start_run, sweep_parser, w4_shapes, write_run  # noqa: E402
+from kernels import (bench, dense_us, nf4_w, prepared_copies, start_run, sweep_parser, w4_shapes,  # noqa: E402
+                     write_run)
 
-from quanta.kernels import affine_gemm, affine_mma, codebook_gemm  # noqa: E402
+from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
 
 # M -> configs (BLOCK_M, num_stages, waves (None: whole waves, timed split and stream-K), least K tiles per split,
 # num_warps, weight rows a warp) tried
@@ -41,7 +42,7 @@ def main() -> None:
     results = []
     for model, layer, n, k, w4, st4, fp16 in w4_shapes(args.models):
         nf4 = nf4_w(n, k)
-        st_nf4 = copies(lambda: codebook_gemm.prepare(nf4, "cuda", torch.float16), nf4.nbytes)
+        st_nf4 = prepared_copies(nf4)
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
             rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}

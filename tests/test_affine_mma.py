@@ -104,8 +104,7 @@ def _lookup_kernel(w_ptr, s_ptr, lut_ptr, out_ptr, BN: tl.constexpr, R: tl.const
     p = tl.load(w_ptr + offs)
     s0 = tl.load(s_ptr + tl.arange(0, BN))
     s1 = tl.load(s_ptr + BN + tl.arange(0, BN))
-    lut = (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
-           tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+    lut = affine_gemm.load_lut_words(lut_ptr)
     for j in tl.static_range(4):
         w0, w1 = affine_mma._table_pairs(p, j, lut, s0, s1, R, BN, out_ptr.dtype.element_ty)
         tl.store(out_ptr + (2 * j) * BN * R + offs, w0)

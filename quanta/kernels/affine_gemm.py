@@ -151,18 +151,27 @@ def _affine_gemm_kernel(
         tl.atomic_add(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
 
 
-def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23") -> str:
+@triton.jit
+def load_lut_words(lut_ptr):
+    """The 8 int32 byte words of a 16-entry table (lut_byte_words), as scalars for the lookups' PTX operands."""
+    return (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
+            tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+
+
+def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23", step: int = 1,
+                    pairs: tuple[int, int] = (0x5140, 0x7362)) -> str:
     """PTX of a 16-entry table lookup of 4 codes, the nibbles 0-3 of the word register `w`, into two pairs of 16-bit
     entries `e01` (codes 0, 1) and `e23` (codes 2, 3) by byte permutes: the codes' low 3 bits select a byte from 8
     (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes; each code's bit 3, spread to a
     byte mask by a sign-replicating prmt, picks between the two; two more prmts interleave low and high bytes.
-    `table`: the operand number of the first of the 8 table words (lut_byte_words), $table .. $table+7. Uses the
-    registers sel, t, m, lo, lo2, hi, hi2 (declared by the caller)."""
-    t = [f"${table + i}" for i in range(8)]
+    `table`: the operand number of the first of the 8 table words (lut_byte_words), $table, $table + step, ...
+    (step 2 under pack 2, where each input comes twice). `pairs`: the two interleaving selectors, (codes 0, 1) and
+    (codes 2, 3) by default. Uses the registers sel, t, m, lo, lo2, hi, hi2 (declared by the caller)."""
+    t = [f"${table + step * i}" for i in range(8)]
     return (f"and.b32 sel, {w}, 0x7777;\nprmt.b32 lo, {t[0]}, {t[1]}, sel;\nprmt.b32 lo2, {t[2]}, {t[3]}, sel;\n"
             f"prmt.b32 hi, {t[4]}, {t[5]}, sel;\nprmt.b32 hi2, {t[6]}, {t[7]}, sel;\nshl.b32 t, {w}, 4;\n"
             f"prmt.b32 m, t, {w}, 0xD9C8;\nlop3.b32 lo, lo, lo2, m, 0xD8;\nlop3.b32 hi, hi, hi2, m, 0xD8;\n"
-            f"prmt.b32 {e01}, lo, hi, 0x5140;\nprmt.b32 {e23}, lo, hi, 0x7362;\n")
+            f"prmt.b32 {e01}, lo, hi, {pairs[0]:#06x};\nprmt.b32 {e23}, lo, hi, {pairs[1]:#06x};\n")
 
 
 # A word's 8 table codes as four pairs of 16-bit entries ($0 codes 0, 1 .. $3 codes 6, 7), from the word $4 and the
@@ -211,8 +220,8 @@ def _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N
                        DT: tl.constexpr):
     """The dequantize kernel's tile of 4-bit table codes: each word's 8 entries by _LUT_WORD (four pairs of 16-bit
     entries in DT), times their group's scale in fp32, rounded once to DT, stored at rows t * TILE_K + i * R + r."""
-    args = [p, tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
-            tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7)]
+    lut = load_lut_words(lut_ptr)
+    args = [p, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]]
     pairs = tl.inline_asm_elementwise(_LUT_WORD, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", args,
                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
     for j in tl.static_range(4):
@@ -246,6 +255,17 @@ class AffineState:
     @property
     def num_tiles(self) -> int:
         return self.k_pad // ((32 // self.bits) * R)
+
+    @property
+    def table_lookup(self) -> bool:
+        """Whether the codes can be looked up by byte permutes: a 16-entry table (4-bit codes), whose byte words
+        pack() made."""
+        return self.lut_bytes is not None
+
+    def lut_arg(self, lookup: bool) -> torch.Tensor:
+        """The kernels' lut_ptr: the table's byte words for the byte-permute lookup, else the float table, else (no
+        table) any tensor, never read."""
+        return self.lut_bytes if lookup else self.lut if self.lut is not None else self.sz
 
 
 # --- the launchers: check -> allocate -> launch ---------------------------------------------------
@@ -300,7 +320,7 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     grid = (cdiv(m, bm) * cdiv(st.n, bn), splits)
     _affine_gemm_kernel[grid](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut if st.lut is not None else st.sz, bias if bias is not None else x2, y,
+        st.lut_arg(False), bias if bias is not None else x2, y,
         m, st.n, st.k, st.group_size, per, st.num_tiles, x2.stride(0), y.stride(0),
         BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
@@ -314,12 +334,11 @@ def dequantize_t(st: AffineState, block_n: int = 128, warps: int = 4, lookup: bo
     codes by byte permutes (default on CUDA, where PTX runs; the interpreter's tests force it with an emulator)."""
     if lookup is None:
         lookup = st.packed.device.type == "cuda"
-    lookup = lookup and st.mode == LUT and st.bits == 4 and st.lut_bytes is not None
+    lookup = lookup and st.table_lookup
     out = torch.empty(st.k_pad, st.n, device=st.packed.device, dtype=st.dtype)
     _affine_dequant_kernel[(st.num_tiles, cdiv(st.n, block_n))](
-        st.packed, st.sz, st.lut_bytes if lookup else st.lut if st.lut is not None else st.sz, out, st.n,
-        st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode,
-        LOOKUP=lookup, num_warps=warps)
+        st.packed, st.sz, st.lut_arg(lookup), out, st.n, st.group_size, BITS=st.bits, R=R, ZERO=st.zero,
+        BLOCK_N=block_n, HAS_ZB=st.has_zb, MODE=st.mode, LOOKUP=lookup, num_warps=warps)
     return out[: st.k]
 
 

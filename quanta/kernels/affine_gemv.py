@@ -25,6 +25,7 @@ from quanta.kernels.affine_gemm import (
     LUT,
     AffineState,
     R,
+    load_lut_words,
     load_scales,
     lut_lookup4_ptx,
     reference,  # noqa: F401  (the oracle)
@@ -168,12 +169,11 @@ def _h2_lut_word_dots(p, x_row, perm_ptr, k0, K, s_lo, s_hi, lut_ptr, R: tl.cons
     """sum_i x[k0 + i*R] * table[code_i] * (s_lo for i < 4, else s_hi) over the 4-bit codes of words p."""
     x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
     x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
+    lut = load_lut_words(lut_ptr)
     return tl.inline_asm_elementwise(
         _H2_DOT_LUT, "=f,r,r,r,r,r,f,f,r,r,r,r,r,r,r,r",
         [p, _pair(x0, x1)[:, None], _pair(x2, x3)[:, None], _pair(x4, x5)[:, None], _pair(x6, x7)[:, None],
-         s_lo[None, :], s_hi[None, :], tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2),
-         tl.load(lut_ptr + 3), tl.load(lut_ptr + 4), tl.load(lut_ptr + 5), tl.load(lut_ptr + 6),
-         tl.load(lut_ptr + 7)],
+         s_lo[None, :], s_hi[None, :], lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
         dtype=tl.float32, is_pure=True, pack=1)
 
 
@@ -388,7 +388,7 @@ def h2_applies(st: AffineState) -> bool:
         return False
     if st.mode == AFFINE:
         return st.group_size % tile_k == 0
-    return st.mode == LUT and st.lut_bytes is not None and st.bits == 4 and st.group_size % (tile_k // 2) == 0
+    return st.table_lookup and st.group_size % (tile_k // 2) == 0
 
 
 def use_h2(st: AffineState, device: torch.device) -> bool:
@@ -433,7 +433,7 @@ def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, column_blocks, splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
-        st.lut_bytes if table_h2 else st.lut if st.lut is not None else st.sz, bias if bias is not None else x2,
+        st.lut_arg(table_h2), bias if bias is not None else x2,
         y, ws, locks, st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,

@@ -2,8 +2,8 @@
 
 For M = 2..512 rows (1..512 for bf16 table codes: a batch of decode steps, a prefill chunk; plan() gives it no
 more) the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared
-memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
-yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
+memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed
+transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
 M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a
 warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine_gemm import AFFINE, LUT, R, AffineState, decode, load_scales
+from quanta.kernels.affine_gemm import (AFFINE, LUT, R, AffineState, decode, load_lut_words, load_scales,
+                                        lut_lookup4_ptx)
 from quanta.kernels.triton_support import (capability, cdiv, num_sms, pdl_launch, pdl_launch_dependents, pdl_wait,
                                            split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k,
                                            zero_)
@@ -67,24 +68,11 @@ _H2_ZB = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5,
 # PTX of one table lookup (NF4 / FP4), four codes: $0 $1 the pairs of codes 2j and 2j + 1 of words $2 $3 (columns
 # 2q, 2q+1); $4 (and $5) the prmt selector of byte j of both words; $6, $8, .. $20 the table's bytes
 # (affine_gemm.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
-# The gathered nibbles' low 3 bits select table bytes (prmt, among entries 0-7 and among 8-15, for the low and the
-# high bytes), bit 3 spread to a byte mask (a sign-replicating prmt) picks between the two, and two prmts interleave
-# low and high bytes into the pairs (as affine_gemv's _H2_LUT_HALF). fp16 scales with mul.rn.f16x2; bf16 (no bf16x2
-# mul before sm90) with fma.rn.bf16x2 and an addend of -0, which leaves every product as it is.
-_TABLE_LOOKUP = """.reg .b32 t, u, sel, m, lo, lo2, hi, hi2, e0, e1, z;
-prmt.b32 t, $2, $3, $4;
-and.b32 sel, t, 0x7777;
-prmt.b32 lo, $6, $8, sel;
-prmt.b32 lo2, $10, $12, sel;
-prmt.b32 hi, $14, $16, sel;
-prmt.b32 hi2, $18, $20, sel;
-shl.b32 u, t, 4;
-prmt.b32 m, u, t, 0xD9C8;
-lop3.b32 lo, lo, lo2, m, 0xD8;
-lop3.b32 hi, hi, hi2, m, 0xD8;
-prmt.b32 e0, lo, hi, 0x6240;
-prmt.b32 e1, lo, hi, 0x7351;
-"""
+# The gathered nibbles go through affine_gemm.lut_lookup4_ptx, whose interleave here pairs the same code of the two
+# words (bytes 0 and 2, then 1 and 3) instead of two codes of one word. fp16 scales with mul.rn.f16x2; bf16 (no
+# bf16x2 mul before sm90) with fma.rn.bf16x2 and an addend of -0, which leaves every product as it is.
+_TABLE_LOOKUP = (".reg .b32 g, t, sel, m, lo, lo2, hi, hi2, e0, e1, z;\nprmt.b32 g, $2, $3, $4;\n"
+                 + lut_lookup4_ptx("g", 6, "e0", "e1", step=2, pairs=(0x6240, 0x7351)))
 _TABLE_CONSTRAINTS = tl.constexpr("=r,=r" + ",r" * 22)
 _TABLE_F16 = tl.constexpr("{" + _TABLE_LOOKUP + "mul.rn.f16x2 $0, e0, $22;\nmul.rn.f16x2 $1, e1, $23;\n}")
 _TABLE_BF16 = tl.constexpr("{" + _TABLE_LOOKUP + "mov.b32 z, 0x80008000;\nfma.rn.bf16x2 $0, e0, $22, z;\n"
@@ -229,11 +217,7 @@ def _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS: tl.co
                     R, DT, BN)
         w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                     R, DT, BN)
-    if BITS == 8:
-        j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
-        tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
-    else:
-        if not (MODE == 1 and H2):
+        if BITS == 4:
             w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                         H2, R, DT, BN)
             w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
@@ -242,6 +226,10 @@ def _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS: tl.co
                         H2, R, DT, BN)
             w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
                         H2, R, DT, BN)
+    if BITS == 8:
+        j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
+        tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
+    else:
         j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
         tile = tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (BN, 8 * R))   # [BN, i2 i1 i0 r]
     return tile
@@ -278,8 +266,7 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
     acc_layout = tl.dot(tl.zeros((BLOCK_N, R), dtype=tl.float16), tl.zeros((R, 16), dtype=tl.float16)).to(tl.int32)
     s, zb = _row_scales(sz_ptr, (t_begin * TILE_K) // GS, y_cols, N, ZERO, HAS_ZB, DT, BLOCK_N)
     if MODE == 1 and H2:                 # the table's bytes, in registers for the whole loop
-        lut = (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3),
-               tl.load(lut_ptr + 4), tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+        lut = load_lut_words(lut_ptr)
     else:
         lut = (0,)
     pdl_wait(PDL)                        # x (and y) belong to the kernels before this one
@@ -403,17 +390,13 @@ def applies(st: AffineState) -> bool:
     on sm90, where it was measured (the register operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of
     shared memory). fp8 weight-only was not measured."""
     dev = st.packed.device
-    return (st.mode == AFFINE or _table_h2(st)) and dev.type == "cuda" and capability(dev) == (9, 0)
-
-
-def _table_h2(st: AffineState) -> bool:
-    return st.mode == LUT and st.bits == 4 and st.lut_bytes is not None
+    return (st.mode == AFFINE or st.table_lookup) and dev.type == "cuda" and capability(dev) == (9, 0)
 
 
 def h2_applies(st: AffineState) -> bool:
     """Whether codes decode two at a time in PTX: fp16 affine codes, or 4-bit table codes (fp16 or bf16; the
     per-element path gathers the table from memory once per code)."""
-    return (st.mode == AFFINE and st.dtype == torch.float16) or _table_h2(st)
+    return (st.mode == AFFINE and st.dtype == torch.float16) or st.table_lookup
 
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
@@ -441,7 +424,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     if atomic:
         zero_(y)
     h2 = h2_applies(st) if h2 is None else h2
-    table = st.lut_bytes if h2 and st.mode == LUT else st.lut if st.lut is not None else st.sz
+    table = st.lut_arg(h2 and st.mode == LUT)
 
     def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
         _affine_mma_kernel[grid](
