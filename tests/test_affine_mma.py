@@ -140,18 +140,58 @@ def test_fp8_weight_only(fmt, strategy):
     check(w, fp8_gemm.prepare(w, DEVICE, torch.float16), 4, torch.float16, config=(16, 3, 1.0, 1, 4, 16))
 
 
+@triton.jit
+def _pairs_kernel(w_ptr, s_ptr, zb_ptr, out_ptr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
+                  BN: tl.constexpr, R: tl.constexpr):
+    """out[i, n, r] = the weight of code i of word (n, r), by affine_mma._h2_codes."""
+    offs = tl.arange(0, BN)[:, None] * R + tl.arange(0, R)[None, :]
+    p = tl.load(w_ptr + offs)
+    s = tl.load(s_ptr + tl.arange(0, BN))
+    zb = tl.load(zb_ptr + tl.arange(0, BN))
+    for i in tl.static_range(32 // BITS):
+        w = affine_mma._h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, out_ptr.dtype.element_ty, BN)
+        tl.store(out_ptr + i * BN * R + offs, w)
+
+
+@pytest.mark.parametrize("bits,dtype", [(4, torch.float16), (8, torch.float16), (4, torch.bfloat16)],
+                         ids=["int4-f16", "int8-f16", "int4-bf16"])
+@pytest.mark.parametrize("zbias", [False, True], ids=["sym", "zbias"])
+def test_pairs_are_the_rounded_product(bits, dtype, zbias, monkeypatch):
+    """The pair decoding of every code at every position of a word, bit for bit: (code - zero) x scale rounded once
+    to the dtype, or code x scale + zbias (one fused multiply-add) with float zeros. bf16 shifts a high nibble
+    down before its magic number; fp16 divides it by 16 in the exact fma."""
+    ptx_emulator.install(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    bn, r, pack, zero = 32, 16, 32 // bits, 1 << (bits - 1)
+    codes = torch.randint(0, 1 << bits, (pack, bn, r), generator=g)
+    codes[:, 0, :] = torch.arange(r) % (1 << bits)                  # low and high codes at every position
+    codes[:, 1, :] = (1 << bits) - 1 - torch.arange(r) % (1 << bits)
+    words = sum(codes[i].long() << (bits * i) for i in range(pack))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    s = (torch.rand(bn, generator=g) * 0.1 + 0.01).to(dtype)
+    zb = (-s.float() * torch.randint(0, 1 << bits, (bn,), generator=g) - torch.rand(bn, generator=g) * 0.01).to(dtype)
+    out = torch.empty(pack, bn, r, dtype=dtype, device=DEVICE)
+    _pairs_kernel[(1,)](words.to(DEVICE), s.to(DEVICE), zb.to(DEVICE), out, BITS=bits, ZERO=zero, HAS_ZB=zbias,
+                        BN=bn, R=r)
+    s64, zb64 = s.double()[:, None], zb.double()[:, None]
+    expect = (codes * s64 + zb64 if zbias else (codes - zero) * s64).to(dtype)
+    assert torch.equal(out.cpu().view(torch.int16), expect.view(torch.int16))
+
+
 @pytest.mark.skipif(interpreter_bf16_dot(), reason="interpreter bf16 tl.dot is wrong; covered by the GPU run")
-def test_bf16_decodes_per_element():
-    w = make_affine(64, 256, 4, 128, "asym")
+def test_bf16_int8_decodes_per_element():
+    w = make_affine(64, 256, 8, 128, "asym")
     st = affine_gemm.prepare(w, DEVICE, torch.bfloat16)
     assert not affine_mma.h2_applies(st)
     check(w, st, 7, torch.bfloat16)
 
 
 def test_pairs_refuse_what_they_cannot_decode():
-    st = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
+    """bf16 8-bit codes: 256 values do not fit beside a magic number in bf16's 7-bit mantissa."""
+    st = affine_gemm.prepare(make_affine(64, 256, 8, 128, "sym"), DEVICE, torch.bfloat16)
     with pytest.raises(AssertionError):
         affine_mma.matmul(torch.randn(3, 256).to(DEVICE, torch.bfloat16), st, h2=True)
+    assert affine_mma.h2_applies(affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -200,14 +240,16 @@ def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
 
 def test_plan_where_this_path_applies(monkeypatch):
     """Where the MMA kernel applies (sm90), it takes M = 2 from the GEMV when it decodes in PTX (fp16 affine codes,
-    table codes in either dtype), and M = 1 too for bf16 table codes (the GEMV would gather them per code); M = 33..64
-    of table codes take 32 rows a warp (64 spill)."""
+    bf16 4-bit ones, table codes in either dtype), and M = 1 too for bf16 table codes (the GEMV would gather them per
+    code); M = 33..64 of table codes take 32 rows a warp (64 spill)."""
     monkeypatch.setattr(affine_mma, "applies", lambda st: True)
     f16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
     bf16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
     nf4 = {dt: codebook_gemm.prepare(make_codebook(64, 256), DEVICE, dt) for dt in (torch.float16, torch.bfloat16)}
     assert [affine_gemm.plan(m, f16)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
-    assert [affine_gemm.plan(m, bf16)[0] for m in (1, 2, 3)] == ["gemv", "gemv", "mma"]
+    assert [affine_gemm.plan(m, bf16)[0] for m in (1, 2, 3)] == ["gemv", "mma", "mma"]
+    bf16_w8 = affine_gemm.prepare(make_affine(64, 256, 8, 128, "sym"), DEVICE, torch.bfloat16)
+    assert [affine_gemm.plan(m, bf16_w8)[0] for m in (1, 2, 3)] == ["gemv", "gemv", "mma"]   # decoded per element
     assert [affine_gemm.plan(m, nf4[torch.float16])[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
     assert [affine_gemm.plan(m, nf4[torch.bfloat16])[0] for m in (1, 513)] == ["mma", "cublas"]   # no bf16 lookup GEMV
     big = codebook_gemm.prepare(make_codebook(1024, 1024), DEVICE, torch.float16)   # 4 blocks of 256 rows

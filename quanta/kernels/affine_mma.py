@@ -37,9 +37,13 @@ and lets the next one launch once past its main loop.
 fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
 (columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
 `fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
-by 16), and one more applies the scale (and zbias). 4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up
-four at a time by byte permutes in registers (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8).
-Other modes (bf16 affine, fp8) decode per element through affine_gemm.decode.
+by 16), and one more applies the scale (and zbias). bf16 4-bit codes decode the same way around 128, the
+exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma with -0
+(5 instructions a pair). H100, bf16 W4A16 g128, against per element: 1.2-1.9x faster at M = 2..64, 8B gate_up
+M = 16 34.7 us against 55.0, now 1.0-1.3x the fp16 times (RESULTS.md, 2026-11-25, eighth session). 4-bit table
+codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte permutes in registers (_TABLE_LOOKUP: 14
+instructions for 4 codes, the affine pairs' 8). Other modes (bf16 8-bit codes, fp8) decode per element through
+affine_gemm.decode.
 
 H100, table codes against the dequantize + cuBLAS path they took before (fp16, RESULTS.md 2026-11-25 seventh
 session, run N): 70B gate_up at M = 16 163 us against 818 (bitsandbytes 437), 8B gate_up 45.6 against 217;
@@ -60,11 +64,22 @@ MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it bea
                             # cuBLAS wins all 8 at M = 1024)
 
 # PTX of one H2 pair: $1 $2 words of columns 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8
-# the exact fma's factor and addend (fp16 pairs); $9 the scale pair; $10 the zbias pair (HAS_ZB)
-_H2_SYM = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5, 0x64006400, 0xea; "
-           "fma.rn.f16x2 t, t, $7, $8; mul.rn.f16x2 $0, t, $9; }")
-_H2_ZB = tl.constexpr("{ .reg .b32 t; prmt.b32 t, $1, $2, $3; lop3.b32 t, t, $5, 0x64006400, 0xea; "
-          "fma.rn.f16x2 t, t, $7, $8; fma.rn.f16x2 $0, t, $9, $10; }")
+# the exact fma's factor and addend; $9 the scale pair; $10 the zbias pair (HAS_ZB). fp16: the code, masked in
+# place, ORs into 1024 (a high nibble into 1024 + 16 q, which the factor 1/16 undoes). bf16 has 7 mantissa bits,
+# so a high nibble is shifted down first and the code ORs into 128; the scale is an fma with -0 (sm80 has no
+# bf16x2 mul), or with the zbias.
+def _h2_ptx(bf16: bool, high: bool, zb: bool) -> tl.constexpr:
+    magic, dt = ("0x43004300", "bf16x2") if bf16 else ("0x64006400", "f16x2")
+    shift = "shr.u32 t, t, 4; " if bf16 and high else ""
+    scale = (f"fma.rn.{dt} $0, t, $9, $10;" if zb else
+             "mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, t, $9, z;" if bf16 else "mul.rn.f16x2 $0, t, $9;")
+    return tl.constexpr(f"{{ .reg .b32 t, z; prmt.b32 t, $1, $2, $3; {shift}lop3.b32 t, t, $5, {magic}, 0xea; "
+                        f"fma.rn.{dt} t, t, $7, $8; {scale} }}")
+
+
+_H2_F16_SYM, _H2_F16_ZB = _h2_ptx(False, False, False), _h2_ptx(False, False, True)
+_H2_BF16_SYM, _H2_BF16_ZB = _h2_ptx(True, False, False), _h2_ptx(True, False, True)
+_H2_BF16_HIGH_SYM, _H2_BF16_HIGH_ZB = _h2_ptx(True, True, False), _h2_ptx(True, True, True)
 # PTX of one table lookup (NF4 / FP4), four codes: $0 $1 the pairs of codes 2j and 2j + 1 of words $2 $3 (columns
 # 2q, 2q+1); $4 (and $5) the prmt selector of byte j of both words; $6, $8, .. $20 the table's bytes
 # (affine_gemm.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
@@ -81,27 +96,32 @@ _TABLE_BF16 = tl.constexpr("{" + _TABLE_LOOKUP + "mov.b32 z, 0x80008000;\nfma.rn
 
 @triton.jit
 def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr):
-    """fp16 weights [BN, R] of code i of words p [BN, R] (column i * R + r), two columns per instruction."""
+              R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
+    """Weights [BN, R] in DT (fp16, or bf16 with 4-bit codes) of code i of words p [BN, R] (column i * R + r), two
+    columns per instruction."""
     BYTE: tl.constexpr = i // 2 if BITS == 4 else i
     SEL: tl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
     HIGH: tl.constexpr = BITS == 4 and i % 2 == 1
-    MASK: tl.constexpr = 0x00F000F0 if HIGH else (0x000F000F if BITS == 4 else 0x00FF00FF)
-    FACTOR: tl.constexpr = 0.0625 if HIGH else 1.0                    # a high nibble comes out 16x
+    F16: tl.constexpr = DT == tl.float16
+    SHIFTED: tl.constexpr = HIGH and not F16                        # bf16: shifted down in the PTX
+    MASK: tl.constexpr = 0x00F000F0 if HIGH and F16 else (0x000F000F if BITS == 4 else 0x00FF00FF)
+    FACTOR: tl.constexpr = 0.0625 if HIGH and F16 else 1.0          # an fp16 high nibble comes out 16x
     Z: tl.constexpr = 0 if HAS_ZB else ZERO
-    ADDEND: tl.constexpr = -(64.0 + Z) if HIGH else -(1024.0 + Z)
+    ADDEND: tl.constexpr = -(128.0 + Z) if not F16 else (-(64.0 + Z) if HIGH else -(1024.0 + Z))
     pairs = tl.reshape(p, (BN, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
     shape: tl.constexpr = (BN, R // 2, 2)
+    # (constants made in fp32: the interpreter has no bf16 constants)
     args = [pairs, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
-            tl.full(shape, FACTOR, tl.float16), tl.full(shape, ADDEND, tl.float16),
+            tl.full(shape, FACTOR, tl.float32).to(DT), tl.full(shape, ADDEND, tl.float32).to(DT),
             tl.broadcast_to(s[:, None, None], shape)]
-    if HAS_ZB:
-        w = tl.inline_asm_elementwise(_H2_ZB, "=r,r,r,r,r,r,r,r,r,r,r",
-                                      args + [tl.broadcast_to(zb[:, None, None], shape)],
-                                      dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        w = tl.inline_asm_elementwise(_H2_SYM, "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=True,
-                                      pack=2)
+    if HAS_ZB:                                   # pack 2: a 32-bit input is two operands, a 16-bit one one
+        w = tl.inline_asm_elementwise(_H2_F16_ZB if F16 else (_H2_BF16_HIGH_ZB if SHIFTED else _H2_BF16_ZB),
+                                      "=r,r,r,r,r,r,r,r,r,r,r", args + [tl.broadcast_to(zb[:, None, None], shape)],
+                                      dtype=tl.float16 if F16 else tl.bfloat16, is_pure=True, pack=2)
+    else:                                        # (dtype: a constexpr DT fails in Triton 3.6's inline_asm)
+        w = tl.inline_asm_elementwise(_H2_F16_SYM if F16 else (_H2_BF16_HIGH_SYM if SHIFTED else _H2_BF16_SYM),
+                                      "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16 if F16 else tl.bfloat16,
+                                      is_pure=True, pack=2)
     return tl.reshape(w, (BN, R))
 
 
@@ -157,7 +177,7 @@ def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: 
     if not TILE_SCALE:                                              # groups narrower than the tile
         s, zb = _row_scales(sz_ptr, (kt + i * R) // GS, y_cols, N, ZERO, HAS_ZB, DT, BN)
     if H2:
-        w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, BN)
+        w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, DT, BN)
     else:
         w = decode((p >> (BITS * i)) & ((1 << BITS) - 1), s[:, None], zb[:, None], lut_ptr, ZERO, HAS_ZB, MODE,
                    DT == tl.float16, DT)
@@ -394,9 +414,10 @@ def applies(st: AffineState) -> bool:
 
 
 def h2_applies(st: AffineState) -> bool:
-    """Whether codes decode two at a time in PTX: fp16 affine codes, or 4-bit table codes (fp16 or bf16; the
-    per-element path gathers the table from memory once per code)."""
-    return (st.mode == AFFINE and st.dtype == torch.float16) or st.table_lookup
+    """Whether codes decode two at a time in PTX: fp16 affine codes, bf16 4-bit affine codes (8-bit codes do not
+    fit bf16's 7-bit mantissa beside a magic number), or 4-bit table codes (fp16 or bf16; the per-element path
+    gathers the table from memory once per code)."""
+    return (st.mode == AFFINE and (st.dtype == torch.float16 or st.bits == 4)) or st.table_lookup
 
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
