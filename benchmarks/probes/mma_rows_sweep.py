@@ -3,7 +3,7 @@
 programs an SM, at the Llama-3-8B / 70B shapes, against torch fp16 (issue 4, the M = 16 line).
 
     python benchmarks/probes/mma_rows_sweep.py --out results/mma-rows.json [--ms 16] [--models 8b,70b] \
-        [--weights nf4] [--dtype bf16] \
+        [--weights nf4] [--dtype bf16] [--gemv] [--per-element] \
         [--configs "default;16,3,2.0,2,4,64,1;..."]   (a seventh field 1: SYNC, mma.sync with one dot a code,
                                                         from probes/mma-sync-per-code.patch)
 """
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
                     "(split-K; 'stream:' before the fields for stream-K)")
     ap.add_argument("--gemv", action="store_true", help="also time the GEMV path (key 'gemv_'), at small M")
+    ap.add_argument("--per-element", action="store_true",
+                    help="also time the default config decoding per element (key 'per_element_'; h2=False)")
     args = ap.parse_args()
     configs = parse_configs(args.configs) if args.configs else CONFIGS
     t0, meta = start_run()
@@ -52,6 +54,10 @@ def main() -> None:
             run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
             check_close(run(xs[0], st4[0]), ref, key)
             rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+        if args.per_element:
+            single = lambda x, st: affine_mma.matmul(x, st, h2=False)  # noqa: E731
+            check_close(single(xs[0], st4[0]), ref, "per_element")
+            rec["per_element_"] = round(bench(single, xs, st4, w4.nbytes), 2)
         if args.gemv:
             gemv = lambda x, st: affine_gemm.matmul(x, st, path="gemv")  # noqa: E731
             check_close(gemv(xs[0], st4[0]), ref, "gemv")
@@ -62,6 +68,7 @@ def main() -> None:
               + " ".join(f"{v:6.1f}" for key, v in rec.items() if "_" in key)
               + f" | best {best[0]:.1f} {rec['fp16'] / best[0]:.2f}x {best[1]}", flush=True)
     write_run(args.out, meta, t0, weights=args.weights, dtype=args.dtype, gemv=args.gemv,
+              per_element=args.per_element,
               configs=[(list(c) if c else "default") for c, s in configs],
               streamed=[s for c, s in configs], results=results)
 

@@ -3,12 +3,14 @@ their file names) at the Llama-3-8B / 70B shapes, W4A16 g128, over a few configs
 (issue 4, M = 16).
 
     python benchmarks/probes/mma_variants.py --before benchmarks/probes/_variants/affine_mma_before.py[,...] \
-        --out results/mma-variants.json [--ms 16,64] [--models 8b,70b] [--defaults-only] [--reps 2]
+        --out results/mma-variants.json [--ms 16,64] [--models 8b,70b] [--defaults-only] [--reps 2] [--dtype bf16]
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import torch
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -30,13 +32,16 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';' "
                     "('stream:' before the fields for stream-K)")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
+                    help="activations (and the cuBLAS baseline, still keyed 'fp16')")
     args = ap.parse_args()
     configs = ([(None, False)] if args.defaults_only else parse_configs(args.configs) if args.configs else
                [(c, False) for c in CONFIGS])
     t0, meta = start_run(before=args.before)
     versions = load_versions(affine_mma, args.before)
     results = []
-    for rec, xs, w4, st4 in w4_points(args.models, args.ms):
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms, dtype=dtype):
         ref = dense_reference(xs[0], w4)
         for _ in range(args.reps):
             for name, mod in versions.items():
@@ -52,7 +57,7 @@ def main() -> None:
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.2f} | "
               + " ".join(f"{key} {'/'.join(map(str, v))}" for key, v in rec.items() if isinstance(v, list)),
               flush=True)
-    write_run(args.out, meta, t0, configs=[c for c, s in configs], results=results)
+    write_run(args.out, meta, t0, dtype=args.dtype, configs=[c for c, s in configs], results=results)
 
 if __name__ == "__main__":
     main()
