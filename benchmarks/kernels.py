@@ -271,6 +271,7 @@ GEMM_SWEEP = {16: ((16, 64, 4, 3, 4.0), (16, 128, 4, 3, 2.0), (16, 64, 4, 4, 8.0
 def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sweep: bool) -> None:
     w4 = affine_w(n, k, 4, 128)
     st4 = prepared_copies(w4)
+    st4_bf16 = prepared_copies(w4, torch.bfloat16)
     w8 = affine_w(n, k, 8, -1)
     st8 = prepared_copies(w8)
     nf4 = nf4_w(n, k)
@@ -295,6 +296,7 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
         row(rec, "bf16", dense_us(xb, bf16), 2 * n * k + act, fl)
         rec["w4_path"] = affine_gemm.plan(m, st4[0])[0]
         row(rec, "w4a16", bench(affine_gemm.matmul, xs, st4, w4.nbytes), w4.nbytes + act, fl)
+        row(rec, "w4a16_bf16", bench(affine_gemm.matmul, xb, st4_bf16, w4.nbytes), w4.nbytes + act, fl)
         row(rec, "w8a16", bench(affine_gemm.matmul, xs, st8, w8.nbytes), w8.nbytes + act, fl)
         row(rec, "nf4", bench(affine_gemm.matmul, xs, st_nf4, nf4.nbytes), nf4.nbytes + act, fl)
         if bnb_w is not None:
@@ -374,15 +376,18 @@ def main() -> None:
 
 def summary(meta: dict, results: list[dict], layers: list[dict]) -> None:
     bw = meta["copy_GBps"]
-    print(f"\n{meta['device']}  copy {bw:.0f} GB/s  (share = GB/s / copy; x = speed-up over fp16 cuBLAS)")
+    print(f"\n{meta['device']}  copy {bw:.0f} GB/s  (share = GB/s / copy; x = speed-up over fp16 cuBLAS; "
+          "w4bf16 = W4A16 with bf16 activations, speed-up over bf16 cuBLAS)")
     print(f"{'shape':>14} {'M':>5} {'fp16us':>8} {'w4us':>8} {'share':>6} {'x16':>6} {'bnbus':>8} {'nf4us':>8} "
-          f"{'w8x16':>6} {'fp8/bf16':>8} path")
+          f"{'w8x16':>6} {'fp8/bf16':>8} {'w4bf16':>7} path")
     for r in results:
         bnb_us = r.get("bnb_nf4", {}).get("us", math.nan)
         fp8 = r["bf16"]["us"] / r["fp8_w8a8"]["us"] if "fp8_w8a8" in r else math.nan
+        w4_bf16 = r["bf16"]["us"] / r["w4a16_bf16"]["us"] if "w4a16_bf16" in r else math.nan
         print(f"{r['model'] + ' ' + r['layer']:>14} {r['m']:>5} {r['fp16']['us']:>8.1f} {r['w4a16']['us']:>8.1f} "
               f"{r['w4a16']['GBps'] / bw:>6.0%} {r['fp16']['us'] / r['w4a16']['us']:>6.2f} {bnb_us:>8.1f} "
-              f"{r['nf4']['us']:>8.1f} {r['fp16']['us'] / r['w8a16']['us']:>6.2f} {fp8:>8.2f} {r['w4_path']}")
+              f"{r['nf4']['us']:>8.1f} {r['fp16']['us'] / r['w8a16']['us']:>6.2f} {fp8:>8.2f} {w4_bf16:>7.2f} "
+              f"{r['w4_path']}")
     for la in layers:
         print(f"{la['model']} layer M={la['m']}: w4a16 graphed {la['w4a16_graph_us']} us "
               f"({la['GBps_graph'] / bw:.0%} of copy), eager {la['w4a16_eager_us']} us ({la['GBps_eager'] / bw:.0%}),"
