@@ -39,8 +39,8 @@ fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same cod
 `fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
 by 16), and one more applies the scale (and zbias). bf16 4-bit codes decode the same way around 128, the
 exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma with -0
-(5 instructions a pair). H100, bf16 W4A16 g128, against per element: 1.2-1.9x faster at M = 2..64, 8B gate_up
-M = 16 34.7 us against 55.0, now 1.0-1.3x the fp16 times (RESULTS.md, 2026-11-25, eighth session). 4-bit table
+(5 instructions a pair). H100, bf16 W4A16 g128, against per element: 1.14-2.02x faster at M = 2..64, 8B
+gate_up M = 16 36.2 us against 55.4, now 1.0-1.3x the fp16 times (RESULTS.md, 2026-11-25, eighth session). 4-bit table
 codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte permutes in registers (_TABLE_LOOKUP: 14
 instructions for 4 codes, the affine pairs' 8). Other modes (bf16 8-bit codes, fp8) decode per element through
 affine_gemm.decode.
@@ -114,11 +114,12 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
     args = [pairs, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
             tl.full(shape, FACTOR, tl.float32).to(DT), tl.full(shape, ADDEND, tl.float32).to(DT),
             tl.broadcast_to(s[:, None, None], shape)]
-    if HAS_ZB:                                   # pack 2: a 32-bit input is two operands, a 16-bit one one
+    # pack 2: a 32-bit input is two operands, a 16-bit one one; dtype a literal (Triton 3.6 refuses a constexpr DT)
+    if HAS_ZB:
         w = tl.inline_asm_elementwise(_H2_F16_ZB if F16 else (_H2_BF16_HIGH_ZB if SHIFTED else _H2_BF16_ZB),
                                       "=r,r,r,r,r,r,r,r,r,r,r", args + [tl.broadcast_to(zb[:, None, None], shape)],
                                       dtype=tl.float16 if F16 else tl.bfloat16, is_pure=True, pack=2)
-    else:                                        # (dtype: a constexpr DT fails in Triton 3.6's inline_asm)
+    else:
         w = tl.inline_asm_elementwise(_H2_F16_SYM if F16 else (_H2_BF16_HIGH_SYM if SHIFTED else _H2_BF16_SYM),
                                       "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16 if F16 else tl.bfloat16,
                                       is_pure=True, pack=2)
