@@ -11,7 +11,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,power.limit --format=csv,noheader
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,power.limit \
+  --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 [ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_affine_mma.py tests/test_codebook_gemm.py tests/test_rotary.py \
   tests/test_fp8_gemm.py tests/test_fused_norm.py} 2>&1 | tee "$OUT/pytest.log" | tail -n 25
@@ -20,12 +21,12 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv,noheader -lms 500 > "$OUT/clocks.csv" 2>/dev/null &
 CLOCKS=$!
-CAPPED0=$(nvidia-smi -q -d PERFORMANCE | grep -m1 "SW Power Capping" | grep -o '[0-9]* us')
+capped() { nvidia-smi -q -d PERFORMANCE | grep -m1 "SW Power Capping" | grep -o '[0-9]* us'; }   # driver's counter
+CAPPED0=$(capped)
 python3 benchmarks/kernels.py --out "$OUT/kernels.json" "$@" 2>&1 | while IFS= read -r line; do
   printf '%s %s\n' "$(date +%H:%M:%S.%N | cut -c1-12)" "$line"; done | tee "$OUT/bench.log" | grep -v '^[0-9:.]* {'
 kill $CLOCKS 2>/dev/null
-echo "time under the software power cap (driver counter): $CAPPED0 before the benchmarks," \
-  "$(nvidia-smi -q -d PERFORMANCE | grep -m1 "SW Power Capping" | grep -o '[0-9]* us') after"
+echo "time under the software power cap (driver counter): $CAPPED0 before the benchmarks, $(capped) after"
 python3 - "$OUT/clocks.csv" <<'PY'
 import sys
 rows = [r.split(", ") for r in open(sys.argv[1]).read().splitlines() if r.count(",") >= 4]

@@ -145,6 +145,15 @@ def write_run(path: str, meta: dict, t0: float, **parts) -> None:
     Path(path).write_text(json.dumps({"meta": meta, **parts}, indent=1))
 
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def add_dtype_arg(ap: argparse.ArgumentParser) -> None:
+    """--dtype of a probe's activations (fp16 or bf16; its torch dtype is DTYPES[args.dtype])."""
+    ap.add_argument("--dtype", default="fp16", choices=list(DTYPES),
+                    help="activations (and the cuBLAS baseline, still keyed 'fp16')")
+
+
 def sweep_parser(doc: str) -> argparse.ArgumentParser:
     """The command line of a sweep: --out (its JSON) and --models; the sweep adds its own, then parses."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])

@@ -12,14 +12,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (bench, check_close, dense_reference, parse_configs, start_run, sweep_parser,  # noqa: E402
-                     w4_points, with_m_bucket, write_run)
+from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, parse_configs,  # noqa: E402
+                     start_run, sweep_parser, w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
 
@@ -34,8 +32,7 @@ def main() -> None:
     ap = sweep_parser(__doc__)
     ap.add_argument("--ms", default="16")
     ap.add_argument("--weights", default="w4", choices=["w4", "nf4"], help="W4A16 g128 (default) or bnb NF4 codes")
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
-                    help="activations (and the cuBLAS baseline, still keyed 'fp16')")
+    add_dtype_arg(ap)
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or comma-separated fields, by ';' "
                     "(split-K; 'stream:' before the fields for stream-K)")
     ap.add_argument("--gemv", action="store_true", help="also time the GEMV path (key 'gemv_'), at small M")
@@ -45,23 +42,22 @@ def main() -> None:
     configs = parse_configs(args.configs) if args.configs else CONFIGS
     t0, meta = start_run()
     results = []
-    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-    for rec, xs, w4, st4 in w4_points(args.models, args.ms, args.weights, dtype):
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms, args.weights, DTYPES[args.dtype]):
         ref = dense_reference(xs[0], w4)
-        for cfg, stream in configs:
-            cfg = with_m_bucket(cfg, rec["m"])
-            key = ("_".join(map(str, cfg)) if cfg else "default_") + ("_stream" if stream else "")
-            run = lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None)  # noqa: E731
+
+        def timed(key, run):
+            """rec[key]: run's µs, once its output matched the dense reference."""
             check_close(run(xs[0], st4[0]), ref, key)
             rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+
+        for cfg, stream in configs:
+            cfg = with_m_bucket(cfg, rec["m"])
+            timed(("_".join(map(str, cfg)) if cfg else "default_") + ("_stream" if stream else ""),
+                  lambda x, st: affine_mma.matmul(x, st, config=cfg, stream=stream if cfg else None))
         if args.per_element:
-            single = lambda x, st: affine_mma.matmul(x, st, h2=False)  # noqa: E731
-            check_close(single(xs[0], st4[0]), ref, "per_element")
-            rec["per_element_"] = round(bench(single, xs, st4, w4.nbytes), 2)
+            timed("per_element_", lambda x, st: affine_mma.matmul(x, st, h2=False))
         if args.gemv:
-            gemv = lambda x, st: affine_gemm.matmul(x, st, path="gemv")  # noqa: E731
-            check_close(gemv(xs[0], st4[0]), ref, "gemv")
-            rec["gemv_"] = round(bench(gemv, xs, st4, w4.nbytes), 2)
+            timed("gemv_", lambda x, st: affine_gemm.matmul(x, st, path="gemv"))
         best = min((v, key) for key, v in rec.items() if "_" in key)
         results.append(rec)
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.1f} | "

@@ -10,14 +10,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (bench, check_close, dense_reference, load_versions, parse_configs, start_run,  # noqa: E402
-                     variants_parser, w4_points, with_m_bucket, write_run)
+from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, load_versions,  # noqa: E402
+                     parse_configs, start_run, variants_parser, w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_mma  # noqa: E402
 
@@ -32,16 +29,14 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true", help="time each version's own config only")
     ap.add_argument("--configs", help="configs instead of CONFIGS: 'default' or six comma-separated fields, by ';' "
                     "('stream:' before the fields for stream-K)")
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
-                    help="activations (and the cuBLAS baseline, still keyed 'fp16')")
+    add_dtype_arg(ap)
     args = ap.parse_args()
     configs = ([(None, False)] if args.defaults_only else parse_configs(args.configs) if args.configs else
                [(c, False) for c in CONFIGS])
     t0, meta = start_run(before=args.before)
     versions = load_versions(affine_mma, args.before)
     results = []
-    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-    for rec, xs, w4, st4 in w4_points(args.models, args.ms, dtype=dtype):
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms, dtype=DTYPES[args.dtype]):
         ref = dense_reference(xs[0], w4)
         for _ in range(args.reps):
             for name, mod in versions.items():

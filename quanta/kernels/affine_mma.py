@@ -64,22 +64,18 @@ MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it bea
                             # cuBLAS wins all 8 at M = 1024)
 
 # PTX of one H2 pair: $1 $2 words of columns 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8
-# the exact fma's factor and addend; $9 the scale pair; $10 the zbias pair (HAS_ZB). fp16: the code, masked in
-# place, ORs into 1024 (a high nibble into 1024 + 16 q, which the factor 1/16 undoes). bf16 has 7 mantissa bits,
-# so a high nibble is shifted down first and the code ORs into 128; the scale is an fma with -0 (sm80 has no
-# bf16x2 mul), or with the zbias.
-def _h2_ptx(bf16: bool, high: bool, zb: bool) -> tl.constexpr:
+# the exact fma's factor and addend; $9 the scale pair; $10 the zbias pair, or -0 without zero points (an fma with
+# -0 leaves every product as it is; ptxas makes it a multiply). fp16: the code, masked in place, ORs into 1024 (a
+# high nibble into 1024 + 16 q, which the factor 1/16 undoes). bf16 has 7 mantissa bits, so a high nibble is
+# shifted down first and the code ORs into 128.
+def _h2_ptx(bf16: bool, high: bool) -> tl.constexpr:
     magic, dt = ("0x43004300", "bf16x2") if bf16 else ("0x64006400", "f16x2")
-    shift = "shr.u32 t, t, 4; " if bf16 and high else ""
-    scale = (f"fma.rn.{dt} $0, t, $9, $10;" if zb else
-             "mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, t, $9, z;" if bf16 else "mul.rn.f16x2 $0, t, $9;")
-    return tl.constexpr(f"{{ .reg .b32 t, z; prmt.b32 t, $1, $2, $3; {shift}lop3.b32 t, t, $5, {magic}, 0xea; "
-                        f"fma.rn.{dt} t, t, $7, $8; {scale} }}")
+    shift = "shr.u32 t, t, 4; " if high else ""
+    return tl.constexpr(f"{{ .reg .b32 t; prmt.b32 t, $1, $2, $3; {shift}lop3.b32 t, t, $5, {magic}, 0xea; "
+                        f"fma.rn.{dt} t, t, $7, $8; fma.rn.{dt} $0, t, $9, $10; }}")
 
 
-_H2_F16_SYM, _H2_F16_ZB = _h2_ptx(False, False, False), _h2_ptx(False, False, True)
-_H2_BF16_SYM, _H2_BF16_ZB = _h2_ptx(True, False, False), _h2_ptx(True, False, True)
-_H2_BF16_HIGH_SYM, _H2_BF16_HIGH_ZB = _h2_ptx(True, True, False), _h2_ptx(True, True, True)
+_H2_F16, _H2_BF16, _H2_BF16_HIGH = _h2_ptx(False, False), _h2_ptx(True, False), _h2_ptx(True, True)
 # PTX of one table lookup (NF4 / FP4), four codes: $0 $1 the pairs of codes 2j and 2j + 1 of words $2 $3 (columns
 # 2q, 2q+1); $4 (and $5) the prmt selector of byte j of both words; $6, $8, .. $20 the table's bytes
 # (affine_gemm.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
@@ -110,19 +106,18 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
     ADDEND: tl.constexpr = -(128.0 + Z) if not F16 else (-(64.0 + Z) if HIGH else -(1024.0 + Z))
     pairs = tl.reshape(p, (BN, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
     shape: tl.constexpr = (BN, R // 2, 2)
+    if HAS_ZB:
+        addend = tl.broadcast_to(zb[:, None, None], shape)
+    else:                                        # -0 by its bits: a float -0.0 constant reaches ptxas as +0
+        addend = tl.full(shape, -32768, tl.int16).to(DT, bitcast=True)
     # (constants made in fp32: the interpreter has no bf16 constants)
     args = [pairs, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
             tl.full(shape, FACTOR, tl.float32).to(DT), tl.full(shape, ADDEND, tl.float32).to(DT),
-            tl.broadcast_to(s[:, None, None], shape)]
+            tl.broadcast_to(s[:, None, None], shape), addend]
     # pack 2: a 32-bit input is two operands, a 16-bit one one; dtype a literal (Triton 3.6 refuses a constexpr DT)
-    if HAS_ZB:
-        w = tl.inline_asm_elementwise(_H2_F16_ZB if F16 else (_H2_BF16_HIGH_ZB if SHIFTED else _H2_BF16_ZB),
-                                      "=r,r,r,r,r,r,r,r,r,r,r", args + [tl.broadcast_to(zb[:, None, None], shape)],
-                                      dtype=tl.float16 if F16 else tl.bfloat16, is_pure=True, pack=2)
-    else:
-        w = tl.inline_asm_elementwise(_H2_F16_SYM if F16 else (_H2_BF16_HIGH_SYM if SHIFTED else _H2_BF16_SYM),
-                                      "=r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16 if F16 else tl.bfloat16,
-                                      is_pure=True, pack=2)
+    w = tl.inline_asm_elementwise(_H2_F16 if F16 else (_H2_BF16_HIGH if SHIFTED else _H2_BF16),
+                                  "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16 if F16 else tl.bfloat16,
+                                  is_pure=True, pack=2)
     return tl.reshape(w, (BN, R))
 
 
