@@ -314,8 +314,9 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
         if st_fp8 is not None:
             row(rec, "fp8_w8a8", bench(fp8_gemm.apply, xb, st_fp8, n * k), n * k + 4 * n + act, fl)
         if sweep:                                   # the other paths and configs, to place the thresholds
-            for path in ("gemv", "mma", "gemm", "cublas"):
-                if path != rec["w4_path"] and (path != "gemv" or m <= 16) and (path != "mma" or m <= 1024):
+            for path in ("gemv", "wgmma", "mma", "gemm", "cublas"):
+                if path != rec["w4_path"] and (path != "gemv" or m <= 16) and (path != "mma" or m <= 1024) \
+                        and (path != "wgmma" or m <= 64):
                     row(rec, f"w4a16_{path}", bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
                                                     w4.nbytes), w4.nbytes + act, fl)
             for cfg in GEMV_SWEEP if m == 1 else ():

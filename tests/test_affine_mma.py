@@ -228,9 +228,9 @@ def test_gpu_rows_a_warp(n, k, config, stream):
 def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
     st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemm", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 512, 513)] == expect
-    assert affine_gemm.plan(2, st)[0] == ("mma" if hopper else "gemv")
+    expect = ["gemv", "wgmma", "mma", "mma", "cublas"] if hopper else ["gemv", "gemm", "gemm", "cublas", "cublas"]
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 33, 512, 513)] == expect     # M = 2..32: affine_wgmma
+    assert affine_gemm.plan(2, st)[0] == ("wgmma" if hopper else "gemv")
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
     expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemv", "cublas", "cublas"]
     assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2, 512, 513)] == expect

@@ -30,6 +30,9 @@ _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
+_WG = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", bias_ptr="*fp16", y_ptr="*fp16")
+_WGMMA = dict(GS=128, ZERO=8, HAS_ZB=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=256, STAGES=3, LAG=2, ATOMIC=True,
+              PDL=True)                                           # the fp16 M = 16 default
 _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
@@ -154,6 +157,14 @@ CASES = {
     "paged_decode_pdl": ("paged_attention", "_decode_kernel", dict(_DECODE, k_cache_ptr="*fp16",
                                                                    v_cache_ptr="*fp16"),
                          dict(_DECODE_META, **NO_FP8_READ, PDL=True), 4, 1, 90),
+    # Gluon (sm90 only: wgmma); num_stages unused (the kernel's ring of STAGES is its own)
+    "affine_wgmma_w4": ("affine_wgmma", "_w4_wgmma_kernel", _WG, _WGMMA, 4, 1, 90),
+    "affine_wgmma_w4_bf16_zb_bias_128": ("affine_wgmma", "_w4_wgmma_kernel", dict(_WG, x_ptr="*bf16", y_ptr="*fp32",
+                                                                                   bias_ptr="*bf16"),
+                                         dict(_WGMMA, HAS_ZB=True, HAS_BIAS=True, BLOCK_N=128), 4, 1, 90),
+    "affine_wgmma_w4_m32_stored_lag3": ("affine_wgmma", "_w4_wgmma_kernel", dict(_WG, bias_ptr="*fp16"),
+                                        dict(_WGMMA, BLOCK_M=32, ATOMIC=False, HAS_BIAS=True, LAG=3, STAGES=4,
+                                             PDL=False), 4, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }
@@ -168,8 +179,9 @@ def compile_case(name: str, cc: int):
     fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
     # constexprs a launcher leaves at their defaults (H2, PDL, ...) compile at those defaults, not as arguments
     constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
-    if "WARPS" in fn.arg_names:                  # a kernel's WARPS is its launch's num_warps
-        constexprs["WARPS"] = warps
+    for name in ("WARPS", "num_warps"):          # a Triton kernel's WARPS, a Gluon kernel's num_warps: the launch's
+        if name in fn.arg_names:
+            constexprs[name] = warps
     signature, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:
@@ -178,7 +190,11 @@ def compile_case(name: str, cc: int):
         signature[arg] = types.get(arg, "i32")
         if signature[arg].startswith("*") or arg in DIV16:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    else:
+        src = triton.compiler.ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32),
                           options={"num_warps": warps, "num_stages": stages})
 

@@ -1,0 +1,59 @@
+"""Launch configs of the Gluon wgmma kernel (affine_wgmma.py) against the MMA kernel (affine_mma.py) that plan()
+gave these M before, at the Llama-3-8B / 70B shapes (issue 4, the M = 16 line).
+
+    python benchmarks/probes/wgmma_sweep.py --out results/wgmma.json [--ms 16] [--models 8b,70b] [--dtype bf16] \
+        [--gemv] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
+    fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight, warps
+    (affine_wgmma.default_config), and an optional register cap (maxnreg). A config runs at the M of its
+    BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, parse_config,  # noqa: E402
+                     start_run, sweep_parser, w4_points, write_run)
+
+from quanta.kernels import affine_gemv, affine_mma, affine_wgmma  # noqa: E402
+
+
+def main() -> None:
+    ap = sweep_parser(__doc__)
+    ap.add_argument("--ms", default="16")
+    add_dtype_arg(ap)
+    ap.add_argument("--configs", default="default")
+    ap.add_argument("--gemv", action="store_true", help="also time the GEMV (key 'gemv') at M = 1")
+    args = ap.parse_args()
+    configs = [None if c == "default" else parse_config(c) for c in args.configs.split(";")]
+    t0, meta = start_run()
+    results = []
+    for rec, xs, w4, st4 in w4_points(args.models, args.ms, "w4", DTYPES[args.dtype]):
+        ref = dense_reference(xs[0], w4)
+
+        def timed(key, run):
+            try:
+                check_close(run(xs[0], st4[0]), ref, key)
+                rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+            except Exception as e:  # noqa: BLE001
+                rec[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
+
+        timed("mma_default", lambda x, st: affine_mma.matmul(x, st))
+        if args.gemv and rec["m"] == 1:
+            timed("gemv", lambda x, st: affine_gemv.gemv(x, st))
+        for cfg in configs:
+            if cfg is not None and cfg[0] != next(b for b in (16, 32, 64) if rec["m"] <= b):
+                continue
+            key = "wg_" + ("default" if cfg is None else "_".join(map(str, cfg)))
+            timed(key, lambda x, st: affine_wgmma.matmul(x, st, cfg and cfg[:7], cfg[7] if cfg and len(cfg) > 7
+                                                         else None))
+        print(rec, flush=True)
+        results.append(rec)
+    write_run(args.out, meta, t0, results=results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""W4A16 for small M on Hopper, in Gluon: one asynchronous wgmma per code, decoded straight into its register operand.
+
+For M = 2..32 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on
+sm90, plan() gives this kernel what the Triton MMA kernel (affine_mma.py) ran before. Both compute yᵀ = W · xᵀ
+with the decoded weight as wgmma's register operand A. Triton waits for every wgmma of a tl.dot before the next
+instruction, so affine_mma joins the 8 codes of a K tile into one [rows, 128] operand and holds it in registers
+until its dot completes: 254 registers a thread, 2 programs of 4 warps an SM, issue slots 32% busy (the profile
+of RESULTS.md, 2026-11-24, sixth session). Gluon gives the waits to the kernel: code i's [rows, 16] slice goes
+to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest frees the older slices (191
+registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
+STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
+
+H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/wgmma-ms-h100-2026-11-26.json): 8B gate_up
+27.0 us against 29.8, 8B down 14.7 against 16.5, 70B o 15.9 against 17.7, 70B gate_up 88.8 against 101.1;
+at M = 2..8 1.1-1.25x faster on all 8 Llama shapes; bf16 1.06-1.27x at M = 2..16.
+
+No layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
+16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
+layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word columns 2q, 2q + 1, 2q + 8,
+2q + 9), which is also the layout of every code's [rows, 16] weights: code i of those words is columns
+16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of affine_mma's H2 pairs
+(prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15 (a [BLOCK_M, 16] slice of
+the x stage, operand B). A per-channel scale or a group of 128 columns or more is one scale row a K tile;
+narrower groups and act-order stay with affine_mma.
+
+Split-K over programs as affine_mma's split path (triton_support.split_k), partial sums added to a zeroed
+output (fp16, or float32 for bf16). Under programmatic dependent launch the weight's first stages are issued
+before the wait for the previous kernel (x and y are that kernel's), and the next kernel may launch once the
+main loop is done.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.kernels.affine_gemm import AFFINE, R, AffineState
+from quanta.kernels.affine_mma import _H2_BF16, _H2_BF16_HIGH, _H2_F16
+from quanta.kernels.triton_support import capability, cdiv, num_sms, pdl_launch, split_k, zero_
+
+try:                                 # Gluon's Hopper API: Triton >= 3.6 (the version the H100 runs measured)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    GLUON_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - older Triton: plan() keeps affine_mma
+    GLUON_ERROR = f"Gluon's Hopper API is not importable ({exc})"
+
+WGMMA_MAX_M = 32             # H100: faster than affine_mma at M = 2..32 on 15 of 16 fp16 shape x M points of
+                             # the 8 Llama shapes at M = 16, 32; mixed at M = 64 (8B qkv 14.6 us against 12.5)
+TILE_K_COLUMNS = 128         # columns a K tile of 4-bit codes: 8 codes of 16 word rows
+
+if GLUON_ERROR is None:
+    # a CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7
+    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    R_ROWS = gl.constexpr(R)
+    TILE_K = gl.constexpr(TILE_K_COLUMNS)
+
+    @gluon.jit
+    def _decode_code(words, i: gl.constexpr, s, zb, ZERO: gl.constexpr, HAS_ZB: gl.constexpr, DT: gl.constexpr):
+        """Weights [rows, 16] in DT of code i of the words [rows, 16] (operand A's layout): columns 16 i + r, two
+        an instruction by affine_mma's H2 PTX (its _h2_codes explains the constants)."""
+        BYTE: gl.constexpr = i // 2
+        SEL: gl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
+        HIGH: gl.constexpr = i % 2 == 1
+        F16: gl.constexpr = DT == gl.float16
+        MASK: gl.constexpr = 0x00F000F0 if HIGH and F16 else 0x000F000F
+        FACTOR: gl.constexpr = 0.0625 if HIGH and F16 else 1.0
+        Z: gl.constexpr = 0 if HAS_ZB else ZERO
+        ADDEND: gl.constexpr = -(128.0 + Z) if not F16 else (-(64.0 + Z) if HIGH else -(1024.0 + Z))
+        shape: gl.constexpr = words.shape
+        layout: gl.constexpr = words.type.layout
+        if HAS_ZB:
+            addend = zb
+        else:                                # -0 by its bits: a float -0.0 constant reaches ptxas as +0
+            addend = gl.full(shape, -32768, gl.int16, layout).to(DT, bitcast=True)
+        args = [words, gl.full(shape, SEL, gl.int32, layout), gl.full(shape, MASK, gl.int32, layout),
+                gl.full(shape, FACTOR, gl.float32, layout).to(DT), gl.full(shape, ADDEND, gl.float32, layout).to(DT),
+                s, addend]
+        # pack 2: columns 2q and 2q + 1 are one 32-bit register; dtype a literal (Triton 3.6 refuses a constexpr)
+        if F16:
+            w = gl.inline_asm_elementwise(_H2_F16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.float16,
+                                          is_pure=True, pack=2)
+        elif HIGH:
+            w = gl.inline_asm_elementwise(_H2_BF16_HIGH, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.bfloat16,
+                                          is_pure=True, pack=2)
+        else:
+            w = gl.inline_asm_elementwise(_H2_BF16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.bfloat16,
+                                          is_pure=True, pack=2)
+        return w
+
+    @gluon.jit
+    def _issue_weights(w_ptr, sz_ptr, w_buf, s_buf, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
+                       BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """cp.async K tile t's words [16, BLOCK_N] and scale words [BLOCK_N] into one stage (16-byte copies along
+        the rows); nothing when not pred."""
+        WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+        r = gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
+        n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
+        async_copy.async_copy_global_to_shared(w_buf, w_ptr + (t * R_ROWS + r)[:, None] * N + n[None, :],
+                                               mask=(n < N)[None, :] & pred)
+        SL: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+        ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
+        g = (t * TILE_K) // GS
+        srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
+        async_copy.async_copy_global_to_shared(s_buf, sz_ptr + srow * N + ns, mask=(ns < N) & pred)
+
+    @gluon.jit
+    def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+        """cp.async K tile t of x as [8 codes x BLOCK_M rows, 16 columns] into one stage (zeros past M and K), then
+        commit the stage's group; nothing copied when not pred."""
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [num_warps, 1], [1, 0])
+        row = gl.arange(0, 8 * BLOCK_M, layout=gl.SliceLayout(1, XL))          # code * BLOCK_M + m
+        m = m0 + row % BLOCK_M
+        k = t * TILE_K + (row // BLOCK_M)[:, None] * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, XL))[None, :]
+        async_copy.async_copy_global_to_shared(x_buf, x_ptr + m[:, None] * stride_xm + k,
+                                               mask=(m < M)[:, None] & (k < K) & pred)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _pdl_wait(PDL: gl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible (PDL); no-op without."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+
+    @gluon.jit
+    def _pdl_launch_dependents(PDL: gl.constexpr):
+        """Let the next kernel start launching now (PDL); no-op without."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles, n_blocks,
+                         stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
+                         HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+        """y[M, N] (+)= (W[BLOCK_N rows, K tiles of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
+        (output tile, split j); LAG wgmmas (1..3) left in flight behind each code's."""
+        DT: gl.constexpr = x_ptr.dtype.element_ty
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])
+        A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        tile = gl.program_id(0)
+        n0 = (tile % n_blocks) * BLOCK_N
+        m0 = (tile // n_blocks) * BLOCK_M
+        t_begin = gl.program_id(1) * tiles_per_split
+        n_tiles = gl.minimum(t_begin + tiles_per_split, num_tiles) - t_begin
+
+        # words [16, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R_ROWS, BLOCK_N],
+                                           gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
+                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        x_ring = gl.allocate_shared_memory(DT, [STAGES, 8 * BLOCK_M, 16],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
+        for p in gl.static_range(STAGES - 1):
+            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
+                           HAS_ZB, BLOCK_N, num_warps)
+        _pdl_wait(PDL)
+        for p in gl.static_range(STAGES - 1):
+            _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M, num_warps)
+
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+        # the operands of the LAG newest wgmmas (p1 the newest), alive until their wgmmas complete
+        p1 = gl.zeros([BLOCK_N, 16], DT, A)
+        p2 = p1
+        p3 = p1
+        for i in range(n_tiles):
+            t = t_begin + i
+            s = i % STAGES
+            async_copy.wait_group(STAGES - 2)
+            _cta_barrier()
+            fence_async_shared()
+            words = w_ring.index(s).permute((1, 0)).load(A)
+            v = s_ring.index(s).load(gl.SliceLayout(1, A))
+            if HAS_ZB:
+                sc = (v & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+                zb = (v >> 16).to(gl.int16).to(DT, bitcast=True)
+            else:
+                sc = ((v >> (((t * TILE_K) // GS % 2) * 16)) & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+                zb = sc
+            sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
+            zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
+            xs = x_ring.index(s)
+            for c in gl.static_range(8):
+                w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
+                acc = warpgroup_mma(w, xs.slice(c * BLOCK_M, BLOCK_M).permute((1, 0)), acc, is_async=True)
+                if LAG == 1:
+                    acc, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p1))
+                elif LAG == 2:
+                    acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
+                else:
+                    acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
+                if c == LAG - 1:   # the previous tile's wgmmas are done: its stage takes the tile STAGES - 1 ahead
+                    nxt = (i + STAGES - 1) % STAGES
+                    pred = i + STAGES - 1 < n_tiles
+                    _issue_weights(w_ptr, sz_ptr, w_ring.index(nxt), s_ring.index(nxt), t + STAGES - 1, n0, N, pred,
+                                   GS, HAS_ZB, BLOCK_N, num_warps)
+                    _issue_x(x_ptr, x_ring.index(nxt), t + STAGES - 1, m0, M, K, stride_xm, pred, BLOCK_M,
+                             num_warps)
+                p3 = p2
+                p2 = p1
+                p1 = w
+        acc, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p1, p2, p3))
+        async_copy.wait_group(0)
+        _pdl_launch_dependents(PDL)
+
+        # in y's column order (8 adjacent columns a thread), so stores and atomics are vectors
+        OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, num_warps], [0, 1])
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, OUT))
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, OUT))
+        out = gl.convert_layout(acc, OUT)
+        if HAS_BIAS:
+            if t_begin == 0:
+                b = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+                out += gl.expand_dims(b.to(gl.float32), 1)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = (offs_n < N)[:, None] & (offs_m < M)[None, :] & (n_tiles > 0)
+        if ATOMIC:
+            gl.atomic_add(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+        else:
+            gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def weight_fits(st: AffineState) -> bool:
+    """Whether the kernel computes this weight: 4-bit affine codes with one scale row a K tile (a group of a
+    multiple of 128 columns, or per channel), no act-order, in fp16 or bf16."""
+    return (st.mode == AFFINE and st.bits == 4 and st.perm is None and st.group_size % TILE_K_COLUMNS == 0
+            and st.dtype in (torch.float16, torch.bfloat16))
+
+
+def applies(st: AffineState) -> bool:
+    """Whether plan() gives this kernel M = 2..WGMMA_MAX_M: weight_fits, on sm90 (wgmma), with Gluon present."""
+    dev = st.packed.device
+    return GLUON_ERROR is None and weight_fits(st) and dev.type == "cuda" and capability(dev) == (9, 0)
+
+
+def default_config(m: int, st: AffineState, sms: int) -> tuple:
+    """(BLOCK_M, stages, waves of programs an SM, least K tiles a split, weight rows a program, wgmmas in flight,
+    warps) for M rows. 256 weight rows a program where 2 waves of them would take enough K tiles each (fp16: 4;
+    bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-26.json): fp16 8B o at
+    M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes 128 rows on
+    all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down."""
+    k_tiles_each = cdiv(st.n, 256) * st.num_tiles / (2 * sms)
+    if st.dtype == torch.float16:
+        wide = m > 16 or k_tiles_each >= 4
+    else:
+        wide = k_tiles_each >= 9 and st.num_tiles >= 64
+    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
+
+
+def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None,
+           maxnreg: int | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (default_config's fields) and `maxnreg` (a register cap, so
+    that more programs fit an SM) are forced by tests and benchmarks."""
+    assert applies(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
+    m = x2.shape[0]
+    sms = num_sms(x2.device)
+    bm, stages, waves, min_tiles, bn, lag, warps = config or default_config(m, st, sms)
+    assert bm in (16, 32, 64) and 1 <= lag <= 3 and stages >= 2 and warps % 4 == 0 and bn % (16 * warps) == 0, \
+        (bm, stages, waves, min_tiles, bn, lag, warps)
+    n_blocks = cdiv(st.n, bn)
+    tiles = n_blocks * cdiv(m, bm)
+    splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
+    atomic = splits > 1
+    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
+    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if atomic else st.dtype)
+    if atomic:
+        zero_(y)
+    options = {"maxnreg": maxnreg} if maxnreg else {}
+    _w4_wgmma_kernel[(tiles, splits)](
+        x2, st.packed, st.sz, bias if bias is not None else x2, y, m, st.n, st.k, per, st.num_tiles, n_blocks,
+        x2.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
+        **pdl_launch(x2.device))
+    return y if y.dtype == st.dtype else y.to(st.dtype)

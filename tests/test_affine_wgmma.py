@@ -1,0 +1,109 @@
+"""The Gluon wgmma kernel (affine_wgmma.py) against the weights' own dequantize(), and where plan() gives it M.
+
+Gluon kernels have no interpreter: the kernel runs in the GPU tests (sm90); on the CPU it is compiled for sm90
+(test_compile_check) and its decoding is affine_mma's H2 PTX, which test_affine_mma checks bit for bit through
+tests/ptx_emulator.py. The CPU tests here check which weights and M it takes."""
+import types
+
+import pytest
+import torch
+
+from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+from quanta.kernels import affine_gemm, affine_mma, affine_wgmma, codebook_gemm
+from test_affine_gemm import LLAMA, make_affine
+from test_codebook_gemm import make_codebook
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not HOPPER, reason="wgmma runs on sm90")
+
+
+def check(w, m, dtype, bias=False, config=None, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    st = affine_gemm.prepare(w, "cuda", dtype)
+    assert affine_wgmma.applies(st)
+    x = torch.randn(m, w.shape[1], generator=g).to("cuda", dtype)
+    b = (torch.randn(w.shape[0], generator=g) * 0.1).to("cuda", dtype) if bias else None
+    y = affine_wgmma.matmul(x, st, b, config=config)
+    ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
+    assert y.shape == (m, w.shape[0]) and y.dtype == dtype
+    assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
+
+
+def test_weights_it_takes():
+    """4-bit affine codes with a scale row a K tile (group 128, 256 or per channel), not act-order, 8-bit codes,
+    narrower groups or table codes."""
+    def fits(w, dtype=torch.float16):
+        return affine_wgmma.weight_fits(affine_gemm.prepare(w, DEVICE, dtype))
+
+    assert fits(make_affine(64, 256, 4, 128, "sym")) and fits(make_affine(64, 256, 4, 128, "asym"), torch.bfloat16)
+    assert fits(make_affine(40, 423, 4, -1, "fmin")) and fits(make_affine(64, 512, 4, 256, "sym"))
+    assert not fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
+    assert not fits(make_affine(64, 256, 8, 128, "sym"))
+    assert not fits(make_affine(64, 256, 4, 64, "sym")) and not fits(make_affine(64, 256, 4, 32, "sym"))
+    assert not affine_wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
+    assert not affine_wgmma.applies(affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), "cpu", torch.float16))
+
+
+def test_plan_gives_it_m_2_to_32(monkeypatch):
+    """Where it applies it takes M = 2..32 from the MMA kernel; M = 1 stays the GEMV's, M = 33 the MMA kernel's."""
+    monkeypatch.setattr(affine_mma, "applies", lambda st: True)
+    monkeypatch.setattr(affine_wgmma, "applies", affine_wgmma.weight_fits)
+    for dtype in (torch.float16, torch.bfloat16):
+        st = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, dtype)
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 512)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
+    act_order = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym", act_order=True), DEVICE, torch.float16)
+    assert affine_gemm.plan(16, act_order)[0] == "mma"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_default_config_rows_a_program(dtype):
+    """256 weight rows a program where two waves of them still take several K tiles each, else 128; BLOCK_M is M's
+    bucket (16 or 32)."""
+    def cfg(m, n, k):
+        return affine_wgmma.default_config(m, types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype), 132)
+
+    assert cfg(16, 4096, 4096)[4] == 128                         # 8B o: 16 blocks x 32 K tiles
+    assert cfg(16, 57344, 8192)[4] == 256                        # 70B gate_up
+    assert cfg(16, 4096, 14336)[4] == (256 if dtype == torch.float16 else 128)   # 8B down
+    assert cfg(16, 28672, 4096)[4] == (256 if dtype == torch.float16 else 128)   # 8B gate_up: K of 32 tiles
+    assert [cfg(m, 28672, 4096)[0] for m in (2, 16, 17, 32)] == [16, 16, 32, 32]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [2, 3, 16, 17, 32])
+@pytest.mark.parametrize("group,zero", [(128, "sym"), (128, "asym"), (-1, "sym"), (256, "fmin")])
+def test_gpu_llama_shapes(n, k, m, group, zero):
+    w = make_affine(n, k, 4, group, zero, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, m, dtype, bias=m == 16)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("n,k,group,zero", [(72, 256, 128, "sym"), (64, 384, 128, "asym"), (73, 213, -1, "asym"),
+                                            (200, 300, 128, "fmin")])
+@pytest.mark.parametrize("m", [1, 5, 31, 64])
+@pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1, 4), (16, 4, 8.0, 1, 256, 3, 4), (32, 2, 1.0, 1, 128, 2, 4),
+                                    (16, 3, 2.0, 1, 256, 2, 8)],
+                         ids=["lag1", "4-stages-lag3-split", "stored", "8-warps"])
+def test_gpu_odd_shapes_and_configs(n, k, group, zero, m, config):
+    """N and K off the block sizes (odd N: unaligned rows of words), M over several blocks, each launch knob."""
+    w = make_affine(n, k, 4, group, zero, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, m, dtype, bias=m == 5, config=config)
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_plan_and_matmul_take_it():
+    w = make_affine(4096, 4096, 4, 128, "asym", device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        st = affine_gemm.prepare(w, "cuda", dtype)
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33)] == ["gemv", "wgmma", "wgmma", "mma"]
+        x = torch.randn(2, 8, 4096, device="cuda", dtype=dtype)
+        b = torch.randn(4096, device="cuda", dtype=dtype) * 0.1
+        y = affine_gemm.matmul(x, st, b)
+        ref = x.double() @ w.dequantize().double().T + b.double()
+        assert y.shape == (2, 8, 4096) and rel_err(y, ref) < TOL[dtype]
