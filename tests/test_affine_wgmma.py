@@ -69,6 +69,18 @@ def test_default_config_rows_a_program(dtype):
     assert [cfg(m, 28672, 4096)[0] for m in (2, 16, 17, 32)] == [16, 16, 32, 32]
 
 
+def test_x_rows_copied_only_when_unaligned():
+    """The kernel copies x by 16-byte cp.async: K and the row stride a multiple of 16 elements, else a zero-padded
+    copy and K rounded up."""
+    x = torch.randn(3, 256, dtype=torch.float16)
+    assert affine_wgmma._aligned_rows(x, 256)[0] is x
+    for x, k in ((torch.randn(3, 213, dtype=torch.float16), 213), (torch.randn(3, 264)[:, 8:].half(), 256),
+                 (torch.randn(3, 272, dtype=torch.float16)[:, 3:259], 256)):
+        padded, k16 = affine_wgmma._aligned_rows(x, k)
+        assert k16 == -(-k // 16) * 16 and padded.stride(0) % 16 == 0 and padded.data_ptr() % 16 == 0
+        assert torch.equal(padded[:, :k], x) and not padded[:, k:].any()
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("n,k", LLAMA)
@@ -107,3 +119,5 @@ def test_gpu_plan_and_matmul_take_it():
         y = affine_gemm.matmul(x, st, b)
         ref = x.double() @ w.dequantize().double().T + b.double()
         assert y.shape == (2, 8, 4096) and rel_err(y, ref) < TOL[dtype]
+        x = torch.randn(5, 4099, device="cuda", dtype=dtype)[:, 3:]          # rows neither 16-byte aligned nor strided
+        assert rel_err(affine_gemm.matmul(x, st), x.double() @ w.dequantize().double().T) < TOL[dtype]

@@ -48,8 +48,8 @@ def main() -> None:
             if cfg is not None and cfg[0] != next(b for b in (16, 32, 64) if rec["m"] <= b):
                 continue
             key = "wg_" + ("default" if cfg is None else "_".join(map(str, cfg)))
-            timed(key, lambda x, st: affine_wgmma.matmul(x, st, cfg and cfg[:7], cfg[7] if cfg and len(cfg) > 7
-                                                         else None))
+            timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:7],
+                                                         maxnreg=cfg[7] if cfg and len(cfg) > 7 else None))
         print(rec, flush=True)
         results.append(rec)
     write_run(args.out, meta, t0, results=results)

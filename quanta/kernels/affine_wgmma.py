@@ -90,25 +90,25 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_weights(w_ptr, sz_ptr, w_buf, s_buf, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
-                       BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+                       BLOCK_N: gl.constexpr):
         """cp.async K tile t's words [16, BLOCK_N] and scale words [BLOCK_N] into one stage (16-byte copies along
         the rows); nothing when not pred."""
-        WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+        WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         r = gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
         async_copy.async_copy_global_to_shared(w_buf, w_ptr + (t * R_ROWS + r)[:, None] * N + n[None, :],
                                                mask=(n < N)[None, :] & pred)
-        SL: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+        SL: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
         ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
         g = (t * TILE_K) // GS
         srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
         async_copy.async_copy_global_to_shared(s_buf, sz_ptr + srow * N + ns, mask=(ns < N) & pred)
 
     @gluon.jit
-    def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+    def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr):
         """cp.async K tile t of x as [8 codes x BLOCK_M rows, 16 columns] into one stage (zeros past M and K), then
         commit the stage's group; nothing copied when not pred."""
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [num_warps, 1], [1, 0])
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [gl.num_warps(), 1], [1, 0])
         row = gl.arange(0, 8 * BLOCK_M, layout=gl.SliceLayout(1, XL))          # code * BLOCK_M + m
         m = m0 + row % BLOCK_M
         k = t * TILE_K + (row // BLOCK_M)[:, None] * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, XL))[None, :]
@@ -134,11 +134,12 @@ if GLUON_ERROR is None:
     def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles, n_blocks,
                          stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                         LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr):
         """y[M, N] (+)= (W[BLOCK_N rows, K tiles of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
         (output tile, split j); LAG wgmmas (1..3) left in flight behind each code's."""
         DT: gl.constexpr = x_ptr.dtype.element_ty
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        WARPS: gl.constexpr = gl.num_warps()    # the launch's (a parameter of that name would take its place)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         tile = gl.program_id(0)
@@ -156,10 +157,10 @@ if GLUON_ERROR is None:
                                            gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
         for p in gl.static_range(STAGES - 1):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
-                           HAS_ZB, BLOCK_N, num_warps)
+                           HAS_ZB, BLOCK_N)
         _pdl_wait(PDL)
         for p in gl.static_range(STAGES - 1):
-            _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M, num_warps)
+            _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         # the operands of the LAG newest wgmmas (p1 the newest), alive until their wgmmas complete
@@ -196,9 +197,8 @@ if GLUON_ERROR is None:
                     nxt = (i + STAGES - 1) % STAGES
                     pred = i + STAGES - 1 < n_tiles
                     _issue_weights(w_ptr, sz_ptr, w_ring.index(nxt), s_ring.index(nxt), t + STAGES - 1, n0, N, pred,
-                                   GS, HAS_ZB, BLOCK_N, num_warps)
-                    _issue_x(x_ptr, x_ring.index(nxt), t + STAGES - 1, m0, M, K, stride_xm, pred, BLOCK_M,
-                             num_warps)
+                                   GS, HAS_ZB, BLOCK_N)
+                    _issue_x(x_ptr, x_ring.index(nxt), t + STAGES - 1, m0, M, K, stride_xm, pred, BLOCK_M)
                 p3 = p2
                 p2 = p1
                 p1 = w
@@ -207,7 +207,7 @@ if GLUON_ERROR is None:
         _pdl_launch_dependents(PDL)
 
         # in y's column order (8 adjacent columns a thread), so stores and atomics are vectors
-        OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, num_warps], [0, 1])
+        OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, WARPS], [0, 1])
         offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, OUT))
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, OUT))
         out = gl.convert_layout(acc, OUT)
@@ -250,6 +250,18 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
     return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
 
 
+def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    """(x2, K) as the kernel's 16-byte cp.async copies of x need them: K and the row stride multiples of 16 elements
+    (Triton's divisibility hint; a copy of less than 4 bytes does not compile), 16-byte aligned rows. Otherwise a
+    copy of the M <= 32 rows, zero past K, and K rounded up to 16 (the padded codes meet zeros)."""
+    if k % 16 == 0 and x2.stride(0) % 16 == 0 and x2.data_ptr() % 16 == 0:
+        return x2, k
+    k16 = cdiv(k, 16) * 16
+    padded = x2.new_zeros(x2.shape[0], k16)
+    padded[:, :k] = x2
+    return padded, k16
+
+
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None,
            maxnreg: int | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (default_config's fields) and `maxnreg` (a register cap, so
@@ -269,9 +281,10 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     if atomic:
         zero_(y)
     options = {"maxnreg": maxnreg} if maxnreg else {}
+    xa, k = _aligned_rows(x2, st.k)
     _w4_wgmma_kernel[(tiles, splits)](
-        x2, st.packed, st.sz, bias if bias is not None else x2, y, m, st.n, st.k, per, st.num_tiles, n_blocks,
-        x2.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
+        xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles, n_blocks,
+        xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(x2.device))
     return y if y.dtype == st.dtype else y.to(st.dtype)

@@ -179,9 +179,8 @@ def compile_case(name: str, cc: int):
     fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
     # constexprs a launcher leaves at their defaults (H2, PDL, ...) compile at those defaults, not as arguments
     constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
-    for name in ("WARPS", "num_warps"):          # a Triton kernel's WARPS, a Gluon kernel's num_warps: the launch's
-        if name in fn.arg_names:
-            constexprs[name] = warps
+    if "WARPS" in fn.arg_names:                  # a kernel's WARPS is its launch's num_warps
+        constexprs["WARPS"] = warps
     signature, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:
