@@ -2,7 +2,7 @@
 gave these M before, at the Llama-3-8B / 70B shapes (issue 4, the M = 16 line).
 
     python benchmarks/probes/wgmma_sweep.py --out results/wgmma.json [--ms 16] [--models 8b,70b] [--dtype bf16] \
-        [--gemv] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
+        [--gemv] [--variant changed_affine_wgmma.py] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
     fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight, warps
     (affine_wgmma.default_config), and an optional register cap (maxnreg). A config runs at the M of its
     BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64).
@@ -15,8 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, parse_config,  # noqa: E402
-                     start_run, sweep_parser, w4_points, write_run)
+from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, load_module,  # noqa: E402
+                     parse_config, start_run, sweep_parser, w4_points, write_run)
 
 from quanta.kernels import affine_gemv, affine_mma, affine_wgmma  # noqa: E402
 
@@ -27,7 +27,10 @@ def main() -> None:
     add_dtype_arg(ap)
     ap.add_argument("--configs", default="default")
     ap.add_argument("--gemv", action="store_true", help="also time the GEMV (key 'gemv') at M = 1")
+    ap.add_argument("--variant", help="a changed copy of affine_wgmma.py, timed on its default config (key "
+                    "'variant_default')")
     args = ap.parse_args()
+    variant = load_module(args.variant) if args.variant else None
     configs = [None if c == "default" else parse_config(c) for c in args.configs.split(";")]
     t0, meta = start_run()
     results = []
@@ -50,6 +53,8 @@ def main() -> None:
             key = "wg_" + ("default" if cfg is None else "_".join(map(str, cfg)))
             timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:7],
                                                          maxnreg=cfg[7] if cfg and len(cfg) > 7 else None))
+        if variant is not None:
+            timed("variant_default", lambda x, st: variant.matmul(x, st))
         print(rec, flush=True)
         results.append(rec)
     write_run(args.out, meta, t0, results=results)
