@@ -10,7 +10,7 @@ to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest
 registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
 STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
 
-H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/wgmma-ms-h100-2026-11-26.json): 8B gate_up
+H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/wgmma-ms-h100-2026-11-25.json): 8B gate_up
 27.0 us against 29.8, 8B down 14.7 against 16.5, 70B o 15.9 against 17.7, 70B gate_up 88.8 against 101.1;
 at M = 2..8 1.1-1.25x faster on all 8 Llama shapes; bf16 1.06-1.27x at M = 2..16.
 
@@ -239,7 +239,7 @@ def applies(st: AffineState) -> bool:
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
     """(BLOCK_M, stages, waves of programs an SM, least K tiles a split, weight rows a program, wgmmas in flight,
     warps) for M rows. 256 weight rows a program where 2 waves of them would take enough K tiles each (fp16: 4;
-    bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-26.json): fp16 8B o at
+    bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-25.json): fp16 8B o at
     M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes 128 rows on
     all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down."""
     k_tiles_each = cdiv(st.n, 256) * st.num_tiles / (2 * sms)
