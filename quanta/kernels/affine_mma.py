@@ -1,8 +1,9 @@
 """Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
 For M = 2..512 rows (1..512 for bf16 table codes: a batch of decode steps, a prefill chunk; plan() gives it no
-more) the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared
-memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed
+more; 4-bit affine codes with a scale row a K tile take the Gluon kernel in affine_wgmma.py at M = 2..16, or 32)
+the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded weight tile travelling through shared memory
+to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed
 transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations
 are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so
 M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a

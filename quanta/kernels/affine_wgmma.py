@@ -1,18 +1,19 @@
 """W4A16 for small M on Hopper, in Gluon: one asynchronous wgmma per code, decoded straight into its register operand.
 
-For M = 2..32 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on
-sm90, plan() gives this kernel what the Triton MMA kernel (affine_mma.py) ran before. Both compute yᵀ = W · xᵀ
+For M = 2..16 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on
+sm90, and up to 32 where its blocks fill the SMs (takes), plan() gives this kernel what the Triton MMA kernel
+(affine_mma.py) ran before. Both compute yᵀ = W · xᵀ
 with the decoded weight as wgmma's register operand A. Triton waits for every wgmma of a tl.dot before the next
 instruction, so affine_mma joins the 8 codes of a K tile into one [rows, 128] operand and holds it in registers
 until its dot completes: 254 registers a thread, 2 programs of 4 warps an SM, issue slots 32% busy (the profile
-of RESULTS.md, 2026-11-24, sixth session). Gluon gives the waits to the kernel: code i's [rows, 16] slice goes
+of RESULTS.md, 2026-11-25, sixth session). Gluon gives the waits to the kernel: code i's [rows, 16] slice goes
 to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest frees the older slices (191
 registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
 STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
 
-H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/wgmma-ms-h100-2026-11-25.json): 8B gate_up
-27.0 us against 29.8, 8B down 14.7 against 16.5, 70B o 15.9 against 17.7, 70B gate_up 88.8 against 101.1;
-at M = 2..8 1.1-1.25x faster on all 8 Llama shapes; bf16 1.06-1.27x at M = 2..16.
+H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth
+session's -25r.json): 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
+gate_up 89.6 against 103.4; at M = 2..8 1.08-1.26x faster on all 8 Llama shapes (bf16 1.09-1.34x).
 
 No layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
 16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
@@ -20,7 +21,7 @@ layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word colu
 2q + 9), which is also the layout of every code's [rows, 16] weights: code i of those words is columns
 16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of affine_mma's H2 pairs
 (prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15 (a [BLOCK_M, 16] slice of
-the x stage, operand B). A per-channel scale or a group of 128 columns or more is one scale row a K tile;
+the x stage, operand B). A per-channel scale or a group of a multiple of 128 columns is one scale row a K tile;
 narrower groups and act-order stay with affine_mma.
 
 Split-K over programs as affine_mma's split path (triton_support.split_k), partial sums added to a zeroed
@@ -231,9 +232,24 @@ def weight_fits(st: AffineState) -> bool:
 
 
 def applies(st: AffineState) -> bool:
-    """Whether plan() gives this kernel M = 2..WGMMA_MAX_M: weight_fits, on sm90 (wgmma), with Gluon present."""
+    """Whether the kernel runs this weight where it lies: weight_fits, on sm90 (wgmma), Gluon present (takes()
+    decides the M)."""
     dev = st.packed.device
     return GLUON_ERROR is None and weight_fits(st) and dev.type == "cuda" and capability(dev) == (9, 0)
+
+
+def _k_tiles_each(st: AffineState, sms: int) -> float:
+    """K tiles a program would take if two waves of programs (two an SM) shared the weight's blocks of 256 rows."""
+    return cdiv(st.n, 256) * st.num_tiles / (2 * sms)
+
+
+def takes(m: int, st: AffineState) -> bool:
+    """Whether plan() gives M rows of this weight to this kernel: where it applies, M = 2..16, and M = 17..32 where
+    two waves of 256-row blocks would take 2.5 K tiles each or more. H100 (results/kernels-h100-2026-11-26a.json
+    against -25r.json, the MMA kernel): faster at M = 2..32 on the 8 Llama shapes except 8B o at M = 32 (1.9 K
+    tiles each: 8.8 us against 8.2, bf16 11.4 against 10.3)."""
+    return (applies(st) and 2 <= m <= WGMMA_MAX_M
+            and (m <= 16 or _k_tiles_each(st, num_sms(st.packed.device)) >= 2.5))
 
 
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
@@ -242,7 +258,7 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
     bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-25.json): fp16 8B o at
     M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes 128 rows on
     all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down."""
-    k_tiles_each = cdiv(st.n, 256) * st.num_tiles / (2 * sms)
+    k_tiles_each = _k_tiles_each(st, sms)
     if st.dtype == torch.float16:
         wide = m > 16 or k_tiles_each >= 4
     else:
