@@ -1,15 +1,14 @@
 """W4A16 for small M on Hopper, in Gluon: one asynchronous wgmma per code, decoded straight into its register operand.
 
-For M = 2..16 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on
-sm90, and up to 32 where its blocks fill the SMs (takes), plan() gives this kernel what the Triton MMA kernel
-(affine_mma.py) ran before. Both compute yᵀ = W · xᵀ
-with the decoded weight as wgmma's register operand A. Triton waits for every wgmma of a tl.dot before the next
-instruction, so affine_mma joins the 8 codes of a K tile into one [rows, 128] operand and holds it in registers
-until its dot completes: 254 registers a thread, 2 programs of 4 warps an SM, issue slots 32% busy (the profile
-of RESULTS.md, 2026-11-25, sixth session). Gluon gives the waits to the kernel: code i's [rows, 16] slice goes
-to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest frees the older slices (191
-registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
-STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
+For M = 2..16 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on sm90,
+and up to 32 where its blocks fill the SMs (takes), plan() gives this kernel what the Triton MMA kernel
+(affine_mma.py) ran before. Both compute yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A. Triton
+waits for every wgmma of a tl.dot before the next instruction, so affine_mma joins the 8 codes of a K tile into one
+[rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2 programs of 4 warps
+an SM, issue slots 32% busy (the profile of RESULTS.md, 2026-11-25, sixth session). Gluon gives the waits to the
+kernel: code i's [rows, 16] slice goes to its own wgmma while code i + 1 decodes, and a wait for all but the LAG
+newest frees the older slices (191 registers at 256 rows a program, 115 at 128). The words, scales and x come in by
+cp.async into a ring of STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
 
 H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth
 session's -25r.json): 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
