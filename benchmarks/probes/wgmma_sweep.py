@@ -2,7 +2,7 @@
 gave these M before, at the Llama-3-8B / 70B shapes (issue 4, the M = 16 line).
 
     python benchmarks/probes/wgmma_sweep.py --out results/wgmma.json [--ms 16] [--models 8b,70b] [--dtype bf16] \
-        [--gemv] [--variant changed_affine_wgmma.py] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
+        [--gemv] [--variant changed_affine_wgmma.py [--unchecked]] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
     fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight, warps
     (affine_wgmma.default_config), and an optional register cap (maxnreg). A config runs at the M of its
     BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64).
@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true", help="also time the GEMV (key 'gemv') at M = 1")
     ap.add_argument("--variant", help="a changed copy of affine_wgmma.py, timed on its default config (key "
                     "'variant_default')")
+    ap.add_argument("--unchecked", action="store_true", help="time the variant without checking its result (a "
+                    "diagnostic that leaves work out)")
     args = ap.parse_args()
     variant = load_module(args.variant) if args.variant else None
     configs = [None if c == "default" else parse_config(c) for c in args.configs.split(";")]
@@ -37,9 +39,11 @@ def main() -> None:
     for rec, xs, w4, st4 in w4_points(args.models, args.ms, "w4", DTYPES[args.dtype]):
         ref = dense_reference(xs[0], w4)
 
-        def timed(key, run):
+        def timed(key, run, check=True):
             try:
-                check_close(run(xs[0], st4[0]), ref, key)
+                y = run(xs[0], st4[0])
+                if check:
+                    check_close(y, ref, key)
                 rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
             except Exception as e:  # noqa: BLE001
                 rec[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
@@ -54,7 +58,7 @@ def main() -> None:
             timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:7],
                                                          maxnreg=cfg[7] if cfg and len(cfg) > 7 else None))
         if variant is not None:
-            timed("variant_default", lambda x, st: variant.matmul(x, st))
+            timed("variant_default", lambda x, st: variant.matmul(x, st), check=not args.unchecked)
         print(rec, flush=True)
         results.append(rec)
     write_run(args.out, meta, t0, results=results)
