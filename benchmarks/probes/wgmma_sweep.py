@@ -2,8 +2,9 @@
 gave these M before, at the Llama-3-8B / 70B shapes (issue 4, the M = 16 line).
 
     python benchmarks/probes/wgmma_sweep.py --out results/wgmma.json [--ms 16] [--models 8b,70b] [--dtype bf16] \
-        [--gemv] [--variant changed_affine_wgmma.py [--unchecked]] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;..."]
-    fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight, warps
+        [--gemv] [--variant changed_affine_wgmma.py [--unchecked]] \
+        [--configs "default;16,3,2.0,2,256,2;16,3,2.0,2,256,2,168"]
+    fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight
     (affine_wgmma.default_config), and an optional register cap (maxnreg). A config runs at the M of its
     BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64).
 """
@@ -55,8 +56,8 @@ def main() -> None:
             if cfg is not None and cfg[0] != next(b for b in (16, 32, 64) if rec["m"] <= b):
                 continue
             key = "wg_" + ("default" if cfg is None else "_".join(map(str, cfg)))
-            timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:7],
-                                                         maxnreg=cfg[7] if cfg and len(cfg) > 7 else None))
+            timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:6],
+                                                         maxnreg=cfg[6] if cfg and len(cfg) > 6 else None))
         if variant is not None:
             timed("variant_default", lambda x, st: variant.matmul(x, st), check=not args.unchecked)
         print(rec, flush=True)

@@ -252,17 +252,19 @@ def takes(m: int, st: AffineState) -> bool:
 
 
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
-    """(BLOCK_M, stages, waves of programs an SM, least K tiles a split, weight rows a program, wgmmas in flight,
-    warps) for M rows. 256 weight rows a program where 2 waves of them would take enough K tiles each (fp16: 4;
-    bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-25.json): fp16 8B o at
-    M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes 128 rows on
-    all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down."""
+    """(BLOCK_M, stages, waves of programs an SM, least K tiles a split, weight rows a program, wgmmas in flight) for M
+    rows, in one warpgroup (4 warps: with two, one warpgroup's stage refill could overwrite x that the other's
+    wgmmas still read; measured mixed, RESULTS.md 2026-11-26). 256 weight rows a program where 2 waves of them
+    would take enough K tiles each (fp16: 4; bf16: 9, and a K of 64 tiles or more), else 128. H100
+    (results/wgmma-ms-h100-2026-11-25.json): fp16 8B o at M = 16 6.6 us with 128 rows against 7.9 with 256, 8B
+    down 14.7 with 256 against 15.5; bf16 takes 128 rows on all four 8B shapes and 70B o (8B gate_up 27.9 us
+    against 30.9), 256 on 70B qkv, gate_up and down."""
     k_tiles_each = _k_tiles_each(st, sms)
     if st.dtype == torch.float16:
         wide = m > 16 or k_tiles_each >= 4
     else:
         wide = k_tiles_each >= 9 and st.num_tiles >= 64
-    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
+    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2)
 
 
 def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
@@ -284,9 +286,9 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert applies(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
     sms = num_sms(x2.device)
-    bm, stages, waves, min_tiles, bn, lag, warps = config or default_config(m, st, sms)
-    assert bm in (16, 32, 64) and 1 <= lag <= 3 and stages >= 2 and warps % 4 == 0 and bn % (16 * warps) == 0, \
-        (bm, stages, waves, min_tiles, bn, lag, warps)
+    bm, stages, waves, min_tiles, bn, lag = config or default_config(m, st, sms)
+    assert bm in (16, 32, 64) and 1 <= lag <= 3 and stages >= 2 and bn % 64 == 0, \
+        (bm, stages, waves, min_tiles, bn, lag)
     n_blocks = cdiv(st.n, bn)
     tiles = n_blocks * cdiv(m, bm)
     splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
@@ -300,6 +302,6 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     _w4_wgmma_kernel[(tiles, splits)](
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles, n_blocks,
         xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
+        BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=4, **options,
         **pdl_launch(x2.device))
     return y if y.dtype == st.dtype else y.to(st.dtype)
