@@ -45,16 +45,18 @@ def test_weights_it_takes():
 
 
 def test_plan_gives_it_m_2_to_32(monkeypatch):
-    """Where it applies it takes M = 2..16 from the MMA kernel, and M = 17..32 where its blocks fill the SMs; M = 1
-    stays the GEMV's, M = 33 the MMA kernel's."""
+    """Where it applies it takes M = 2..16 from the MMA kernel, M = 17..32 where its blocks fill the SMs, and bf16
+    M = 1 from the GEMV (fp32 in bf16) where they fill them amply; fp16 M = 1 stays the GEMV's, M = 33 the MMA
+    kernel's."""
     monkeypatch.setattr(affine_mma, "applies", lambda st: True)
     monkeypatch.setattr(affine_wgmma, "applies", affine_wgmma.weight_fits)
     for dtype in (torch.float16, torch.bfloat16):
         st = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, dtype)   # 4 blocks x 8 K tiles
         monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 4)
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 512)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
+        m1 = "gemv" if dtype == torch.float16 else "wgmma"
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 512)] == [m1, "wgmma", "wgmma", "mma", "mma"]
         monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
-        assert [affine_gemm.plan(m, st)[0] for m in (2, 16, 17, 32)] == ["wgmma", "wgmma", "mma", "mma"]
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 32)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
     act_order = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym", act_order=True), DEVICE, torch.float16)
     assert affine_gemm.plan(16, act_order)[0] == "mma"
 
@@ -120,7 +122,8 @@ def test_gpu_plan_and_matmul_take_it():
         st = affine_gemm.prepare(w, "cuda", dtype)
         assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 33)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
         st_big = affine_gemm.prepare(make_affine(28672, 4096, 4, 128, "sym", device="cuda"), "cuda", dtype)
-        assert [affine_gemm.plan(m, st_big)[0] for m in (32, 33)] == ["wgmma", "mma"]
+        m1 = "gemv" if dtype == torch.float16 else "wgmma"                 # the bf16 GEMV decodes in fp32
+        assert [affine_gemm.plan(m, st_big)[0] for m in (1, 32, 33)] == [m1, "wgmma", "mma"]
         x = torch.randn(2, 8, 4096, device="cuda", dtype=dtype)
         b = torch.randn(4096, device="cuda", dtype=dtype) * 0.1
         y = affine_gemm.matmul(x, st, b)

@@ -10,11 +10,11 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
-Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores,
-M <= 2; M = 1 on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py
-(M <= 512; for 4-bit affine codes with a scale row a K tile, M = 2..16, or 32, go to the Gluon wgmma kernel in
-affine_wgmma.py), elsewhere this file's split-K `tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS
-above.
+Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores, M <= 2; M = 1
+on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py (M <= 512; for 4-bit
+affine codes with a scale row a K tile, M = 2..16, or 32, and bf16 M = 1 go to the Gluon wgmma kernel in
+affine_wgmma.py where it takes them), elsewhere this file's split-K `tl.dot` kernel (up to M = 255), and
+dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
 
@@ -285,15 +285,16 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
         gemv_max = 0 if table_gather else 1
     else:
         gemv_max = 1 if table_gather else GEMV_MAX_M
+    if affine_wgmma.takes(m, st):
+        return "wgmma", (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its "
+                         "register operand while the previous ones run (Gluon; H100: 1.03-1.26x the MMA kernel at "
+                         "M = 2..32, e.g. 8B gate_up M = 16 27.4 us against 30.4; bf16 M = 1 1.11-1.34x the GEMV on "
+                         "the larger weights)")
     if m <= gemv_max:
         return "gemv", (f"M={m} <= {gemv_max}: bandwidth-bound GEMV without tensor cores "
                         "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it decodes in PTX, "
                         "H100: 1.10-1.32x faster on the 8 Llama shapes, 1.3-2.5x for table codes; bf16 table codes "
                         "from M = 1, 2.1-32x faster than the GEMV's gather loop)")
-    if affine_wgmma.takes(m, st):
-        return "wgmma", (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its "
-                         "register operand while the previous ones run (Gluon; H100: 1.03-1.26x the MMA kernel at "
-                         "M = 2..32, e.g. 8B gate_up M = 16 27.4 us against 30.4)")
     if m <= affine_mma.MMA_MAX_M and mma:
         return "mma", (f"M={m} <= {affine_mma.MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register "
                        "operand (no shared-memory round trip; H100: 1.1-1.5x the split-K GEMM at M=4..64, "

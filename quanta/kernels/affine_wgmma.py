@@ -1,7 +1,7 @@
 """W4A16 for small M on Hopper, in Gluon: one asynchronous wgmma per code, decoded straight into its register operand.
 
 For M = 2..16 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on sm90,
-and up to 32 where its blocks fill the SMs (takes), plan() gives this kernel what the Triton MMA kernel
+up to 32 where its blocks fill the SMs, and bf16 M = 1 on the larger weights (takes), plan() gives this kernel what the Triton MMA kernel
 (affine_mma.py) ran before. Both compute yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A. Triton
 waits for every wgmma of a tl.dot before the next instruction, so affine_mma joins the 8 codes of a K tile into one
 [rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2 programs of 4 warps
@@ -243,12 +243,18 @@ def _k_tiles_each(st: AffineState, sms: int) -> float:
 
 
 def takes(m: int, st: AffineState) -> bool:
-    """Whether plan() gives M rows of this weight to this kernel: where it applies, M = 2..16, and M = 17..32 where
-    two waves of 256-row blocks would take 2.5 K tiles each or more. H100 (results/kernels-h100-2026-11-26a.json
-    against -25r.json, the MMA kernel): faster at M = 2..32 on the 8 Llama shapes except 8B o at M = 32 (1.9 K
-    tiles each: 8.8 us against 8.2, bf16 11.4 against 10.3)."""
-    return (applies(st) and 2 <= m <= WGMMA_MAX_M
-            and (m <= 16 or _k_tiles_each(st, num_sms(st.packed.device)) >= 2.5))
+    """Whether plan() gives M rows of this weight to this kernel, where it applies: M = 2..16; M = 17..32 where two
+    waves of 256-row blocks would take 2.5 K tiles each or more; and bf16 at M = 1 where they would take 4 (the bf16
+    GEMV decodes in fp32, 3 instructions a code). H100 (results/kernels-h100-2026-11-26a.json against -25r.json,
+    the MMA kernel): faster at M = 2..32 on the 8 Llama shapes except 8B o at M = 32 (1.9 K tiles each: 8.8 us
+    against 8.2, bf16 11.4 against 10.3); bf16 at M = 1 (results/wgmma-bf16-m1-h100-2026-11-26.json) 1.11-1.34x
+    the GEMV from 8B down up (8B gate_up 26.1 us against 35.0), 0.89x on 8B qkv and o (2.9 and 1.9 K tiles)."""
+    if not applies(st) or m > WGMMA_MAX_M:
+        return False
+    each = _k_tiles_each(st, num_sms(st.packed.device))
+    if m == 1:
+        return st.dtype == torch.bfloat16 and each >= 4
+    return m <= 16 or each >= 2.5
 
 
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
