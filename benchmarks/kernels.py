@@ -170,19 +170,24 @@ def start_run(**extra) -> tuple[float, dict]:
     return t0, meta
 
 
-def variants_parser(doc: str, reps: int) -> argparse.ArgumentParser:
-    """sweep_parser plus what a comparison of saved kernel modules takes: --before (their paths, by ','), --reps
-    (timings of each, interleaved) and --unchecked (diagnostic versions wrong on purpose: timed, not checked)."""
-    ap = sweep_parser(doc)
-    ap.add_argument("--before", required=True, help="module paths, by ','")
-    ap.add_argument("--reps", type=int, default=reps, help="time each version this many times, interleaved")
+def add_versions_args(ap: argparse.ArgumentParser, required: bool = True) -> None:
+    """What a comparison of saved kernel modules takes: --before (their paths, by ',') and --unchecked (the names of
+    diagnostic versions wrong on purpose: timed, not checked)."""
+    ap.add_argument("--before", required=required, default="", help="module paths, by ','")
     ap.add_argument("--unchecked", default="", help="versions wrong on purpose (diagnostics): timed, not checked")
+
+
+def variants_parser(doc: str, reps: int) -> argparse.ArgumentParser:
+    """sweep_parser plus add_versions_args and --reps (timings of each version, interleaved)."""
+    ap = sweep_parser(doc)
+    add_versions_args(ap)
+    ap.add_argument("--reps", type=int, default=reps, help="time each version this many times, interleaved")
     return ap
 
 
 def load_versions(now, paths: str) -> dict:
     """{"now": the working tree's module, then each module saved at the ','-separated `paths` by its file name}."""
-    return {"now": now} | {Path(p).stem: load_module(p) for p in paths.split(",")}
+    return {"now": now} | {Path(p).stem: load_module(p) for p in paths.split(",") if p}
 
 
 def load_module(path: str):
@@ -207,6 +212,16 @@ def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     """Stop a sweep whose kernel variant `what` strays from the float reference by more than 1% (relative norm)."""
     err = rel_norm_err(y, ref)
     assert err < 1e-2, (what, err)
+
+
+def checked_bench(run, xs: list[torch.Tensor], states: list, nbytes: int, ref: torch.Tensor, what: str,
+                  check: bool = True) -> float:
+    """bench's µs of run(x, state), to 0.01, once run's output for xs[0] matched `ref` (check_close); `check` False
+    for a diagnostic wrong on purpose (run once all the same)."""
+    y = run(xs[0], states[0])
+    if check:
+        check_close(y, ref, what)
+    return round(bench(run, xs, states, nbytes), 2)
 
 
 def parse_layers(text: str) -> list[tuple[str, str]]:

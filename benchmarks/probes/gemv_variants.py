@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (bench, check_close, load_versions, m1_cases, parse_layers, start_run,  # noqa: E402
+from kernels import (checked_bench, load_versions, m1_cases, parse_layers, start_run,  # noqa: E402
                      variants_parser, write_run)
 
 from quanta.kernels import affine_gemv  # noqa: E402
@@ -37,11 +37,8 @@ def main() -> None:
         rec = {"model": model, "layer": layer, "n": n, "k": k, "bytes": w.nbytes}
         for _ in range(args.reps):
             for name, mod in versions.items():
-                if name in unchecked:
-                    mod.gemv(xs[0], sts[0])
-                else:
-                    check_close(mod.gemv(xs[0], sts[0]), ref, name)
-                rec.setdefault(name, []).append(round(bench(mod.gemv, xs, sts, w.nbytes), 2))
+                rec.setdefault(name, []).append(checked_bench(mod.gemv, xs, sts, w.nbytes, ref, name,
+                                                              name not in unchecked))
                 if name in unchecked:       # a diagnostic leaves the shared split-K workspace dirty
                     for buf in affine_gemv.workspace(xs[0].device, n, 1):
                         buf.zero_()

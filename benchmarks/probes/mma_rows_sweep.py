@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, parse_configs,  # noqa: E402
+from kernels import (DTYPES, add_dtype_arg, checked_bench, dense_reference, parse_configs,  # noqa: E402
                      start_run, sweep_parser, w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_gemm, affine_mma  # noqa: E402
@@ -46,9 +46,7 @@ def main() -> None:
         ref = dense_reference(xs[0], w4)
 
         def timed(key, run):
-            """rec[key]: run's µs, once its output matched the dense reference."""
-            check_close(run(xs[0], st4[0]), ref, key)
-            rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+            rec[key] = checked_bench(run, xs, st4, w4.nbytes, ref, key)
 
         for cfg, stream in configs:
             cfg = with_m_bucket(cfg, rec["m"])

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, load_versions,  # noqa: E402
+from kernels import (DTYPES, add_dtype_arg, checked_bench, dense_reference, load_versions,  # noqa: E402
                      parse_configs, start_run, variants_parser, w4_points, with_m_bucket, write_run)
 
 from quanta.kernels import affine_mma  # noqa: E402
@@ -45,9 +45,8 @@ def main() -> None:
                     key = (name + "_" + ("default" if cfg is None else "_".join(map(str, cfg)))
                            + ("_stream" if stream else ""))
                     run = lambda x, st: mod.matmul(x, st, config=cfg, stream=stream or None)  # noqa: E731
-                    if name not in args.unchecked.split(","):
-                        check_close(run(xs[0], st4[0]), ref, key)
-                    rec.setdefault(key, []).append(round(bench(run, xs, st4, w4.nbytes), 2))
+                    rec.setdefault(key, []).append(checked_bench(run, xs, st4, w4.nbytes, ref, key,
+                                                                 name not in args.unchecked.split(",")))
         results.append(rec)
         print(f"{rec['model']} {rec['layer']:8s} M={rec['m']:3d} fp16 {rec['fp16']:7.2f} | "
               + " ".join(f"{key} {'/'.join(map(str, v))}" for key, v in rec.items() if isinstance(v, list)),

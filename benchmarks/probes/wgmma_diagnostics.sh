@@ -13,8 +13,9 @@ sed 's/mask=(m < M)\[:, None\] & (k < K) & pred)/mask=(m < 0)[:, None] \& (k < K
 sed 's/w = gl.inline_asm_elementwise(_H2_F16,/w = gl.inline_asm_elementwise("mov.b32 $0, $1; \/\/ $2 $3 $4 $5 $6 $7 $8 $9 $10",/' $src > /tmp/wg_mov.py
 for v in stores no_x mov; do
   cmp -s $src /tmp/wg_$v.py && { echo "variant $v: sed changed nothing"; exit 1; }
-  timeout 150 python3 benchmarks/probes/wgmma_sweep.py --out "$OUT/wgmma-diag-$v.json" --ms 16 --unchecked \
-    --variant /tmp/wg_$v.py "$@" > "$OUT/wgmma-diag-$v.log" 2>&1 || echo "variant $v failed: $(tail -3 "$OUT/wgmma-diag-$v.log")"
+  timeout 150 python3 benchmarks/probes/wgmma_sweep.py --out "$OUT/wgmma-diag-$v.json" --ms 16 \
+    --before /tmp/wg_$v.py --unchecked wg_$v "$@" > "$OUT/wgmma-diag-$v.log" 2>&1 \
+    || echo "variant $v failed: $(tail -3 "$OUT/wgmma-diag-$v.log")"
 done
 python3 - "$OUT" <<'PY'
 import json, sys
@@ -23,7 +24,7 @@ for v in ("stores", "no_x", "mov"):
         rs = json.load(open(f"{sys.argv[1]}/wgmma-diag-{v}.json"))["results"]
     except OSError:
         continue
-    print(v, " ".join(f"{r['model']} {r['layer']} {r['wg_default']}->{r['variant_default']}" for r in rs))
+    print(v, " ".join(f"{r['model']} {r['layer']} {r['wg_default']}->{r[f'wg_{v}_default']}" for r in rs))
 PY
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 for shape in "4096 14336" "28672 4096"; do

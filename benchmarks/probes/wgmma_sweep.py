@@ -2,11 +2,12 @@
 gave these M before, at the Llama-3-8B / 70B shapes (issue 4, the M = 16 line).
 
     python benchmarks/probes/wgmma_sweep.py --out results/wgmma.json [--ms 16] [--models 8b,70b] [--dtype bf16] \
-        [--gemv] [--variant changed_affine_wgmma.py [--unchecked]] \
+        [--gemv] [--before saved_affine_wgmma.py[,...] [--unchecked saved_affine_wgmma]] \
         [--configs "default;16,3,2.0,2,256,2;16,3,2.0,2,256,2,168"]
     fields: BLOCK_M, stages, waves, least K tiles a split, weight rows a program, wgmmas in flight
     (affine_wgmma.default_config), and an optional register cap (maxnreg). A config runs at the M of its
-    BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64).
+    BLOCK_M's bucket (16: M <= 16, 32: M = 17..32, 64: M = 33..64). Saved versions of the module (--before, as in
+    mma_variants.py) are timed on their own default config (key '<file name>_default').
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (DTYPES, add_dtype_arg, bench, check_close, dense_reference, load_module,  # noqa: E402
-                     parse_config, start_run, sweep_parser, w4_points, write_run)
+from kernels import (DTYPES, add_dtype_arg, add_versions_args, checked_bench, dense_reference,  # noqa: E402
+                     load_versions, parse_config, start_run, sweep_parser, w4_points, write_run)
 
 from quanta.kernels import affine_gemv, affine_mma, affine_wgmma  # noqa: E402
 
@@ -28,24 +29,19 @@ def main() -> None:
     add_dtype_arg(ap)
     ap.add_argument("--configs", default="default")
     ap.add_argument("--gemv", action="store_true", help="also time the GEMV (key 'gemv') at M = 1")
-    ap.add_argument("--variant", help="a changed copy of affine_wgmma.py, timed on its default config (key "
-                    "'variant_default')")
-    ap.add_argument("--unchecked", action="store_true", help="time the variant without checking its result (a "
-                    "diagnostic that leaves work out)")
+    add_versions_args(ap, required=False)
     args = ap.parse_args()
-    variant = load_module(args.variant) if args.variant else None
+    saved = {name: mod for name, mod in load_versions(affine_wgmma, args.before).items() if name != "now"}
+    unchecked = set(args.unchecked.split(","))
     configs = [None if c == "default" else parse_config(c) for c in args.configs.split(";")]
-    t0, meta = start_run()
+    t0, meta = start_run(before=args.before)
     results = []
     for rec, xs, w4, st4 in w4_points(args.models, args.ms, "w4", DTYPES[args.dtype]):
         ref = dense_reference(xs[0], w4)
 
         def timed(key, run, check=True):
             try:
-                y = run(xs[0], st4[0])
-                if check:
-                    check_close(y, ref, key)
-                rec[key] = round(bench(run, xs, st4, w4.nbytes), 2)
+                rec[key] = checked_bench(run, xs, st4, w4.nbytes, ref, key, check)
             except Exception as e:  # noqa: BLE001
                 rec[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
 
@@ -58,8 +54,8 @@ def main() -> None:
             key = "wg_" + ("default" if cfg is None else "_".join(map(str, cfg)))
             timed(key, lambda x, st: affine_wgmma.matmul(x, st, config=cfg and cfg[:6],
                                                          maxnreg=cfg[6] if cfg and len(cfg) > 6 else None))
-        if variant is not None:
-            timed("variant_default", lambda x, st: variant.matmul(x, st), check=not args.unchecked)
+        for name, mod in saved.items():
+            timed(f"{name}_default", lambda x, st: mod.matmul(x, st), check=name not in unchecked)
         print(rec, flush=True)
         results.append(rec)
     write_run(args.out, meta, t0, results=results)

@@ -308,6 +308,16 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
     return "gemm", f"M={m}: split-K tl.dot GEMM with in-register dequantization"
 
 
+def split_k_output(m: int, st: AffineState, added: bool, device: torch.device) -> torch.Tensor:
+    """y [M, N] for a launch of this weight: where programs add partial sums (split-K, stream-K) zeroed, in fp16 or,
+    for bf16, float32 (each bf16 addition would round at 8 bits); else uninitialised in the compute dtype. The
+    launcher returns y.to(st.dtype)."""
+    if not added:
+        return torch.empty(m, st.n, device=device, dtype=st.dtype)
+    sums = torch.float16 if st.dtype == torch.float16 else torch.float32
+    return zero_(torch.empty(m, st.n, device=device, dtype=sums))
+
+
 def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
          config: tuple | None = None) -> torch.Tensor:
     """The tl.dot path: y[M, N] = x2[M, K] @ W.T (+ bias); split-K for small M."""
@@ -320,10 +330,7 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         bn = min(bn, 128)
     min_tiles = 4 if st.bits == 4 else 8
     splits, per = split_k(cdiv(m, bm) * cdiv(st.n, bn), st.num_tiles, num_sms(x2.device), waves, min_tiles)
-    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if splits > 1 else st.dtype)
-    if splits > 1:
-        zero_(y)
+    y = split_k_output(m, st, splits > 1, x2.device)
     grid = (cdiv(m, bm) * cdiv(st.n, bn), splits)
     _affine_gemm_kernel[grid](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
@@ -332,7 +339,7 @@ def gemm(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
         BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         FP16_MAGIC=st.dtype == torch.float16, MODE=st.mode, num_warps=warps, num_stages=stages)
-    return y if y.dtype == st.dtype else y.to(st.dtype)
+    return y.to(st.dtype)
 
 
 def dequantize_t(st: AffineState, block_n: int = 128, warps: int = 4, lookup: bool | None = None) -> torch.Tensor:

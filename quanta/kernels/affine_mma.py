@@ -55,10 +55,9 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine_gemm import (AFFINE, LUT, R, AffineState, decode, load_lut_words, load_scales,
-                                        lut_lookup4_ptx)
+                                        lut_lookup4_ptx, split_k_output)
 from quanta.kernels.triton_support import (capability, cdiv, num_sms, pdl_launch, pdl_launch_dependents, pdl_wait,
-                                           split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k,
-                                           zero_)
+                                           split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k)
 
 MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
                             # Llama shapes at M = 4..128 and dequantize + cuBLAS at M = 128..512 on 31 of 32;
@@ -437,10 +436,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     if stream is None:
         stream = waves is None and steps < wave_steps(tiles, st.num_tiles, sms, splits)
     atomic = programs > 0 if stream else splits > 1
-    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if atomic else st.dtype)
-    if atomic:
-        zero_(y)
+    y = split_k_output(m, st, atomic, x2.device)
     h2 = h2_applies(st) if h2 is None else h2
     table = st.lut_arg(h2 and st.mode == LUT)
 
@@ -462,4 +458,4 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
             launch((whole, 1), st.num_tiles, 0, 0, False, False)
         if programs:                                # the rest, equal runs of (tile, K tile) steps, added
             launch((programs,), st.num_tiles, whole, iters, True, True)
-    return y if y.dtype == st.dtype else y.to(st.dtype)
+    return y.to(st.dtype)

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine_gemm import AFFINE, R, AffineState
+from quanta.kernels.affine_gemm import AFFINE, R, AffineState, split_k_output
 from quanta.kernels.affine_mma import _H2_BF16, _H2_BF16_HIGH, _H2_F16
-from quanta.kernels.triton_support import capability, cdiv, num_sms, pdl_launch, split_k, zero_
+from quanta.kernels.triton_support import (capability, cdiv, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
+                                           split_k)
 
 try:                                 # Gluon's Hopper API: Triton >= 3.6 (the version the H100 runs measured)
     from triton.experimental import gluon
@@ -47,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - older Triton: plan() keeps affi
 
 WGMMA_MAX_M = 32             # H100: faster than affine_mma at M = 2..32 on 15 of 16 fp16 shape x M points of
                              # the 8 Llama shapes at M = 16, 32; mixed at M = 64 (8B qkv 14.6 us against 12.5)
-TILE_K_COLUMNS = 128         # columns a K tile of 4-bit codes: 8 codes of 16 word rows
+TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows
 
 if GLUON_ERROR is None:
     # a CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7
@@ -77,15 +78,9 @@ if GLUON_ERROR is None:
                 gl.full(shape, FACTOR, gl.float32, layout).to(DT), gl.full(shape, ADDEND, gl.float32, layout).to(DT),
                 s, addend]
         # pack 2: columns 2q and 2q + 1 are one 32-bit register; dtype a literal (Triton 3.6 refuses a constexpr)
-        if F16:
-            w = gl.inline_asm_elementwise(_H2_F16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.float16,
-                                          is_pure=True, pack=2)
-        elif HIGH:
-            w = gl.inline_asm_elementwise(_H2_BF16_HIGH, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.bfloat16,
-                                          is_pure=True, pack=2)
-        else:
-            w = gl.inline_asm_elementwise(_H2_BF16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.bfloat16,
-                                          is_pure=True, pack=2)
+        w = gl.inline_asm_elementwise(_H2_F16 if F16 else (_H2_BF16_HIGH if HIGH else _H2_BF16),
+                                      "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.float16 if F16 else gl.bfloat16,
+                                      is_pure=True, pack=2)
         return w
 
     @gluon.jit
@@ -117,20 +112,6 @@ if GLUON_ERROR is None:
         async_copy.commit_group()
 
     @gluon.jit
-    def _pdl_wait(PDL: gl.constexpr):
-        """Wait until the previous kernel has finished and its writes are visible (PDL); no-op without."""
-        if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-
-    @gluon.jit
-    def _pdl_launch_dependents(PDL: gl.constexpr):
-        """Let the next kernel start launching now (PDL); no-op without."""
-        if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-
-    @gluon.jit
     def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles, n_blocks,
                          stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -158,7 +139,8 @@ if GLUON_ERROR is None:
         for p in gl.static_range(STAGES - 1):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
                            HAS_ZB, BLOCK_N)
-        _pdl_wait(PDL)
+        if PDL:
+            gdc_wait()
         for p in gl.static_range(STAGES - 1):
             _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M)
 
@@ -204,7 +186,8 @@ if GLUON_ERROR is None:
                 p1 = w
         acc, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p1, p2, p3))
         async_copy.wait_group(0)
-        _pdl_launch_dependents(PDL)
+        if PDL:
+            gdc_launch_dependents()
 
         # in y's column order (8 adjacent columns a thread), so stores and atomics are vectors
         OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, WARPS], [0, 1])
@@ -289,7 +272,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
            maxnreg: int | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (default_config's fields) and `maxnreg` (a register cap, so
     that more programs fit an SM) are forced by tests and benchmarks."""
-    assert applies(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
+    assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
     sms = num_sms(x2.device)
     bm, stages, waves, min_tiles, bn, lag = config or default_config(m, st, sms)
@@ -299,10 +282,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     tiles = n_blocks * cdiv(m, bm)
     splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
     atomic = splits > 1
-    atomic_dtype = torch.float16 if st.dtype == torch.float16 else torch.float32
-    y = torch.empty(m, st.n, device=x2.device, dtype=atomic_dtype if atomic else st.dtype)
-    if atomic:
-        zero_(y)
+    y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
     xa, k = _aligned_rows(x2, st.k)
     _w4_wgmma_kernel[(tiles, splits)](
@@ -310,4 +290,4 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=4, **options,
         **pdl_launch(x2.device))
-    return y if y.dtype == st.dtype else y.to(st.dtype)
+    return y.to(st.dtype)
