@@ -230,8 +230,8 @@ def parse_layers(text: str) -> list[tuple[str, str]]:
 
 
 def parse_config(text: str) -> tuple:
-    """A launch config from comma-separated fields: ints, or floats where a field has a '.'."""
-    return tuple(float(v) if "." in v else int(v) for v in text.split(","))
+    """A launch config from comma-separated fields: ints, floats where a field has a '.', None for 'None'."""
+    return tuple(None if v == "None" else float(v) if "." in v else int(v) for v in text.split(","))
 
 
 def parse_configs(text: str) -> list[tuple[tuple | None, bool]]:

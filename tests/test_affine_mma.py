@@ -228,8 +228,11 @@ def test_gpu_rows_a_warp(n, k, config, stream):
 def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
     st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    expect = ["gemv", "wgmma", "mma", "mma", "cublas"] if hopper else ["gemv", "gemm", "gemm", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 33, 512, 513)] == expect     # M = 2..32: affine_wgmma
+    expect = ["gemv", "wgmma", "wgmma", "wgmma", "cublas"] if hopper else ["gemv", "gemm", "gemm", "cublas", "cublas"]
+    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 33, 1024, 1025)] == expect   # 4-bit g128: affine_wgmma
+    w8 = affine_gemm.prepare(make_affine(4096, 4096, 8, 128, "sym", device="cuda"), "cuda", torch.float16)
+    expect = ["mma", "mma", "cublas"] if hopper else ["gemm", "cublas", "cublas"]
+    assert [affine_gemm.plan(m, w8)[0] for m in (33, 512, 513)] == expect
     assert affine_gemm.plan(2, st)[0] == ("wgmma" if hopper else "gemv")
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
     expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemv", "cublas", "cublas"]

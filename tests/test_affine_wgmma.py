@@ -10,6 +10,7 @@ import torch
 
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 from quanta.kernels import affine_gemm, affine_mma, affine_wgmma, codebook_gemm
+from quanta.kernels.triton_support import split_k, whole_wave_split_k
 from test_affine_gemm import LLAMA, make_affine
 from test_codebook_gemm import make_codebook
 
@@ -44,19 +45,21 @@ def test_weights_it_takes():
     assert not affine_wgmma.applies(affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), "cpu", torch.float16))
 
 
-def test_plan_gives_it_m_2_to_32(monkeypatch):
-    """Where it applies it takes M = 2..16 from the MMA kernel, M = 17..32 where its blocks fill the SMs, and bf16
-    M = 1 from the GEMV (fp32 in bf16) where they fill them amply; fp16 M = 1 stays the GEMV's, M = 33 the MMA
-    kernel's."""
+def test_plan_gives_it_m_2_to_1024(monkeypatch):
+    """Where it applies it takes M = 2..16 from the MMA kernel, M = 17..32 where its blocks fill the SMs, M = 33..1024
+    from the MMA kernel and dequantize + cuBLAS (bf16 where K is not split), and bf16 M = 1 from the GEMV (fp32 in
+    bf16) where its blocks fill the SMs amply; fp16 M = 1 stays the GEMV's, M = 1025 dequantize + cuBLAS."""
     monkeypatch.setattr(affine_mma, "applies", lambda st: True)
     monkeypatch.setattr(affine_wgmma, "applies", affine_wgmma.weight_fits)
     for dtype in (torch.float16, torch.bfloat16):
         st = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, dtype)   # 4 blocks x 8 K tiles
         monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 4)
         m1 = "gemv" if dtype == torch.float16 else "wgmma"
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 512)] == [m1, "wgmma", "wgmma", "mma", "mma"]
+        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 1024, 1025)] == [m1] + ["wgmma"] * 4 + ["cublas"]
         monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 32)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
+        m33 = "wgmma" if dtype == torch.float16 else "mma"                 # bf16: 4 blocks, K split in 4
+        assert ([affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 32, 33)]
+                == ["gemv", "wgmma", "wgmma", "mma", "mma", m33])
     act_order = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym", act_order=True), DEVICE, torch.float16)
     assert affine_gemm.plan(16, act_order)[0] == "mma"
 
@@ -72,7 +75,54 @@ def test_default_config_rows_a_program(dtype):
     assert cfg(16, 57344, 8192)[4] == 256                        # 70B gate_up
     assert cfg(16, 4096, 14336)[4] == (256 if dtype == torch.float16 else 128)   # 8B down
     assert cfg(16, 28672, 4096)[4] == (256 if dtype == torch.float16 else 128)   # 8B gate_up: K of 32 tiles
-    assert [cfg(m, 28672, 4096)[0] for m in (2, 16, 17, 32)] == [16, 16, 32, 32]
+    assert [cfg(m, 28672, 4096)[0] for m in (2, 16, 17, 32, 33, 64, 65, 2048)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [cfg(m, 28672, 4096)[6] for m in (32, 33)] == [4, 8]                    # two warpgroups above M = 32
+
+
+def test_large_m_rows_fill_the_waves():
+    """Above M = 32, 256 weight rows a program unless 128-row programs fill whole waves of one an SM better by
+    wave_steps weighted with ROW_STEP_COST; the K loop split for whole waves (waves None)."""
+    def cfg(m, n, k):
+        return affine_wgmma.large_m_config(m, types.SimpleNamespace(n=n, num_tiles=k // 128), 132)
+
+    assert cfg(1024, 57344, 8192)[2:5] == (None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 70B gate_up: 1792 programs
+    assert cfg(512, 4096, 4096)[4] == 128      # 8B o: 128 programs of 128 rows in one wave; 64 of 256 split twice
+    assert cfg(1024, 4096, 4096)[4] == 256     # 8B o: 128 programs of 256 rows fill one wave
+    assert cfg(64, 4096, 4096)[:5] == (64, 4, None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 64 rows of x: 256 rows
+
+
+def test_bf16_large_m_only_unsplit(monkeypatch):
+    """Above M = 32 bf16 goes to the kernel only where its K loop is not split (float32 partial sums); fp16 always."""
+    monkeypatch.setattr(affine_wgmma, "applies", lambda st: True)
+    monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
+
+    def takes(m, n, k, dtype):
+        st = types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype, packed=types.SimpleNamespace(device=None))
+        return affine_wgmma.takes(m, st)
+
+    assert takes(1024, 28672, 4096, torch.bfloat16) and takes(1024, 57344, 8192, torch.bfloat16)  # 896, 1792 blocks
+    assert not takes(1024, 10240, 8192, torch.bfloat16) and takes(1024, 10240, 8192, torch.float16)  # 320, K split
+    assert not takes(1025, 28672, 4096, torch.float16)
+
+
+def test_large_m_split_k_fills_the_waves(monkeypatch):
+    """matmul splits the K loop of a config with waves None as whole_wave_split_k (one program an SM), else as
+    split_k (the launch recorded, not run: Gluon has no interpreter)."""
+    grids = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(affine_wgmma, "_w4_wgmma_kernel", Launch())
+    monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
+    st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
+    x = torch.randn(128, 4096, dtype=torch.float16)
+    for waves in (None, 2.0):
+        affine_wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8))
+    whole = whole_wave_split_k(32, 32, 132, 2)[0]
+    assert grids == [(32, whole), (32, split_k(32, 32, 132, 2.0, 2)[0])] and whole != grids[1][1]
 
 
 def test_x_rows_copied_only_when_unaligned():
@@ -90,7 +140,7 @@ def test_x_rows_copied_only_when_unaligned():
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("n,k", LLAMA)
-@pytest.mark.parametrize("m", [2, 3, 16, 17, 32])
+@pytest.mark.parametrize("m", [2, 3, 16, 17, 32, 300])
 @pytest.mark.parametrize("group,zero", [(128, "sym"), (128, "asym"), (-1, "sym"), (256, "fmin")])
 def test_gpu_llama_shapes(n, k, m, group, zero):
     w = make_affine(n, k, 4, group, zero, device="cuda")
@@ -102,13 +152,16 @@ def test_gpu_llama_shapes(n, k, m, group, zero):
 @sm90
 @pytest.mark.parametrize("n,k,group,zero", [(72, 256, 128, "sym"), (64, 384, 128, "asym"), (73, 213, -1, "asym"),
                                             (200, 300, 128, "fmin")])
-@pytest.mark.parametrize("m", [1, 5, 31, 64])
-@pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1), (16, 4, 8.0, 1, 256, 3), (32, 2, 0.01, 1, 128, 2),
-                                    (64, 3, 2.0, 1, 128, 2)],
-                         ids=["lag1", "4-stages-lag3-split", "one-split-stored", "64-rows-of-x"])
+@pytest.mark.parametrize("m", [1, 5, 31, 64, 300])
+@pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1, 4), (16, 4, 8.0, 1, 256, 3, 4),
+                                    (32, 2, 0.01, 1, 128, 2, 4), (64, 3, 2.0, 1, 128, 2, 4),
+                                    (128, 4, 8.0, 1, 256, 2, 8), (256, 3, 0.01, 1, 128, 3, 8)],
+                         ids=["lag1", "4-stages-lag3-split", "one-split-stored", "64-rows-of-x",
+                              "two-warpgroups-split", "two-warpgroups-256-rows-of-x-stored"])
 def test_gpu_odd_shapes_and_configs(n, k, group, zero, m, config):
     """N and K off the block sizes (odd N: unaligned rows of words), M over several blocks, each launch knob: splits
-    of one K tile (the bias added once, by split 0), and one split a tile, stored."""
+    of one K tile (the bias added once, by split 0), one split a tile, stored, and two warpgroups a program (the
+    refill after the CTA barrier)."""
     w = make_affine(n, k, 4, group, zero, device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
         check(w, m, dtype, bias=m == 5, config=config)
@@ -120,10 +173,12 @@ def test_gpu_plan_and_matmul_take_it():
     w = make_affine(4096, 4096, 4, 128, "asym", device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
         st = affine_gemm.prepare(w, "cuda", dtype)
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 33)] == ["gemv", "wgmma", "wgmma", "mma", "mma"]
+        m33 = "wgmma" if dtype == torch.float16 else "mma"                 # bf16: 16 blocks, K split
+        assert ([affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 33, 1025)]
+                == ["gemv", "wgmma", "wgmma", "mma", m33, "cublas"])
         st_big = affine_gemm.prepare(make_affine(28672, 4096, 4, 128, "sym", device="cuda"), "cuda", dtype)
         m1 = "gemv" if dtype == torch.float16 else "wgmma"                 # the bf16 GEMV decodes in fp32
-        assert [affine_gemm.plan(m, st_big)[0] for m in (1, 32, 33)] == [m1, "wgmma", "mma"]
+        assert [affine_gemm.plan(m, st_big)[0] for m in (1, 32, 33)] == [m1, "wgmma", "wgmma"]
         x = torch.randn(2, 8, 4096, device="cuda", dtype=dtype)
         b = torch.randn(4096, device="cuda", dtype=dtype) * 0.1
         y = affine_gemm.matmul(x, st, b)

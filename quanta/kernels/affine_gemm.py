@@ -289,7 +289,8 @@ def plan(m: int, st: AffineState) -> tuple[str, str]:
         return "wgmma", (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its "
                          "register operand while the previous ones run (Gluon; H100: 1.03-1.26x the MMA kernel at "
                          "M = 2..32, e.g. 8B gate_up M = 16 27.4 us against 30.4; bf16 M = 1 1.11-1.34x the GEMV on "
-                         "the larger weights)")
+                         "the larger weights; above M = 32 two warpgroups share 128 rows of x, faster than the MMA "
+                         "kernel and dequantize + cuBLAS up to M = 1024)")
     if m <= gemv_max:
         return "gemv", (f"M={m} <= {gemv_max}: bandwidth-bound GEMV without tensor cores "
                         "(packed-half FMAs for fp16, else fp32; M = 2 runs the MMA kernel where it decodes in PTX, "

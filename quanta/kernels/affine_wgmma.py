@@ -1,29 +1,40 @@
-"""W4A16 for small M on Hopper, in Gluon: one asynchronous wgmma per code, decoded straight into its register operand.
+"""W4A16 on Hopper from M = 2 to 1024, in Gluon: one asynchronous wgmma per code, decoded into its register operand.
 
-For M = 2..16 rows of 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on sm90,
-up to 32 where its blocks fill the SMs, and bf16 M = 1 on the larger weights (takes), plan() gives this kernel what the Triton MMA kernel
-(affine_mma.py) ran before. Both compute yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A. Triton
-waits for every wgmma of a tl.dot before the next instruction, so affine_mma joins the 8 codes of a K tile into one
-[rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2 programs of 4 warps
-an SM, issue slots 32% busy (the profile of RESULTS.md, 2026-11-25, sixth session). Gluon gives the waits to the
-kernel: code i's [rows, 16] slice goes to its own wgmma while code i + 1 decodes, and a wait for all but the LAG
-newest frees the older slices (191 registers at 256 rows a program, 115 at 128). The words, scales and x come in by
-cp.async into a ring of STAGES shared-memory stages, the next stage issued once the previous tile's wgmmas are done.
+For 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on sm90, plan() gives this
+kernel M = 2..16, up to 32 where its blocks fill the SMs, M = 33..1024 (bf16 where the K loop is not split), and
+bf16 M = 1 on the larger weights (takes): what the Triton MMA kernel (affine_mma.py) and, from M = 513, dequantize
++ cuBLAS ran before. Both kernels compute yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A.
+Triton waits for every wgmma of a tl.dot before the next instruction, so affine_mma joins the 8 codes of a K tile
+into one [rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2 programs
+of 4 warps an SM, issue slots 32% busy (the profile of RESULTS.md, 2026-11-25, sixth session). Gluon gives the
+waits to the kernel: code i's [rows, 16] slice goes to its own wgmma while code i + 1 decodes, and a wait for all
+but the LAG newest frees the older slices (191 registers at 256 rows a program, 115 at 128). The words, scales and
+x come in by cp.async into a ring of STAGES shared-memory stages.
 
-H100, W4A16 g128 fp16 at M = 16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth
-session's -25r.json): 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
-gate_up 89.6 against 103.4; at M = 2..8 1.08-1.26x faster on all 8 Llama shapes (bf16 1.09-1.34x).
+Up to M = 32 a program is one warpgroup (4 warps) with 16 or 32 rows of x, and refills the stage its own wgmmas
+just left, STAGES - 1 tiles ahead. Above, a program is two warpgroups sharing each stage's 64 or 128 rows of x
+(large_m_config): 251 registers, one program an SM, each wgmma m64n128k16 at 128 rows of x. A warpgroup may then
+still read a stage the other has left, so the refill waits for the CTA barrier at the top of each K tile and
+takes the stage of two tiles ago (STAGES - 2 ahead). The programs of one weight block are adjacent (x's blocks
+vary fastest), so a block is read from DRAM once while x stays in L2.
 
-No layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
+H100, W4A16 g128 fp16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth session's
+-25r.json): at M = 16 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
+gate_up 89.6 against 103.4; at M = 2..8 1.08-1.26x faster on all 8 Llama shapes (bf16 1.09-1.34x). Above M = 32:
+results/wgmma-large-m-h100-2026-11-26*.json and RESULTS.md (2026-11-26, tenth session).
+
+No weight layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
 16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
 layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word columns 2q, 2q + 1, 2q + 8,
 2q + 9), which is also the layout of every code's [rows, 16] weights: code i of those words is columns
 16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of affine_mma's H2 pairs
-(prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15 (a [BLOCK_M, 16] slice of
-the x stage, operand B). A per-channel scale or a group of a multiple of 128 columns is one scale row a K tile;
-narrower groups and act-order stay with affine_mma.
+(prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice
+along K of the x stage [BLOCK_M, 128], operand B, in wgmma's 128-byte swizzle (the 32-byte swizzle of an x stage
+laid out as 8 slices of [BLOCK_M, 16] was 1.10-1.40x slower at M = 256 and 1024, and at M = 2..32 slower on 29
+of 32 points, by up to 8%: results/wgmma-x-swizzle-h100-2026-11-26.json, -small-m-). A per-channel scale or a group of a multiple of 128 columns is one
+scale row a K tile; narrower groups and act-order stay with affine_mma.
 
-Split-K over programs as affine_mma's split path (triton_support.split_k), partial sums added to a zeroed
+Split-K over programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed
 output (fp16, or float32 for bf16). Under programmatic dependent launch the weight's first stages are issued
 before the wait for the previous kernel (x and y are that kernel's), and the next kernel may launch once the
 main loop is done.
@@ -35,7 +46,7 @@ import torch
 from quanta.kernels.affine_gemm import AFFINE, R, AffineState, split_k_output
 from quanta.kernels.affine_mma import _H2_BF16, _H2_BF16_HIGH, _H2_F16
 from quanta.kernels.triton_support import (capability, cdiv, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
-                                           split_k)
+                                           split_k, wave_steps, whole_wave_split_k)
 
 try:                                 # Gluon's Hopper API: Triton >= 3.6 (the version the H100 runs measured)
     from triton.experimental import gluon
@@ -46,8 +57,10 @@ try:                                 # Gluon's Hopper API: Triton >= 3.6 (the ve
 except ImportError as exc:  # pragma: no cover - older Triton: plan() keeps affine_mma
     GLUON_ERROR = f"Gluon's Hopper API is not importable ({exc})"
 
-WGMMA_MAX_M = 32             # H100: faster than affine_mma at M = 2..32 on 15 of 16 fp16 shape x M points of
-                             # the 8 Llama shapes at M = 16, 32; mixed at M = 64 (8B qkv 14.6 us against 12.5)
+WGMMA_MAX_M = 32             # the largest M of one warpgroup a program (16 or 32 rows of x); above, large_m_config
+WGMMA_LARGE_MAX_M = 1024     # above, dequantize + cuBLAS, whose dequantize costs the same at any M: H100 fp16,
+                             # this kernel faster on 6 of the 8 Llama shapes at M = 1024, slower on 6 at 2048
+LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32
 TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows
 
 if GLUON_ERROR is None:
@@ -101,18 +114,28 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr):
-        """cp.async K tile t of x as [8 codes x BLOCK_M rows, 16 columns] into one stage (zeros past M and K), then
-        commit the stage's group; nothing copied when not pred."""
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [gl.num_warps(), 1], [1, 0])
-        row = gl.arange(0, 8 * BLOCK_M, layout=gl.SliceLayout(1, XL))          # code * BLOCK_M + m
-        m = m0 + row % BLOCK_M
-        k = t * TILE_K + (row // BLOCK_M)[:, None] * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, XL))[None, :]
-        async_copy.async_copy_global_to_shared(x_buf, x_ptr + m[:, None] * stride_xm + k,
-                                               mask=(m < M)[:, None] & (k < K) & pred)
+        """cp.async K tile t of x, [BLOCK_M rows, 128 columns], into one stage (zeros past M and K), then commit the
+        stage's group; nothing copied when not pred."""
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+        m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
+        k = t * TILE_K + gl.arange(0, TILE_K, layout=gl.SliceLayout(0, XL))
+        async_copy.async_copy_global_to_shared(x_buf, x_ptr + m[:, None] * stride_xm + k[None, :],
+                                               mask=(m < M)[:, None] & (k < K)[None, :] & pred)
         async_copy.commit_group()
 
     @gluon.jit
-    def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles, n_blocks,
+    def _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, j, t_begin, n_tiles, STAGES: gl.constexpr, n0, m0,
+                    M, N, K, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr):
+        """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
+        s = j % STAGES
+        pred = j < n_tiles
+        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring.index(s), t_begin + j, n0, N, pred, GS, HAS_ZB,
+                       BLOCK_N)
+        _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
                          stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr):
@@ -123,9 +146,15 @@ if GLUON_ERROR is None:
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        # the programs of one weight block are adjacent (x's blocks vary fastest), so at large M a block is read
+        # from DRAM once while x stays in L2
         tile = gl.program_id(0)
-        n0 = (tile % n_blocks) * BLOCK_N
-        m0 = (tile // n_blocks) * BLOCK_M
+        m_blocks = gl.cdiv(M, BLOCK_M)
+        m0 = (tile % m_blocks) * BLOCK_M
+        n0 = (tile // m_blocks) * BLOCK_N
+        # tiles issued ahead: one warpgroup refills the stage its own wgmmas just left (STAGES - 1 ahead); with two,
+        # the other may still read it, so the refill waits for the CTA barrier and takes the stage of two tiles ago
+        AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
         t_begin = gl.program_id(1) * tiles_per_split
         n_tiles = gl.minimum(t_begin + tiles_per_split, num_tiles) - t_begin
 
@@ -134,14 +163,14 @@ if GLUON_ERROR is None:
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-        x_ring = gl.allocate_shared_memory(DT, [STAGES, 8 * BLOCK_M, 16],
-                                           gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
-        for p in gl.static_range(STAGES - 1):
+        x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        for p in gl.static_range(AHEAD):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
                            HAS_ZB, BLOCK_N)
         if PDL:
             gdc_wait()
-        for p in gl.static_range(STAGES - 1):
+        for p in gl.static_range(AHEAD):
             _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
@@ -152,9 +181,12 @@ if GLUON_ERROR is None:
         for i in range(n_tiles):
             t = t_begin + i
             s = i % STAGES
-            async_copy.wait_group(STAGES - 2)
+            async_copy.wait_group(AHEAD - 1)
             _cta_barrier()
             fence_async_shared()
+            if WARPS > 4:            # both warpgroups are past tile i - 2's wgmmas (LAG <= 8 of them in flight)
+                _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES, n0,
+                            m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
             words = w_ring.index(s).permute((1, 0)).load(A)
             v = s_ring.index(s).load(gl.SliceLayout(1, A))
             if HAS_ZB:
@@ -168,19 +200,16 @@ if GLUON_ERROR is None:
             xs = x_ring.index(s)
             for c in gl.static_range(8):
                 w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
-                acc = warpgroup_mma(w, xs.slice(c * BLOCK_M, BLOCK_M).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
                 if LAG == 1:
                     acc, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p1))
                 elif LAG == 2:
                     acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
                 else:
                     acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
-                if c == LAG - 1:   # the previous tile's wgmmas are done: its stage takes the tile STAGES - 1 ahead
-                    nxt = (i + STAGES - 1) % STAGES
-                    pred = i + STAGES - 1 < n_tiles
-                    _issue_weights(w_ptr, sz_ptr, w_ring.index(nxt), s_ring.index(nxt), t + STAGES - 1, n0, N, pred,
-                                   GS, HAS_ZB, BLOCK_N)
-                    _issue_x(x_ptr, x_ring.index(nxt), t + STAGES - 1, m0, M, K, stride_xm, pred, BLOCK_M)
+                if WARPS == 4 and c == LAG - 1:   # the previous tile's wgmmas are done: its stage takes the next
+                    _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
+                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
                 p3 = p2
                 p2 = p1
                 p1 = w
@@ -231,9 +260,19 @@ def takes(m: int, st: AffineState) -> bool:
     GEMV decodes in fp32, 3 instructions a code). H100 (results/kernels-h100-2026-11-26a.json against -25r.json,
     the MMA kernel): faster at M = 2..32 on the 8 Llama shapes except 8B o at M = 32 (1.9 K tiles each: 8.8 us
     against 8.2, bf16 11.4 against 10.3); bf16 at M = 1 (results/wgmma-bf16-m1-h100-2026-11-26.json) 1.11-1.34x
-    the GEMV from 8B down up (8B gate_up 26.1 us against 35.0), 0.89x on 8B qkv and o (2.9 and 1.9 K tiles)."""
-    if not applies(st) or m > WGMMA_MAX_M:
+    the GEMV from 8B down up (8B gate_up 26.1 us against 35.0), 0.89x on 8B qkv and o (2.9 and 1.9 K tiles).
+    Above M = 32 (large_m_config), fp16 up to WGMMA_LARGE_MAX_M, and bf16 where the K loop is not split: its
+    partial sums are added in float32 and converted after, which made 5 of the 8 split points of bf16 slower
+    than the MMA kernel or dequantize + cuBLAS (70B qkv at M = 1024 388 us against 302), none of the 7 whole
+    ones (results/wgmma-large-m-bf16-h100-2026-11-26.json)."""
+    if not applies(st) or m > WGMMA_LARGE_MAX_M:
         return False
+    if m > WGMMA_MAX_M:
+        if st.dtype == torch.float16:
+            return True
+        sms = num_sms(st.packed.device)
+        config = large_m_config(m, st, sms)
+        return _large_m_splits(m, st, sms, config[0], config[4])[1] == 1
     each = _k_tiles_each(st, num_sms(st.packed.device))
     if m == 1:
         return st.dtype == torch.bfloat16 and each >= 4
@@ -241,25 +280,58 @@ def takes(m: int, st: AffineState) -> bool:
 
 
 def default_config(m: int, st: AffineState, sms: int) -> tuple:
-    """(BLOCK_M, stages, waves of programs an SM, least K tiles a split, weight rows a program, wgmmas in flight) for M
-    rows, in one warpgroup (4 warps: with two, one warpgroup's stage refill could overwrite x that the other's
-    wgmmas still read; measured mixed, RESULTS.md 2026-11-26). 256 weight rows a program where 2 waves of them
-    would take enough K tiles each (fp16: 4; bf16: 9, and a K of 64 tiles or more), else 128. H100
-    (results/wgmma-ms-h100-2026-11-25.json): fp16 8B o at M = 16 6.6 us with 128 rows against 7.9 with 256, 8B
-    down 14.7 with 256 against 15.5; bf16 takes 128 rows on all four 8B shapes and 70B o (8B gate_up 27.9 us
-    against 30.9), 256 on 70B qkv, gate_up and down."""
+    """(BLOCK_M, stages, waves of programs an SM or None for whole waves of one an SM, least K tiles a split, weight
+    rows a program, wgmmas in flight, warps) for M rows.
+
+    M <= 32: one warpgroup (4 warps); 256 weight rows a program where 2 waves of them would take enough K tiles
+    each (fp16: 4; bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-25.json):
+    fp16 8B o at M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes
+    128 rows on all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down.
+
+    M > 32 (large_m_config): two warpgroups, 64 or 128 rows of x, one program an SM."""
+    if m > WGMMA_MAX_M:
+        return large_m_config(m, st, sms)
     k_tiles_each = _k_tiles_each(st, sms)
     if st.dtype == torch.float16:
         wide = m > 16 or k_tiles_each >= 4
     else:
         wide = k_tiles_each >= 9 and st.num_tiles >= 64
-    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2)
+    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
+
+
+ROW_STEP_COST = {256: 1.0, 128: 0.54}   # a K tile of a 128-row program against a 256-row one, both 128 rows of x
+                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv; the low
+                                        # end, at which 8B qkv at M = 1024 takes 128 rows, as measured fastest)
+
+
+def _large_m_splits(m: int, st: AffineState, sms: int, bm: int, rows: int) -> tuple[int, int]:
+    """(programs along M and N, K splits) of large_m_config's blocks: the K loop split for whole waves of one
+    program an SM (triton_support.whole_wave_split_k)."""
+    tiles = cdiv(st.n, rows) * cdiv(m, bm)
+    return tiles, whole_wave_split_k(tiles, st.num_tiles, sms, LARGE_M_MIN_TILES)[0]
+
+
+def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
+    """The config above M = 32: two warpgroups (8 warps, 251 registers: one program an SM) share each stage of
+    x, 64 rows of it up to M = 64 (256 weight rows a program; 128 were 1.4-1.6x slower on 8B o and down), else 128
+    (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
+    triton_support.wave_steps, weighted by ROW_STEP_COST, expects the smaller programs to fill the waves better
+    (8B o at M = 128 and 512, 8B qkv at 256..1024: 384 programs of 128 rows at M = 1024 took 92-95 us, 192 of 256
+    split in two 94-102); the K loop split for whole waves (waves None)."""
+    bm, lag = (64, 2) if m <= 64 else (128, 3)
+
+    def cost(rows: int) -> float:
+        tiles, splits = _large_m_splits(m, st, sms, bm, rows)
+        return wave_steps(tiles, st.num_tiles, sms, splits) * ROW_STEP_COST[rows]
+
+    rows = 256 if bm == 64 else min(ROW_STEP_COST, key=cost)
+    return (bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
 
 
 def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
     """(x2, K) as the kernel's 16-byte cp.async copies of x need them: K and the row stride multiples of 16 elements
     (Triton's divisibility hint; a copy of less than 4 bytes does not compile), 16-byte aligned rows. Otherwise a
-    copy of the M <= 32 rows, zero past K, and K rounded up to 16 (the padded codes meet zeros)."""
+    copy of x, zero past K, and K rounded up to 16 (the padded codes meet zeros)."""
     if k % 16 == 0 and x2.stride(0) % 16 == 0 and x2.data_ptr() % 16 == 0:
         return x2, k
     k16 = cdiv(k, 16) * 16
@@ -275,19 +347,19 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
     sms = num_sms(x2.device)
-    bm, stages, waves, min_tiles, bn, lag = config or default_config(m, st, sms)
-    assert bm in (16, 32, 64) and 1 <= lag <= 3 and stages >= 2 and bn % 64 == 0, \
-        (bm, stages, waves, min_tiles, bn, lag)
-    n_blocks = cdiv(st.n, bn)
-    tiles = n_blocks * cdiv(m, bm)
-    splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
+    bm, stages, waves, min_tiles, bn, lag, warps = config or default_config(m, st, sms)
+    assert bm in (16, 32, 64, 128, 256) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
+        and stages >= (2 if warps == 4 else 3), config
+    tiles = cdiv(st.n, bn) * cdiv(m, bm)
+    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
+                   else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
     atomic = splits > 1
     y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
     xa, k = _aligned_rows(x2, st.k)
     _w4_wgmma_kernel[(tiles, splits)](
-        xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles, n_blocks,
+        xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles,
         xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=4, **options,
+        BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(x2.device))
     return y.to(st.dtype)

@@ -165,6 +165,8 @@ CASES = {
     "affine_wgmma_w4_m32_stored_lag3": ("affine_wgmma", "_w4_wgmma_kernel", dict(_WG, bias_ptr="*fp16"),
                                         dict(_WGMMA, BLOCK_M=32, ATOMIC=False, HAS_BIAS=True, LAG=3, STAGES=4,
                                              PDL=False), 4, 1, 90),
+    "affine_wgmma_w4_m128_two_warpgroups": ("affine_wgmma", "_w4_wgmma_kernel", _WG,
+                                            dict(_WGMMA, BLOCK_M=128, ATOMIC=False, STAGES=4, PDL=False), 8, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }
