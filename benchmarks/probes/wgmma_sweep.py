@@ -5,11 +5,11 @@ gave these M before, at the Llama-3-8B / 70B shapes (issue 4: the M = 16 and M >
         [--gemv] [--before saved_affine_wgmma.py[,...] [--unchecked saved_affine_wgmma]] \
         [--cublas] [--configs "default;16,3,2.0,2,256,2,4;16,3,2.0,2,256,2,4,168;128,4,None,2,256,3,8"]
     fields: BLOCK_M, stages, waves (None: whole waves), least K tiles a split, weight rows a program, wgmmas in
-    flight, warps (affine_wgmma.default_config), and an optional register cap (maxnreg). A config of BLOCK_M 16 or 32 runs at
-    the M of its bucket (16: M <= 16, 32: M = 17..32), a larger one at every M above 32. Each point also times
-    the path plan() gives it (key 'path', its name 'path_name') and, up to M = 512, the MMA kernel. Saved versions
-    of the module (--before, as in mma_variants.py) are timed on the same configs (key '<file name>_<config>', the
-    kernel's own 'wg_<config>'), their own default_config for 'default'.
+    flight, warps (affine_wgmma.default_config), and an optional register cap (maxnreg). A config of BLOCK_M 16
+    or 32 runs at the M of its bucket (16: M <= 16, 32: M = 17..32), a larger one at every M above 32. Each point
+    also times the path plan() gives it (key 'path', its name 'path_name') and, up to M = 512, the MMA kernel.
+    Saved versions of the module (--before, as in mma_variants.py) are timed on the same configs (key
+    '<file name>_<config>', the kernel's own 'wg_<config>'), their own default_config for 'default'.
 """
 from __future__ import annotations
 

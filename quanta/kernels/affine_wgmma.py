@@ -31,8 +31,9 @@ layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word colu
 (prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice
 along K of the x stage [BLOCK_M, 128], operand B, in wgmma's 128-byte swizzle (the 32-byte swizzle of an x stage
 laid out as 8 slices of [BLOCK_M, 16] was 1.10-1.40x slower at M = 256 and 1024, and at M = 2..32 slower on 29
-of 32 points, by up to 8%: results/wgmma-x-swizzle-h100-2026-11-26.json, -small-m-). A per-channel scale or a group of a multiple of 128 columns is one
-scale row a K tile; narrower groups and act-order stay with affine_mma.
+of 32 points, by up to 8%: results/wgmma-x-swizzle-h100-2026-11-26.json, -small-m-). A per-channel scale or
+a group of a multiple of 128 columns is one scale row a K tile; narrower groups and act-order stay with
+affine_mma.
 
 Split-K over programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed
 output (fp16, or float32 for bf16). Under programmatic dependent launch the weight's first stages are issued
@@ -184,9 +185,6 @@ if GLUON_ERROR is None:
             async_copy.wait_group(AHEAD - 1)
             _cta_barrier()
             fence_async_shared()
-            if WARPS > 4:            # both warpgroups are past tile i - 2's wgmmas (LAG <= 8 of them in flight)
-                _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES, n0,
-                            m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
             words = w_ring.index(s).permute((1, 0)).load(A)
             v = s_ring.index(s).load(gl.SliceLayout(1, A))
             if HAS_ZB:
@@ -207,7 +205,11 @@ if GLUON_ERROR is None:
                     acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
                 else:
                     acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
-                if WARPS == 4 and c == LAG - 1:   # the previous tile's wgmmas are done: its stage takes the next
+                # one warpgroup: once the previous tile's wgmmas are done, its stage takes the tile AHEAD on; two:
+                # the stage of two tiles ago (free since the CTA barrier), once code 0's wgmma is in flight (H100,
+                # results/wgmma-large-m-refill-h100-2026-11-26.json: faster than issuing it before code 0 on 14
+                # of 16 points at M = 256 and 1024, by up to 10%; 3-4% slower on two)
+                if c == (0 if WARPS > 4 else LAG - 1):
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
                                 n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
                 p3 = p2
@@ -300,13 +302,12 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
 
 
 ROW_STEP_COST = {256: 1.0, 128: 0.54}   # a K tile of a 128-row program against a 256-row one, both 128 rows of x
-                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv; the low
-                                        # end, at which 8B qkv at M = 1024 takes 128 rows, as measured fastest)
+                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv)
 
 
 def _large_m_splits(m: int, st: AffineState, sms: int, bm: int, rows: int) -> tuple[int, int]:
-    """(programs along M and N, K splits) of large_m_config's blocks: the K loop split for whole waves of one
-    program an SM (triton_support.whole_wave_split_k)."""
+    """(programs along M and N, K splits) of blocks of bm rows of x and `rows` weight rows: the K loop split for
+    whole waves of one program an SM (triton_support.whole_wave_split_k)."""
     tiles = cdiv(st.n, rows) * cdiv(m, bm)
     return tiles, whole_wave_split_k(tiles, st.num_tiles, sms, LARGE_M_MIN_TILES)[0]
 
@@ -316,8 +317,8 @@ def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
     x, 64 rows of it up to M = 64 (256 weight rows a program; 128 were 1.4-1.6x slower on 8B o and down), else 128
     (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
     triton_support.wave_steps, weighted by ROW_STEP_COST, expects the smaller programs to fill the waves better
-    (8B o at M = 128 and 512, 8B qkv at 256..1024: 384 programs of 128 rows at M = 1024 took 92-95 us, 192 of 256
-    split in two 94-102); the K loop split for whole waves (waves None)."""
+    (8B o at M = 128: 32 programs of 128 rows, K split in 4, 12.4-12.7 us against 15.0-15.3 for 16 of 256 split
+    in 8; 8B qkv at M = 256..1024); the K loop split for whole waves (waves None)."""
     bm, lag = (64, 2) if m <= 64 else (128, 3)
 
     def cost(rows: int) -> float:
