@@ -11,10 +11,10 @@ Layout made once by `prepare()` (Marlin's lessons in Triton terms):
   integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
   Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
 Paths by M, chosen by `plan()` with the reason recorded: the GEMV in affine_gemv.py (no tensor cores, M <= 2; M = 1
-on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py (M <= 512; for 4-bit
-affine codes with a scale row a K tile, M = 2..16, or 32, and bf16 M = 1 go to the Gluon wgmma kernel in
-affine_wgmma.py where it takes them), elsewhere this file's split-K `tl.dot` kernel (up to M = 255), and
-dequantize-to-fp16 + cuBLAS above.
+on sm90 for fp16 and table codes), on sm90 the register-operand MMA kernel in affine_mma.py (M <= 512; 4-bit
+affine codes with a scale row a K tile go to the Gluon wgmma kernel in affine_wgmma.py where it takes them: M =
+2..16, or 32, M = 33..1024 (bf16 where its K loop is not split), and bf16 M = 1), elsewhere this file's split-K
+`tl.dot` kernel (up to M = 255), and dequantize-to-fp16 + cuBLAS above.
 """
 from __future__ import annotations
 

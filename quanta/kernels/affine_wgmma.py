@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - older Triton: plan() keeps affi
 
 WGMMA_MAX_M = 32             # the largest M of one warpgroup a program (16 or 32 rows of x); above, large_m_config
 WGMMA_LARGE_MAX_M = 1024     # above, dequantize + cuBLAS, whose dequantize costs the same at any M: H100 fp16,
-                             # this kernel faster on 6 of the 8 Llama shapes at M = 1024, slower on 6 at 2048
+                             # this kernel faster on 6 of the 8 Llama shapes at M = 1024, slower on 7 at 2048
 LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32
 TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows
 
