@@ -6,8 +6,8 @@ and above M = 32 in fp16, or bf16 unsplit) the split-K `tl.dot` kernel in affine
 weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync read operand B from shared
 memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which
 both read from registers, and the activations are operand B, which the pipeliner loads into shared memory; the
-M rows of x are the MMA's N (16..256), so M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a
-warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
+M rows of x are the MMA's N (16..256), so M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp
+(1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
 default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
 columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B
 qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile,
