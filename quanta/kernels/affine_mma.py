@@ -1,17 +1,17 @@
 """Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
 
-For M = 2..512 rows (1..512 for bf16 table codes: a batch of decode steps, a prefill chunk; plan() gives it no
-more; 4-bit affine codes with a scale row a K tile take the Gluon kernel in affine_wgmma.py at M = 2..16, or 32,
-and above M = 32 in fp16, or bf16 unsplit) the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded
-weight tile travelling through shared memory to the tensor cores (wgmma and mma.sync read operand B from shared
-memory). Here the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which
-both read from registers, and the activations are operand B, which the pipeliner loads into shared memory; the
-M rows of x are the MMA's N (16..256), so M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp
-(1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
+For M = 2..512 rows (1..512 for bf16 table codes: a batch of decode steps, a prefill chunk; plan() gives it no more;
+4-bit affine codes with a scale row a K tile take the Gluon kernel in affine_wgmma.py at M = 2..16, or 32, and above
+M = 32 in fp16, or bf16 unsplit) the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded weight tile
+travelling through shared memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here
+the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from
+registers, and the activations are operand B, which the pipeliner loads into shared memory; the M rows of x are the
+MMA's N (16..256), so M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64
+repetitions a warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
 default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
-columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B
-qkv at M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile,
-K tile) steps, each added to the zeroed output.
+columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv at
+M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile, K tile) steps,
+each added to the zeroed output.
 
 No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives lane (g, q) = (lane // 4, lane % 4) of
