@@ -21,7 +21,7 @@ vary fastest), so a block is read from DRAM once while x stays in L2.
 H100, W4A16 g128 fp16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth session's
 -25r.json): at M = 16 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
 gate_up 89.6 against 103.4; at M = 2..8 1.08-1.26x faster on all 8 Llama shapes (bf16 1.09-1.34x). Above M = 32:
-results/wgmma-large-m-h100-2026-11-26*.json and RESULTS.md (2026-11-26, tenth session).
+results/wgmma-large-m-*-h100-2026-11-26.json and RESULTS.md (2026-11-26, tenth session).
 
 No weight layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
 16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
