@@ -88,6 +88,7 @@ def test_large_m_rows_fill_the_waves():
     assert cfg(1024, 57344, 8192)[2:5] == (None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 70B gate_up: 1792 programs
     assert cfg(512, 4096, 4096)[4] == 128      # 8B o: 128 programs of 128 rows in one wave; 64 of 256 split twice
     assert cfg(1024, 4096, 4096)[4] == 256     # 8B o: 128 programs of 256 rows fill one wave
+    assert cfg(256, 10240, 8192)[4] == 256     # 70B qkv: 80 blocks of 256 rows split in 3 beat 160 of 128 in 4
     assert cfg(64, 4096, 4096)[:5] == (64, 4, None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 64 rows of x: 256 rows
 
 

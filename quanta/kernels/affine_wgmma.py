@@ -301,8 +301,11 @@ def default_config(m: int, st: AffineState, sms: int) -> tuple:
     return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
 
 
-ROW_STEP_COST = {256: 1.0, 128: 0.54}   # a K tile of a 128-row program against a 256-row one, both 128 rows of x
-                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv)
+ROW_STEP_COST = {256: 1.0, 128: 0.57}   # a K tile of a 128-row program against a 256-row one, both 128 rows of x
+                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv). The high
+                                        # end: at 0.54, 70B qkv at M = 256 took 128 rows, K split in 4, 92.1 us
+                                        # against 80.3-80.7 with 256 split in 3 (results/wgmma-m256-splits-*,
+                                        # wgmma-large-m-configs-, -defaults-)
 
 
 def _large_m_splits(m: int, st: AffineState, sms: int, bm: int, rows: int) -> tuple[int, int]:
@@ -318,7 +321,7 @@ def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
     (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
     triton_support.wave_steps, weighted by ROW_STEP_COST, expects the smaller programs to fill the waves better
     (8B o at M = 128: 32 programs of 128 rows, K split in 4, 12.4-12.7 us against 15.0-15.3 for 16 of 256 split
-    in 8; 8B qkv at M = 256..1024); the K loop split for whole waves (waves None)."""
+    in 8; 8B o at M = 256 and 512); the K loop split for whole waves (waves None)."""
     bm, lag = (64, 2) if m <= 64 else (128, 3)
 
     def cost(rows: int) -> float:
