@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
-from quanta.kernels import affine_gemm, codebook_gemm, fp8_gemm  # noqa: E402
+from quanta.kernels import affine_gemm, affine_wgmma, codebook_gemm, fp8_gemm  # noqa: E402
 from quanta.kernels.affine_gemv import gemv  # noqa: E402
 from quanta.quant.kinds import NF4_TABLE, Affine, Codebook, Fp8  # noqa: E402
 
@@ -331,7 +331,7 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
         if sweep:                                   # the other paths and configs, to place the thresholds
             for path in ("gemv", "wgmma", "mma", "gemm", "cublas"):
                 if path != rec["w4_path"] and (path != "gemv" or m <= 16) and (path != "mma" or m <= 1024) \
-                        and (path != "wgmma" or m <= 64):
+                        and (path != "wgmma" or m <= affine_wgmma.WGMMA_LARGE_MAX_M):
                     row(rec, f"w4a16_{path}", bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
                                                     w4.nbytes), w4.nbytes + act, fl)
             for cfg in GEMV_SWEEP if m == 1 else ():

@@ -153,9 +153,13 @@ if GLUON_ERROR is None:
         m_blocks = gl.cdiv(M, BLOCK_M)
         m0 = (tile % m_blocks) * BLOCK_M
         n0 = (tile // m_blocks) * BLOCK_N
-        # tiles issued ahead: one warpgroup refills the stage its own wgmmas just left (STAGES - 1 ahead); with two,
-        # the other may still read it, so the refill waits for the CTA barrier and takes the stage of two tiles ago
+        # the refill of a stage: one warpgroup refills the stage its own wgmmas just left, STAGES - 1 tiles ahead,
+        # once the previous tile's wgmmas are done (after code LAG - 1). With two, the other may still read it, so
+        # the refill takes the stage of two tiles ago (free since the CTA barrier), STAGES - 2 ahead, once code 0's
+        # wgmma is in flight (H100, results/wgmma-large-m-refill-h100-2026-11-26.json: faster than issuing it before
+        # code 0 on 14 of 16 points at M = 256 and 1024, by up to 10%; 3-4% slower on two)
         AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
+        REFILL_AFTER: gl.constexpr = LAG - 1 if WARPS == 4 else 0
         t_begin = gl.program_id(1) * tiles_per_split
         n_tiles = gl.minimum(t_begin + tiles_per_split, num_tiles) - t_begin
 
@@ -205,11 +209,7 @@ if GLUON_ERROR is None:
                     acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
                 else:
                     acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
-                # one warpgroup: once the previous tile's wgmmas are done, its stage takes the tile AHEAD on; two:
-                # the stage of two tiles ago (free since the CTA barrier), once code 0's wgmma is in flight (H100,
-                # results/wgmma-large-m-refill-h100-2026-11-26.json: faster than issuing it before code 0 on 14
-                # of 16 points at M = 256 and 1024, by up to 10%; 3-4% slower on two)
-                if c == (0 if WARPS > 4 else LAG - 1):
+                if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
                                 n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
                 p3 = p2
@@ -273,8 +273,7 @@ def takes(m: int, st: AffineState) -> bool:
         if st.dtype == torch.float16:
             return True
         sms = num_sms(st.packed.device)
-        config = large_m_config(m, st, sms)
-        return _large_m_splits(m, st, sms, config[0], config[4])[1] == 1
+        return _grid(m, st, sms, large_m_config(m, st, sms))[1] == 1
     each = _k_tiles_each(st, num_sms(st.packed.device))
     if m == 1:
         return st.dtype == torch.bfloat16 and each >= 4
@@ -308,11 +307,15 @@ ROW_STEP_COST = {256: 1.0, 128: 0.57}   # a K tile of a 128-row program against 
                                         # wgmma-large-m-configs-, -defaults-)
 
 
-def _large_m_splits(m: int, st: AffineState, sms: int, bm: int, rows: int) -> tuple[int, int]:
-    """(programs along M and N, K splits) of blocks of bm rows of x and `rows` weight rows: the K loop split for
-    whole waves of one program an SM (triton_support.whole_wave_split_k)."""
+def _grid(m: int, st: AffineState, sms: int, config: tuple) -> tuple[int, int, int]:
+    """(output tiles, K splits, K tiles a split) of a launch of `config` (default_config's fields) for M rows: the
+    K loop split for about `waves` programs an SM (triton_support.split_k), or with waves None for whole waves of
+    one an SM (whole_wave_split_k)."""
+    bm, _, waves, min_tiles, rows = config[:5]
     tiles = cdiv(st.n, rows) * cdiv(m, bm)
-    return tiles, whole_wave_split_k(tiles, st.num_tiles, sms, LARGE_M_MIN_TILES)[0]
+    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
+                   else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
+    return tiles, splits, per
 
 
 def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
@@ -324,12 +327,14 @@ def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
     in 8; 8B o at M = 256 and 512); the K loop split for whole waves (waves None)."""
     bm, lag = (64, 2) if m <= 64 else (128, 3)
 
+    def config(rows: int) -> tuple:
+        return (bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
+
     def cost(rows: int) -> float:
-        tiles, splits = _large_m_splits(m, st, sms, bm, rows)
+        tiles, splits, _ = _grid(m, st, sms, config(rows))
         return wave_steps(tiles, st.num_tiles, sms, splits) * ROW_STEP_COST[rows]
 
-    rows = 256 if bm == 64 else min(ROW_STEP_COST, key=cost)
-    return (bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
+    return config(256 if bm == 64 else min(ROW_STEP_COST, key=cost))
 
 
 def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
@@ -351,12 +356,11 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
     sms = num_sms(x2.device)
-    bm, stages, waves, min_tiles, bn, lag, warps = config or default_config(m, st, sms)
+    config = config or default_config(m, st, sms)
+    bm, stages, _, _, bn, lag, warps = config
     assert bm in (16, 32, 64, 128, 256) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
         and stages >= (2 if warps == 4 else 3), config
-    tiles = cdiv(st.n, bn) * cdiv(m, bm)
-    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
-                   else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
+    tiles, splits, per = _grid(m, st, sms, config)
     atomic = splits > 1
     y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
