@@ -48,6 +48,12 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the GEMM's arithmetic runs in for activations of `dtype`: torch's int4 kernel is fast only
+    at bfloat16 input (its float32 and float16 paths are reference loops), so inputs are rounded to it."""
+    return torch.bfloat16
+
+
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     a = weight.to_affine()
     scales = a.effective_scales()
