@@ -1,41 +1,177 @@
-"""The `quanta` command line on the default model: generate, chat, inspect, and typed errors."""
+"""The `quanta` command line: generate, chat, inspect, their flags, and typed errors."""
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from quanta.tools.cli import main
+from quanta.tools.cli import build_parser, main
+from quanta.tools.options import byte_size, token_ids
+
+README_QUESTION = "What is the capital of France? Answer with the city name."
 
 
-def test_generate_subprocess_answers(default_model_path):
-    """What the README's first command runs: a coherent answer from the default model."""
-    out = subprocess.run([sys.executable, "-m", "quanta.tools.cli", "-q", "generate", "--chat-template",
-                          "What is the capital of France?", "--max-tokens", "24"],
-                         capture_output=True, text=True, timeout=600)
+def _quanta(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quanta.tools.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_generate_subprocess_answers_quietly(default_model_path):
+    """The README's first command with -q after the sub-command: the answer, and nothing on stderr (no
+    `loading:` bar, no kernel log)."""
+    out = _quanta("generate", "-q", "--chat-template", README_QUESTION, "--max-tokens", "24")
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
+    assert out.stderr == ""
+
+
+def test_generate_stats_report_first_token_and_rate(default_model_path, capsys):
+    assert main(["-q", "generate", "--chat-template", README_QUESTION, "--max-tokens", "24", "--stats"]) == 0
+    captured = capsys.readouterr()
+    assert "Paris" in captured.out
+    stats = re.search(r"prompt (\d+) tokens, time to first token (\d+) ms; (\d+) tokens in ([\d.]+) s, "
+                      r"decode ([\d.]+) tokens/s", captured.err)
+    assert stats, captured.err
+    assert int(stats[1]) > 10 and 1 <= int(stats[3]) <= 24 and float(stats[5]) > 0
 
 
 def test_chat_reads_turns_from_stdin(default_model_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n"))
-    assert main(["-q", "chat", "--max-tokens", "24"]) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{README_QUESTION}\nAnd of Japan?\n"))
+    assert main(["chat", "-q", "--max-tokens", "24"]) == 0
     replies = capsys.readouterr().out
-    assert "Paris" in replies and "Rome" in replies
+    assert "Paris" in replies and "Tokyo" in replies
 
 
-def test_inspect_json_reports_schemes_and_kernels(default_model_path, capsys):
-    assert main(["-q", "inspect", str(default_model_path), "--json", "--device", "cpu"]) == 0
-    info = json.loads(capsys.readouterr().out)
+@pytest.mark.parametrize("argv", [["-q", "generate", "x"], ["generate", "-q", "x"], ["chat", "--quiet"],
+                                  ["inspect", "-q", "model.gguf"]])
+def test_quiet_is_accepted_before_or_after_the_subcommand(argv):
+    assert build_parser().parse_args(argv).quiet is True
+
+
+def test_not_quiet_by_default():
+    assert build_parser().parse_args(["generate", "x"]).quiet is False
+
+
+@pytest.mark.parametrize("flag, value, words", [("--temperature", "-1", "--temperature must be >= 0"),
+                                                ("--top-p", "0", "--top-p must be in (0, 1]"),
+                                                ("--max-tokens", "0", "--max-tokens must be >= 1")])
+def test_sampling_flags_are_checked_before_the_model_loads(tmp_path, capsys, flag, value, words):
+    """A model path that does not exist would fail the load; the sampling flag's error comes first."""
+    missing = tmp_path / "absent.gguf"
+    assert main(["-q", "generate", "--model", str(missing), flag, value, "x"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(missing) not in err
+
+
+def test_engine_memory_flags_reach_the_engine(default_model_path, capsys):
+    """--num-kv-blocks and --max-model-len are the engine's: its KV-cache check names what they gave."""
+    assert main(["-q", "generate", "--num-kv-blocks", "2", "--max-model-len", "64", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "32 tokens (2 blocks of 16)" in err and "max_model_len=64" in err
+
+
+def test_engine_flags_map_to_llm_keywords():
+    from quanta.tools.options import engine_kwargs
+    args = build_parser().parse_args(["generate", "x", "--gpu-memory-utilization", "0.5", "--kv-cache-memory",
+                                      "2GiB", "--kv-cache-dtype", "fp8", "--max-num-seqs", "8", "--tokenizer",
+                                      "tok", "--num-kv-blocks", "10", "--enforce-eager", "--no-prefix-caching"])
+    assert engine_kwargs(args) == {"gpu_memory_utilization": 0.5, "kv_cache_memory": 2 << 30,
+                                   "kv_cache_dtype": "fp8", "max_num_seqs": 8, "tokenizer": "tok",
+                                   "num_kv_blocks": 10, "enforce_eager": True, "enable_prefix_caching": False,
+                                   "seed": 0}
+
+
+def test_sizes_and_token_ids_parse():
+    assert byte_size("512MiB") == 512 << 20 and byte_size("2GB") == 2 * 10**9 and byte_size("4096") == 4096
+    assert token_ids("1,2, 3") == [1, 2, 3] and token_ids("7 8") == [7, 8]
+    for bad in ("lots", "-1GiB", "1.5XB"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            byte_size(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        token_ids("1,a")
+
+
+@pytest.fixture(scope="module")
+def untokenized_model(tmp_path_factory):
+    from tiny_models import build_tiny_hf
+    path, _ = build_tiny_hf("llama", tmp_path_factory.mktemp("no-tokenizer"), tokenizer=False)
+    return path
+
+
+def test_model_without_tokenizer_takes_token_ids(untokenized_model, capsys):
+    assert main(["-q", "generate", "--model", str(untokenized_model), "--prompt-token-ids", "1,2,3",
+                 "--max-tokens", "4", "--ignore-eos"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 4 and all(t.isdigit() for t in printed)
+
+
+def test_model_without_tokenizer_says_how_to_give_a_prompt(untokenized_model, capsys):
+    assert main(["-q", "generate", "--model", str(untokenized_model), "hello"]) == 2
+    assert "--prompt-token-ids" in capsys.readouterr().err
+
+
+def test_tokenizer_flag_gives_a_model_its_tokenizer(untokenized_model, capsys):
+    from tiny_models import tokenizer_dir
+    assert main(["-q", "generate", "--model", str(untokenized_model), "--tokenizer", str(tokenizer_dir()),
+                 "hello", "--max-tokens", "3", "--ignore-eos"]) == 0
+    assert capsys.readouterr().out.strip() != ""
+
+
+def test_prompt_given_twice_or_never_is_an_error(capsys):
+    assert main(["-q", "generate"]) == 2
+    assert main(["-q", "generate", "x", "--prompt-token-ids", "1"]) == 2
+    assert capsys.readouterr().err.count("quanta: error:") == 2
+
+
+def test_synthetic_model_too_large_for_the_cpu_cache_fails_at_once(capsys):
+    """The KV-cache check needs no weights (the engine's tests show it fails before building any)."""
+    assert main(["-q", "generate", "--model", "synthetic:llama3-8b:w4g128", "--device", "cpu",
+                 "--prompt-token-ids", "1,2,3", "--kv-cache-memory", "1MiB"]) == 2
+    assert "max_model_len" in capsys.readouterr().err
+
+
+def _inspect(path, *extra) -> subprocess.CompletedProcess:
+    out = _quanta("inspect", str(path), "--device", "cpu", *extra)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_inspect_json_reports_schemes_and_kernels(default_model_path):
+    info = json.loads(_inspect(default_model_path, "--json", "-q").stdout)
     assert info["format"] == "gguf" and info["architecture"] == "llama"
     assert info["schemes"]["gguf q4_1"] == 210 and info["schemes"]["gguf q8_0"] == 1
-    assert info["kernels"]["gguf q4_1 -> cpu_int4"] == 210
-    assert info["kernels"]["gguf q8_0 -> dequantized"] == 1          # the tied lm_head
+    gemms = {g["name"]: g for g in info["gemms"]}
+    assert len(gemms) == 30 * 4 + 1                        # qkv, o, gate_up, down per layer; the lm_head
+    assert gemms["model.layers.0.self_attn.q_proj+k_proj+v_proj"]["kernel"] == "cpu_int4"
+    assert gemms["lm_head"]["kernel"] == "dequantized"
     file_bytes = default_model_path.stat().st_size
     assert 0.95 * file_bytes < info["bytes"] <= file_bytes          # held as stored, not dequantized
+
+
+def test_inspect_says_what_dtype_runs(default_model_path):
+    """float32 activations, but the int4 GEMMs compute at bfloat16 input and the lm_head in bfloat16."""
+    out = _inspect(default_model_path, "-q").stdout
+    assert "activations in float32" in out
+    assert re.search(r"gguf q4_1 -> cpu_int4 \(computes in bfloat16, output float32\)", out), out
+    assert re.search(r"lm_head: gguf q8_0 -> dequantized in bfloat16", out), out
+
+
+def test_inspect_reports_a_fallback_once(default_model_path):
+    out = _inspect(default_model_path)
+    reason = "cpu_int8: needs symmetric per-channel 8-bit"
+    assert (out.stdout + out.stderr).count(reason) == 1, out.stdout + out.stderr
+
+
+def test_inspect_layers_sorted_by_number(default_model_path):
+    out = _inspect(default_model_path, "--layers", "-q").stdout
+    order = [int(n) for n in re.findall(r"model\.layers\.(\d+)\.", out)]
+    first_seen = list(dict.fromkeys(order))
+    assert first_seen == list(range(30))
 
 
 def test_bad_model_path_is_a_clear_error(tmp_path, capsys):

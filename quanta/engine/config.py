@@ -21,6 +21,7 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
     kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
+    quiet: bool = False                 # no progress bars while loading
     # Paged engine.
     kv_cache_dtype: str = "auto"        # auto (model dtype) | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2
     block_size: int = 16                # tokens per KV block

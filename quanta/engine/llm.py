@@ -75,7 +75,7 @@ class LLM:
                               f"max_position_embeddings={mc.max_position_embeddings}")
         kv_scales = self._checkpoint_kv_scales()
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        self.model = build_model(self.checkpoint, self.device, self.dtype, force_kernel=cfg.kernel,
+        self.model = build_model(self.checkpoint, self.device, self.dtype, force_kernel=cfg.kernel, quiet=cfg.quiet,
                                  lm_head_dtype=cfg.lm_head_dtype(self.dtype))
         self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)

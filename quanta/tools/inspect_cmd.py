@@ -1,80 +1,132 @@
-"""`quanta inspect PATH`: format, architecture, per-layer scheme, bytes, bits per weight, and the
-kernel each linear layer would run on this machine's device (with the registry's reason)."""
+"""`quanta inspect PATH`: format, architecture, per-tensor scheme, bytes and bits per weight from the
+checkpoint, and what runs, from the engine itself: the model is built on the device (with a one-block
+KV cache) and asked `LLM.kernels()`, so merged q/k/v and gate/up, the lm_head's dtype and the path
+taken at each batch size are reported as they run, not as a second reading of the registry."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import re
 from collections import Counter
 
-import torch
-
-from quanta.quant.errors import QuantaError
 from quanta.quant.qtensor import QTensor
+from quanta.tools.options import quiet_parent
+
+BATCH_SIZES = (1, 16, 256)
+
+
+def natural_key(name: str) -> list:
+    """Sort key that orders `layers.2` before `layers.10`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+@contextlib.contextmanager
+def _engine_logs_silenced():
+    """The engine logs kernel fallbacks while loading; inspect reports them itself, once."""
+    logger = logging.getLogger("quanta")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _tensor_entry(name: str, t) -> dict:
+    nbytes = t.nbytes if isinstance(t, QTensor) else t.numel() * t.element_size()
+    numel = t.numel if isinstance(t, QTensor) else t.numel()
+    return {"name": name, "shape": list(t.shape), "bytes": nbytes, "parameters": numel,
+            "bits_per_weight": round(8 * nbytes / numel, 4),
+            "scheme": t.describe() if isinstance(t, QTensor) else f"dense {t.dtype}".replace("torch.", "")}
+
+
+def _running_kernels(path: str, device: str | None, dtype: str) -> tuple[object, list[dict]]:
+    """Build the model as the engine would and ask it what runs: (llm, its kernel table)."""
+    from quanta.engine import LLM
+    with _engine_logs_silenced():
+        llm = LLM(model=path, device=device, dtype=dtype, max_model_len=16, block_size=16, num_kv_blocks=1,
+                  enforce_eager=True, quiet=True)
+    try:
+        rows = llm.kernels(m=BATCH_SIZES)
+    except TypeError:                     # an engine whose kernels() takes no batch sizes
+        rows = llm.kernels()
+    return llm, rows
 
 
 def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto") -> dict:
-    """A JSON-able description of the checkpoint at `path`."""
-    from quanta.engine.config import EngineConfig
-    from quanta.kernels import registry
+    """A JSON-able description of the checkpoint at `path` and of the kernels it runs on `device`."""
     from quanta.loaders import detect, load
 
     ckpt = load(path)
-    engine = EngineConfig(model=path, dtype=dtype, device=device)
-    dev, compute = torch.device(engine.device), engine.compute_dtype(ckpt.config.torch_dtype)
-    layers, total_bytes, total_params = [], 0, 0
-    for name, t in ckpt.tensors.items():
-        nbytes = t.nbytes if isinstance(t, QTensor) else t.numel() * t.element_size()
-        numel = t.numel if isinstance(t, QTensor) else t.numel()
-        total_bytes, total_params = total_bytes + nbytes, total_params + numel
-        entry = {"name": name, "shape": list(t.shape), "bytes": nbytes, "bits_per_weight": round(8 * nbytes / numel, 4),
-                 "scheme": t.describe() if isinstance(t, QTensor) else f"dense {t.dtype}".replace("torch.", "")}
-        if name.endswith("_proj.weight") or name == "lm_head.weight":
-            try:
-                kernel, reason = registry.select(t, dev, compute)
-                entry.update(kernel=kernel.NAME, reason=reason)
-            except QuantaError as e:   # report it in the listing rather than abort
-                entry.update(kernel=None, reason=str(e))
-        layers.append(entry)
+    tensors = sorted((_tensor_entry(n, t) for n, t in ckpt.tensors.items()), key=lambda e: natural_key(e["name"]))
+    llm, kernels = _running_kernels(path, device, dtype)
+    total_bytes = sum(e["bytes"] for e in tensors)
+    total_params = sum(e["parameters"] for e in tensors)
     cfg = ckpt.config
-    if cfg.tie_word_embeddings and "lm_head.weight" not in ckpt.tensors:
-        embed = ckpt.tensors["model.embed_tokens.weight"]
-        kernel, reason = registry.select(embed, dev, compute)
-        layers.append({"name": "lm_head.weight (tied)", "shape": list(embed.shape), "bytes": 0,
-                       "bits_per_weight": 0.0, "scheme": layers[[l["name"] for l in layers].index(
-                           "model.embed_tokens.weight")]["scheme"], "kernel": kernel.NAME, "reason": reason})
     return {"path": str(path), "format": detect(path), "architecture": cfg.model_type,
-            "device": str(dev), "compute_dtype": str(compute).replace("torch.", ""),
+            "device": str(llm.device), "activation_dtype": str(llm.dtype).replace("torch.", ""),
             "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                     "num_hidden_layers", "num_attention_heads",
                                                     "num_key_value_heads", "head_dim", "tie_word_embeddings")},
-            "parameters": total_params, "bytes": total_bytes, "bits_per_weight": round(8 * total_bytes / total_params, 4),
-            "schemes": dict(Counter(layer["scheme"] for layer in layers if layer["bytes"])),
-            "kernels": dict(Counter(f"{layer['scheme']} -> {layer['kernel']}" for layer in layers if "kernel" in layer)),
-            "layers": layers}
+            "parameters": total_params, "bytes": total_bytes,
+            "bits_per_weight": round(8 * total_bytes / total_params, 4),
+            "schemes": dict(Counter(e["scheme"] for e in tensors)),
+            "kernels": dict(Counter(_kernel_summary(k) for k in kernels)),
+            "gemms": sorted(kernels, key=lambda k: natural_key(k["name"])),
+            "tensors": tensors}
+
+
+def _dtype_name(value) -> str:
+    return str(value).replace("torch.", "")
+
+
+def _kernel_summary(row: dict) -> str:
+    """`scheme -> kernel`, with the arithmetic's dtype where it is not the layer's own."""
+    text = f"{row['scheme']} -> {row['kernel']}"
+    compute, dtype = row.get("compute_dtype"), row.get("dtype")
+    if compute is not None and dtype is not None and compute != dtype:
+        text += f" (computes in {_dtype_name(compute)}, output {_dtype_name(dtype)})"
+    elif dtype is not None:
+        text += f" ({_dtype_name(dtype)})"
+    if row.get("paths"):
+        paths = {p for p in row["paths"].values()}
+        if paths != {row["kernel"]}:
+            text += " paths " + ", ".join(f"M={m}: {p}" for m, p in row["paths"].items())
+    return text
+
+
+def print_report(info: dict, layers: bool) -> None:
+    """The human-readable report."""
+    print(f"{info['path']}\n  format {info['format']}, architecture {info['architecture']}, "
+          f"{info['parameters'] / 1e6:.1f}M parameters, {info['bytes'] / 2**20:.1f} MiB, "
+          f"{info['bits_per_weight']:.3f} bits/weight")
+    print(f"  on {info['device']}, activations in {info['activation_dtype']}; GEMMs:")
+    for what, count in info["kernels"].items():
+        print(f"    {count:4d} x {what}")
+    notes = {(g["kernel"], g["reason"]) for g in info["gemms"] if g.get("reason", "first choice") != "first choice"}
+    for kernel, reason in sorted(notes, key=str):
+        print(f"  note: {kernel}: {reason}")
+    lm_head = [g for g in info["gemms"] if g["name"].startswith("lm_head")]
+    for g in lm_head:
+        print(f"  lm_head: {g['scheme']} -> {g['kernel']} in {_dtype_name(g.get('dtype', info['activation_dtype']))}")
+    if layers:
+        for t in info["tensors"]:
+            print(f"  {t['name']:50s} {str(t['shape']):16s} {t['scheme']:28s} {t['bits_per_weight']:7.3f} bpw")
 
 
 def cmd_inspect(args) -> None:
     info = inspect_checkpoint(args.path, device=args.device, dtype=args.dtype)
     if args.json:
-        print(json.dumps(info, indent=2))
-        return
-    print(f"{info['path']}\n  format {info['format']}, architecture {info['architecture']}, "
-          f"{info['parameters'] / 1e6:.1f}M parameters, {info['bytes'] / 2**20:.1f} MiB, "
-          f"{info['bits_per_weight']:.3f} bits/weight")
-    print(f"  kernels on {info['device']} ({info['compute_dtype']}):")
-    for what, count in info["kernels"].items():
-        print(f"    {count:4d} x {what}")
-    reasons = {(layer["kernel"], layer["reason"]) for layer in info["layers"] if layer.get("reason", "first choice") != "first choice"}
-    for kernel, reason in sorted(reasons, key=str):
-        print(f"  note: {kernel}: {reason}")
-    if args.layers:
-        for layer in info["layers"]:
-            print(f"  {layer['name']:50s} {str(layer['shape']):16s} {layer['scheme']:28s} "
-                  f"{layer['bits_per_weight']:7.3f} bpw  {layer.get('kernel') or ''}")
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        print_report(info, args.layers)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="describe a checkpoint: format, schemes, sizes, kernels")
+    p = sub.add_parser("inspect", help="describe a checkpoint: format, schemes, sizes, kernels",
+                       parents=[quiet_parent()])
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
     p.add_argument("--layers", action="store_true", help="list every tensor")
