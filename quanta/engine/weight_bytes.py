@@ -1,0 +1,187 @@
+"""Device bytes of a model's weights per GPU, counted as quanta's kernels hold them, from a config alone.
+
+Layouts, as each kernel's prepare() stores a linear weight [N, K] (merged q/k/v and gate/up add up in N):
+  dense (fp16 / bf16; fp32 checkpoints run in the 16-bit compute dtype): N*K*e bytes, e the compute
+    dtype's size; the dequantized fallback (GGUF on CUDA today, affine codes other than 4 or 8 bits)
+    holds the same.
+  affine_gemm.pack (AWQ, GPTQ; codebook and fp8 reuse it): int32 words [K_pad / (32 / bits), N] with
+    K_pad = K rounded up to a tile of (32 / bits) * R columns, plus int32 scale words [rows, N]:
+    rows = ceil(K_pad / group) with zero points (a (scale, zbias) pair a word: AWQ), or half that,
+    rounded up, when symmetric (two scales a word: GPTQ sym, NF4's absmax, fp8's per-channel scale).
+  codebook (NF4): 4-bit codes, one 16-bit absmax per block of 64 (double quantization undone at
+    load), and the 16-entry table twice (float32 [16] + int32 [8]) per GEMM.
+  fp8: one byte a weight, one scale per output channel (a K_pad = K rounded to 64 in the weight-only
+    layout; sm89's W8A8 holds the [K, N] bytes and float32 scales: the same for K a multiple of 64).
+  GGUF with a GPU kernel: the ggml blocks as stored (ggml_types row bytes).
+The embedding and lm_head stay 16-bit for awq / gptq / nf4 / fp8, as quantized checkpoints keep them;
+GGUF keeps its own types for the embedding (rows are decoded on lookup). A tied lm_head is loaded as a
+second device copy of the table, so it is counted twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quanta.engine.gguf_mix import GgufTypes
+from quanta.kernels.affine_gemm import R
+from quanta.kernels.registry import CANDIDATES
+from quanta.loaders.checkpoint import ModelConfig
+from quanta.quant.errors import ConfigError
+from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
+
+AFFINE_BITS = (4, 8)                      # what affine_gemm.supports packs; other widths are dequantized
+LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
+# No GGUF CUDA kernel before the dequantized fallback: the linears are held as 16-bit weights.
+GGUF_DEQUANTIZED_ON_GPU = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.dequantized"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the linear weights are stored: kind dense | affine | codebook | fp8 | gguf."""
+    name: str                         # as asked: "fp16", "awq", "gptq", "nf4", "fp8", "gguf:Q4_K_M"
+    kind: str
+    bits: int | None = None
+    group_size: int | None = None     # None: one group per row (per channel)
+    symmetric: bool = True            # False: a zero point per group (AWQ)
+    gguf: GgufTypes | None = None
+
+    def describe(self) -> str:
+        if self.kind == "dense":
+            return self.name
+        if self.kind in ("affine", "codebook"):
+            groups = f"groups of {self.group_size}" if self.group_size else "per channel"
+            zeros = "" if self.symmetric else ", zero points"
+            return f"{self.name} ({self.bits}-bit, {groups}{zeros})"
+        if self.kind == "fp8":
+            return "fp8 (per-channel scales)"
+        return self.name
+
+    def packed(self, k: int) -> bool:
+        """Whether a GEMM with K = k runs on a packing kernel (else it is held dequantized)."""
+        if self.kind == "affine":
+            return self.bits in AFFINE_BITS and (self.group_size is None or self.group_size % R == 0)
+        if self.kind == "codebook":
+            return self.group_size % R == 0 and k % self.group_size == 0
+        return self.kind == "fp8"
+
+    def k_block(self, gguf_type: str | None = None) -> int | None:
+        """Columns that must stay together when K is split across ranks (a group, block or ggml block)."""
+        if self.kind == "gguf":
+            return GGML_TYPES_BY_NAME[gguf_type].block_size
+        return self.group_size if self.kind in ("affine", "codebook") else None
+
+
+def pack_bytes(n: int, k: int, bits: int, group: int | None, symmetric: bool) -> int:
+    """Bytes of affine_gemm.pack's state for codes [N, K]: packed int32 words plus int32 scale words."""
+    per_word = 32 // bits
+    k_pad = cdiv(k, per_word * R) * per_word * R
+    groups = cdiv(k_pad, group or k_pad)
+    scale_rows = cdiv(groups, 2) if symmetric else groups
+    return (k_pad // per_word) * n * 4 + scale_rows * n * 4
+
+
+def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e: int) -> int:
+    """Device bytes of one GEMM over input size k whose weight stacks `parts` [(N, GGML type or None)]."""
+    n = sum(p for p, _ in parts)
+    if fmt.kind == "gguf":
+        if GGUF_DEQUANTIZED_ON_GPU:
+            return n * k * e
+        return sum(p * GGML_TYPES_BY_NAME[t].row_bytes(k) for p, t in parts)
+    if fmt.kind == "dense" or not fmt.packed(k):
+        return n * k * e
+    if fmt.kind == "affine":
+        return pack_bytes(n, k, fmt.bits, fmt.group_size, fmt.symmetric)
+    if fmt.kind == "codebook":
+        return pack_bytes(n, k, 4, fmt.group_size, True) + LUT_BYTES
+    return pack_bytes(n, k, 8, None, True)                      # fp8, per-channel
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's share of the model at tensor-parallel size tp."""
+    tp: int
+    q: int            # query width (heads * head_dim)
+    kv: int           # key (= value) width
+    kv_heads: int
+    inter: int        # intermediate size
+    vocab: int        # embedding / lm_head rows
+
+
+def shard(config: ModelConfig, tp: int) -> Shard:
+    """The per-rank sizes at tensor-parallel size tp (call check_tp first); KV heads are replicated when
+    there are fewer than ranks, one per rank."""
+    kv_heads = max(1, config.num_key_value_heads // tp)
+    return Shard(tp, config.num_attention_heads // tp * config.head_dim, kv_heads * config.head_dim, kv_heads,
+                 config.intermediate_size // tp, cdiv(config.vocab_size, tp))
+
+
+def tp_problem(config: ModelConfig, fmt: WeightFormat, tp: int) -> str | None:
+    """Why the model cannot be split over tp ranks, or None. Column-parallel: q/k/v by heads, gate/up by
+    rows; row-parallel o_proj and down_proj split K, which must not cut a quantization group or block."""
+    heads, kv, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    if heads % tp:
+        return f"{heads} attention heads do not split over {tp} ranks"
+    if kv % tp and tp % kv:
+        return f"{kv} KV heads neither split over {tp} ranks nor replicate evenly"
+    if inter % tp:
+        return f"intermediate size {inter} does not split over {tp} ranks"
+    if tp == 1:
+        return None
+    for name, k in (("o_proj", heads * config.head_dim), ("down_proj", inter)):
+        role = "attn_output" if name == "o_proj" else "ffn_down"
+        types = fmt.gguf.all_of(role) if fmt.gguf else [None]
+        for t in types:
+            block = fmt.k_block(t)
+            if block and (k // tp) % block:
+                what = f"{t} blocks" if t else "groups"
+                return f"{name}'s {k // tp} input columns per rank cut its {what} of {block}"
+    return None
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Device bytes of one GPU's weights, by part."""
+    embedding: int
+    linears: int
+    lm_head: int
+    norms: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.linears + self.lm_head + self.norms
+
+
+def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> WeightBytes:
+    """Bytes one rank holds (see the module docstring), e the compute dtype's size in bytes."""
+    h, layers, g = config.hidden_size, config.num_hidden_layers, fmt.gguf
+    linears = 0
+    for i in range(layers):
+        t = (lambda role: g.of(role, i)) if g else (lambda role: None)
+        linears += gemm_bytes(fmt, [(s.q, t("attn_q")), (s.kv, t("attn_k")), (s.kv, t("attn_v"))], h, e)
+        linears += gemm_bytes(fmt, [(h, t("attn_output"))], s.q, e)
+        linears += gemm_bytes(fmt, [(s.inter, t("ffn_gate")), (s.inter, t("ffn_up"))], h, e)
+        linears += gemm_bytes(fmt, [(h, t("ffn_down"))], s.inter, e)
+    if config.attention_bias:
+        linears += layers * (s.q + 2 * s.kv) * e
+    if g:
+        embedding = s.vocab * GGML_TYPES_BY_NAME[g.of("token_embd")].row_bytes(h)
+        lm_head = gemm_bytes(fmt, [(s.vocab, g.of("output"))], h, e)
+    else:
+        embedding = lm_head = s.vocab * h * e
+    norms = (2 * layers + 1) * h * e + (2 * layers * config.head_dim * e if config.qk_norm else 0)
+    return WeightBytes(embedding, linears, lm_head, norms)
+
+
+def check_gguf_rows(config: ModelConfig, fmt: WeightFormat) -> None:
+    """ConfigError if a GGUF type's blocks do not tile a weight's rows."""
+    if not fmt.gguf:
+        return
+    rows = {"attn_output": config.num_attention_heads * config.head_dim, "ffn_down": config.intermediate_size}
+    for role in fmt.gguf.roles():
+        k = rows.get(role, config.hidden_size)
+        for t in fmt.gguf.all_of(role):
+            if k % GGML_TYPES_BY_NAME[t].block_size:
+                raise ConfigError(f"{fmt.name}: {role} rows of {k} are not whole {t} blocks")
