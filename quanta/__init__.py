@@ -9,7 +9,10 @@ def __getattr__(name):
     if name in ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput"):
         import quanta.engine as engine
         return getattr(engine, name)
+    if name == "plan":
+        from quanta.engine.memory_plan import plan
+        return plan
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan"]
