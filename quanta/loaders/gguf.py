@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")   # general.architecture values we run
 PERMUTED_QK = ("llama", "mistral")                        # archs whose q/k rows the converter permutes
-FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
@@ -196,9 +195,9 @@ def _tensor_reader(file: GgufFile, t: TensorInfo, arch: str, config: ModelConfig
     def raw() -> torch.Tensor:
         return torch.from_numpy(file.read(t))
 
-    if gt.name in FLOAT_TYPES:
+    if gt.float_dtype is not None:
         def read():
-            x = raw().view(FLOAT_TYPES[gt.name]).reshape(dims)
+            x = raw().view(gt.float_dtype).reshape(dims)
             return x if perm is None else x[perm]
     elif gt.block_size > 1:
         def read():
@@ -215,9 +214,9 @@ def _vector(file: GgufFile, t: TensorInfo | None) -> np.ndarray | None:
     """The values of float vector `t` (rope_freqs) as float32, or None when the file has no such tensor."""
     if t is None:
         return None
-    if t.type.name not in FLOAT_TYPES:
+    if t.type.float_dtype is None:
         raise UnsupportedError(f"{file.path}: tensor {t.name!r} is {t.type.name}, expected a float type")
-    return torch.from_numpy(file.read(t)).view(FLOAT_TYPES[t.type.name]).float().reshape(-1).numpy()
+    return torch.from_numpy(file.read(t)).view(t.type.float_dtype).float().reshape(-1).numpy()
 
 
 class _LazyTensors(Mapping):
