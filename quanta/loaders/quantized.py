@@ -14,27 +14,26 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, load_tokenizer, model_config_from_hf
-from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config, read_json
+from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
-
-QUANT_SIDECARS = ("quantize_config.json", "quant_config.json")
 
 # A family's reader: (store, "model.layers.0.self_attn.q_proj", (N, K)) -> QTensor, or None when that
 # layer is stored unquantized (plain `.weight`).
 Reader = Callable[[TensorStore, str, tuple[int, int]], QTensor | None]
 
 
-def quant_config(path: Path, cfg: dict[str, Any], sidecars: tuple[str, ...] = QUANT_SIDECARS) -> dict[str, Any]:
+def quant_config(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """config.json's `quantization_config`, else the first sidecar file present (ConfigError if neither)."""
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict):
         return qc
-    for name in sidecars:
-        if (path / name).is_file():
-            return read_json(path / name, name)
-    raise ConfigError(f"{path}: no quantization_config in config.json and no {' / '.join(sidecars)}")
+    found = read_sidecar(path)
+    if found is None:
+        raise ConfigError(f"{path}: no quantization_config in config.json and no {' / '.join(QUANT_SIDECARS)}")
+    return found[0]
 
 
 def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
