@@ -43,6 +43,34 @@ def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
     return store[name]
 
 
+def group_geometry(group_size: int, k: int) -> tuple[int, int]:
+    """(group, groups per row) of a layer with K = `k` inputs; group_size -1 or 0 means one group of K."""
+    group = k if group_size in (-1, 0) else group_size
+    return group, -(-k // group)
+
+
+def check_shapes(store: TensorStore, prefix: str, got: dict[str, torch.Tensor], want: dict[str, tuple[int, ...]],
+                 layer: str) -> None:
+    """ShapeError naming the first of `prefix`'s tensors `got[field]` whose shape is not `want[field]`;
+    `layer` says what the shapes were derived from ("an AWQ GEMM layer [N, K] with group_size G")."""
+    for field, w in want.items():
+        if tuple(got[field].shape) != w:
+            raise ShapeError(f"{store.path}: {prefix}.{field} has shape {list(got[field].shape)}, expected {list(w)} "
+                             f"for {layer}")
+
+
+def load_packed(path: str | Path, fmt: str, settings: Callable[[dict[str, Any], Path], dict[str, Any]],
+                read: Callable[[TensorStore, str, tuple[int, int], dict[str, Any]], QTensor | None], *,
+                tokenizer: bool | None = None) -> Checkpoint:
+    """Load a packed-int checkpoint directory (AWQ, GPTQ): its quantization config normalized by
+    `settings(qc, source)`, each linear layer read by `read(store, prefix, shape, settings)`."""
+    path = Path(path)
+    cfg = read_config(path)
+    qc = quant_config(path, cfg)
+    s = settings(qc, path / "config.json")
+    return build_checkpoint(path, fmt, lambda st, p, sh: read(st, p, sh, s), qc | s, cfg=cfg, tokenizer=tokenizer)
+
+
 def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.Tensor:
     """Unpack int32 `words` holding a dense little-endian stream of `bits`-bit values along `dim`.
 
