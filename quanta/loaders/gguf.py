@@ -243,7 +243,7 @@ class _LazyTensors(Mapping):
 def load_tokenizer(path: Path):
     """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline).
 
-    The conversion takes seconds (transformers rebuilds the BPE model from tokens and merges), so the
+    The conversion is slow (transformers rebuilds the BPE model from tokens and merges), so the
     result is kept in a per-file cache directory and later loads read that; the cache key covers the
     file's path, size and modification time, and a cache that cannot be written is simply skipped.
     """
