@@ -139,7 +139,7 @@ def test_every_header_cut_is_a_typed_error_naming_its_byte(small, tmp_path):
     read_gguf(cut(tmp_path, data, end))                         # only alignment padding after it
 
 
-def test_bad_alignment_offset_and_dims(small, tmp_path):
+def test_bad_offset_dims_and_value_type(small, tmp_path):
     path, data, ref = small
     t = ref.tensors[1]
     at = t.field.offset + 8 + len(t.name)                      # n_dims, then ne[], type, offset
@@ -149,6 +149,11 @@ def test_bad_alignment_offset_and_dims(small, tmp_path):
     bad = bytearray(data)
     struct.pack_into("<I", bad, at, 7)
     assert f"tensor {t.name!r}: 7 dimensions" in error_of(cut(tmp_path, bytes(bad), len(bad)))
+    field = ref.fields["llama.block_count"]
+    bad = bytearray(data)
+    struct.pack_into("<I", bad, field.offset + 8 + len(field.name), 42)
+    assert "(key 'llama.block_count', from byte" in error_of(cut(tmp_path, bytes(bad), len(bad)))
+    assert "unknown metadata value type 42" in error_of(cut(tmp_path, bytes(bad), len(bad)))
 
 
 # --- the real model file, cut ------------------------------------------------------------------------

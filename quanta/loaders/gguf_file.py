@@ -149,8 +149,7 @@ class _Cursor:
         if value_type == STRING:
             return self.string()
         if value_type != ARRAY:
-            raise CorruptFileError(f"{self.path}: {self.where}: unknown metadata value type {value_type} "
-                                   f"at byte {self.pos - 4}")
+            raise CorruptFileError(f"{self.path}: {self.where}: unknown metadata value type {value_type}")
         item_type, count = self.scalar(4), self.scalar(10)
         if item_type in SCALAR_FORMATS:
             dtype = np.dtype("<" + SCALAR_FORMATS[item_type])
