@@ -61,6 +61,19 @@ def test_table_matches_gguf_quant_sizes():
         assert (ours.block_size, ours.type_size) == GGML_QUANT_SIZES[t], t.name
 
 
+def test_table_rows_say_how_to_read_each_type():
+    live = [t for t in GGML_TYPES.values() if not t.retired]
+    assert all(t.decode is None and t.affine is None for t in GGML_TYPES.values() if t.retired)
+    assert {T(t.id) for t in live if t.decode} >= set(ORACLE_TYPES) | {T.BF16, T.Q8_1, T.Q8_K, T.Q1_0}
+    assert {t.name: t.float_dtype for t in live if t.float_dtype} == \
+        {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    assert all(t.block_size == 1 and t.float_dtype.itemsize == t.type_size for t in live if t.float_dtype)
+    affine = {T(t.id): t.affine for t in live if t.affine}
+    assert set(affine) == set(LEGACY)
+    for t, (bits, zero) in affine.items():   # d f16, [m f16], 32 codes of `bits` bits
+        assert GGML_QUANT_SIZES[t] == (32, 2 + (2 if zero is None else 0) + 32 * bits // 8), t.name
+
+
 @pytest.mark.parametrize("type_id, instead", [(4, "q4_0"), (5, "q4_1"), (31, "q4_0"), (32, "q4_0"),
                                               (33, "q4_0"), (36, "iq4_nl"), (37, "iq4_nl"), (38, "iq4_nl")])
 def test_retired_ids_are_tombstones(type_id, instead):

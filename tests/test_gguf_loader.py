@@ -206,17 +206,20 @@ def test_qwen2_bias_and_qwen3_qk_norm_are_not_permuted(tmp_path):
 
 # --- typed errors naming the file -------------------------------------------------------------------
 def test_not_gguf_and_empty(tmp_path):
-    for name, content in (("bad.gguf", b"GGML" + bytes(64)), ("empty.gguf", b"")):
+    for name, content, words in (("bad.gguf", b"GGML" + bytes(64), "not a GGUF file"),
+                                 ("empty.gguf", b"", "the file is empty")):
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(CorruptFileError, match=f"{name}.*not a GGUF file"):
+        with pytest.raises(CorruptFileError, match=f"{name}: {words}"):
             load_gguf(tmp_path / name)
 
 
-@pytest.mark.parametrize("keep", [24, 200, -100])
-def test_truncated(tmp_path, keep):
+@pytest.mark.parametrize("keep, where", [(24, "metadata entry 0"), (200, "metadata entry"),
+                                         (-100, "tensor 'output.weight'")])
+def test_truncated(tmp_path, keep, where):
     data = llama_file(tmp_path / "full.gguf").read_bytes()
+    keep %= len(data)
     (tmp_path / "cut.gguf").write_bytes(data[:keep])
-    with pytest.raises(CorruptFileError, match="cut.gguf"):
+    with pytest.raises(CorruptFileError, match=f"cut.gguf: truncated.* the file ends at byte {keep} but {where}"):
         load_gguf(tmp_path / "cut.gguf", tokenizer=False)
 
 

@@ -176,6 +176,21 @@ def test_detect_sidecar(tmp_path, sidecar):
     assert detect(path) == family
 
 
+def test_detection_and_loaders_read_sidecars_in_one_order(tmp_path):
+    from quanta.loaders.quantized import quant_config
+    path = write_config(tmp_path / "model")
+    for name, (content, _) in SIDECARS.items():
+        (path / name).write_text(json.dumps(content))
+    for name in ("quantize_config.json", "quant_config.json", "hf_quant_config.json"):
+        content, family = SIDECARS[name]
+        assert detect(path) == family, name
+        want = {"quant_method": "modelopt", **content["quantization"]} if family == "fp8" else content
+        assert quant_config(path, {}) == want, name
+        (path / name).unlink()
+    with pytest.raises(ConfigError, match="no quantization_config"):
+        quant_config(path, {})
+
+
 def test_detect_gguf_by_magic_not_name(tmp_path, models):
     (tmp_path / "weights.bin").write_bytes(b"GGUF" + b"\0" * 60)
     assert detect(tmp_path / "weights.bin") == "gguf"

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.quantized import build_checkpoint, need, quant_config, unpack_bits
-from quanta.loaders.safetensors_io import TensorStore, read_config
+from quanta.loaders.quantized import check_shapes, group_geometry, load_packed, need, unpack_bits
+from quanta.loaders.safetensors_io import TensorStore
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
 
@@ -52,8 +52,7 @@ def read_awq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[st
     if prefix + ".qweight" not in store:
         return None
     n, k = shape
-    group = k if s["group_size"] in (-1, 0) else s["group_size"]
-    ngroups = -(-k // group)
+    group, ngroups = group_geometry(s["group_size"], k)
     qweight = store[prefix + ".qweight"]
     scales = need(store, prefix + ".scales", "AWQ scales")
     if not s["zero_point"] and prefix + ".qzeros" not in store:
@@ -61,12 +60,9 @@ def read_awq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[st
                                "(AutoAWQ's packers require zeros)")
     qzeros = need(store, prefix + ".qzeros", "AWQ qzeros (zero points)")
     if s["version"] == "gemm":
-        want = {"qweight": (k, n // 8), "qzeros": (ngroups, n // 8), "scales": (ngroups, n)}
-        got = {"qweight": qweight.shape, "qzeros": qzeros.shape, "scales": scales.shape}
-        for field, w in want.items():
-            if tuple(got[field]) != w:
-                raise ShapeError(f"{store.path}: {prefix}.{field} has shape {list(got[field])}, expected {list(w)} "
-                                 f"for an AWQ GEMM layer [{n}, {k}] with group_size {group}")
+        check_shapes(store, prefix, {"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                     {"qweight": (k, n // 8), "qzeros": (ngroups, n // 8), "scales": (ngroups, n)},
+                     f"an AWQ GEMM layer [{n}, {k}] with group_size {group}")
         codes = unpack_gemm(qweight).T.contiguous()
         zeros = unpack_gemm(qzeros).T.contiguous()
         scales = scales.T.contiguous()
@@ -83,9 +79,4 @@ def read_awq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[st
 
 def load_awq(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     """Load an AutoAWQ checkpoint directory: quantized linears become Affine int4 (skipped ones stay plain)."""
-    path = Path(path)
-    cfg = read_config(path)
-    qc = quant_config(path, cfg)
-    settings = awq_settings(qc, path / "config.json")
-    return build_checkpoint(path, "awq", lambda st, p, sh: read_awq(st, p, sh, settings), qc | settings, cfg=cfg,
-                            tokenizer=tokenizer)
+    return load_packed(path, "awq", awq_settings, read_awq, tokenizer=tokenizer)

@@ -1,8 +1,8 @@
 """Which checkpoint family a path holds, read from its metadata (never from file names).
 
 - a file that starts with the GGUF magic                       -> "gguf"
-- a directory with config.json: `quantization_config.quant_method` picks the family, else a
-  quantization sidecar (quant_config.json, quantize_config.json, hf_quant_config.json), else "hf"
+- a directory with config.json: `quantization_config.quant_method` picks the family, else the first
+  quantization sidecar present (QUANT_SIDECARS, the order every loader reads them in), else "hf"
 - a directory without config.json holding exactly one GGUF file -> "gguf"
 """
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quanta.loaders.gguf_file import GGUF_MAGIC
 from quanta.loaders.safetensors_io import read_config, read_json
 from quanta.quant.errors import ConfigError, UnsupportedError
-
-GGUF_MAGIC = b"GGUF"
 
 # quant_method as written by transformers / the quantizing tool -> our loader family.
 QUANT_METHODS = {
@@ -28,8 +27,9 @@ QUANT_METHODS = {
     "compressed_tensors": "compressed-tensors",
 }
 
-# Quantization sidecar files written beside config.json by tools that predate `quantization_config`.
-QUANT_SIDECARS = ("quant_config.json", "quantize_config.json", "hf_quant_config.json")
+# Quantization sidecar files written beside config.json by tools that predate `quantization_config`
+# (AutoGPTQ, AutoAWQ, modelopt), in the order detection and the loaders search them.
+QUANT_SIDECARS = ("quantize_config.json", "quant_config.json", "hf_quant_config.json")
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -48,9 +48,6 @@ def quant_family(qc: dict[str, Any], source: Path) -> str:
     (AutoAWQ: w_bit / q_group_size; AutoGPTQ: bits + group_size; modelopt: quantization.quant_algo).
     """
     method = qc.get("quant_method")
-    if method is None and isinstance(qc.get("quantization"), dict):       # modelopt hf_quant_config.json
-        method = "modelopt"
-        qc = qc["quantization"]
     if method is None and ("w_bit" in qc or "q_group_size" in qc):
         method = "awq"
     if method is None and "bits" in qc and "group_size" in qc:
@@ -79,10 +76,23 @@ def detect_dir(path: Path, config: dict[str, Any] | None = None) -> str:
         if not isinstance(qc, dict):
             raise ConfigError(f"{path / 'config.json'}: quantization_config must be an object, got {qc!r}")
         return quant_family(qc, path / "config.json")
+    found = read_sidecar(path)
+    return "hf" if found is None else quant_family(*found)
+
+
+def read_sidecar(path: Path) -> tuple[dict[str, Any], Path] | None:
+    """The first quantization sidecar in directory `path` as a quantization config, with its file; or None.
+
+    modelopt's hf_quant_config.json nests its settings under "quantization"; they are returned lifted
+    out, with quant_method "modelopt", so every sidecar reads like a `quantization_config`.
+    """
     for name in QUANT_SIDECARS:
         if (path / name).is_file():
-            return quant_family(read_json(path / name, name), path / name)
-    return "hf"
+            qc = read_json(path / name, name)
+            if name == "hf_quant_config.json":
+                qc = {"quant_method": "modelopt", **(qc.get("quantization") or {})}
+            return qc, path / name
+    return None
 
 
 def detect(path: str | Path) -> str:

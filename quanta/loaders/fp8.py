@@ -16,7 +16,7 @@ from typing import Any
 
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config
-from quanta.loaders.safetensors_io import TensorStore, read_config, read_json
+from quanta.loaders.safetensors_io import TensorStore, read_config
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.kinds import Fp8
 
@@ -25,11 +25,7 @@ METHODS = ("fbgemm_fp8", "modelopt", "fp8")
 
 def fp8_settings(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """Normalize the FP8 quantization config: method, skipped module patterns, block size, activation scheme."""
-    if (path / "hf_quant_config.json").is_file() and not isinstance(cfg.get("quantization_config"), dict):
-        q = read_json(path / "hf_quant_config.json", "hf_quant_config.json").get("quantization") or {}
-        qc = {"quant_method": "modelopt", **q}
-    else:
-        qc = quant_config(path, cfg)
+    qc = quant_config(path, cfg)
     method = str(qc.get("quant_method", "")).lower()
     if method not in METHODS:
         raise UnsupportedError(f"{path}: quant_method {method!r} is not an FP8 format ({', '.join(METHODS)})")

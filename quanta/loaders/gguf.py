@@ -25,16 +25,14 @@ import numpy as np
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
-from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, UnsupportedError
-from quanta.quant.ggml_types import GgmlType, ggml_type
+from quanta.loaders.gguf_file import GgufFile, TensorInfo, read_gguf
+from quanta.quant.errors import ConfigError, CorruptFileError, UnsupportedError
 from quanta.quant.kinds.gguf import Gguf
 
 log = logging.getLogger(__name__)
 
-GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")   # general.architecture values we run
 PERMUTED_QK = ("llama", "mistral")                        # archs whose q/k rows the converter permutes
-FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
@@ -48,88 +46,51 @@ _REQUIRED = object()
 
 def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
     """Read a GGUF file into a Checkpoint (format "gguf"); see the module docstring."""
-    path = Path(path)
-    reader = open_reader(path)
-    meta = _Meta(reader, path)
+    file = read_gguf(path)
+    path, meta = file.path, _Meta(file)
     arch = meta("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
                                f"(supported: {', '.join(ARCHITECTURES)})")
-    config = read_config(meta, arch, reader)
+    config = read_config(meta, arch, file)
     tensors = _LazyTensors()
-    for t in reader.tensors:
+    for t in file.tensors:
         if t.name == "rope_freqs.weight":
             continue                                   # folded into config.rope_scaling
         name = hf_name(t.name)
         if name is None:
             raise UnsupportedError(f"{path}: tensor {t.name!r} is not part of the {arch} architecture")
-        tensors.add(name, _tensor_reader(path, t, arch, config))
+        tensors.add(name, _tensor_reader(file, t, arch, config))
     quant_config = {"quant_method": "gguf", "file_type": meta("general.file_type", None),
-                    "tensor_types": dict(Counter(ggml_type(int(t.tensor_type)).name for t in reader.tensors))}
+                    "tensor_types": dict(Counter(t.type.name for t in file.tensors))}
     return Checkpoint(path=path, format="gguf", config=config, tensors=tensors,
                       tokenizer=load_tokenizer(path) if tokenizer else None, quant_config=quant_config,
                       chat_template=meta("tokenizer.chat_template", None))
 
 
-# --- file -----------------------------------------------------------------------------------------
-def open_reader(path: Path):
-    """A gguf.GGUFReader over `path`; CorruptFileError / UnsupportedError naming the file if unusable."""
-    from gguf import GGUFReader
-
-    class Reader(GGUFReader):
-        def _build_tensors(self, start_offs, fields):   # check types and extents before gguf-py does
-            for f in fields:
-                name, dims, type_id, offset = bytes(f.parts[1]).decode(), f.parts[3], f.parts[4][0], f.parts[5][0]
-                t = ggml_type(int(type_id), f"{path}: tensor {name!r}")
-                n_elems = math.prod(int(x) for x in dims)
-                row = int(dims[0]) if len(dims) else 1
-                if row % t.block_size:
-                    raise CorruptFileError(f"{path}: tensor {name!r} rows of {row} elements are not "
-                                           f"a whole number of {t.name} blocks of {t.block_size}")
-                end = int(start_offs) + int(offset) + n_elems // t.block_size * t.type_size
-                if end > len(self.data):
-                    raise CorruptFileError(f"{path}: truncated: tensor {name!r} ({t.name} {dims.tolist()}) "
-                                           f"ends at byte {end}, the file has {len(self.data)}")
-            super()._build_tensors(start_offs, fields)
-
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise CorruptFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-    try:
-        reader = Reader(path, "r")
-    except QuantaError:
-        raise
-    except (ValueError, IndexError, OverflowError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise CorruptFileError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
-    if reader.byte_order != "I":
-        raise UnsupportedError(f"{path}: big-endian GGUF files are not supported")
-    return reader
-
-
+# --- metadata -------------------------------------------------------------------------------------
 class _Meta:
     """Metadata lookup: meta(key) or meta(key, default); a missing required key is a ConfigError."""
 
-    def __init__(self, reader, path: Path):
-        self.fields, self.path = reader.fields, path
+    def __init__(self, file: GgufFile):
+        self.metadata, self.path = file.metadata, file.path
 
     def __call__(self, key: str, default: Any = _REQUIRED) -> Any:
-        field = self.fields.get(key)
-        if field is None:
+        if key not in self.metadata:
             if default is _REQUIRED:
                 raise ConfigError(f"{self.path}: required GGUF metadata key {key!r} is missing")
             return default
-        return field.contents()
+        return self.metadata[key]
 
     def count(self, key: str) -> int | None:
-        field = self.fields.get(key)
-        return None if field is None else len(field.data)
+        value = self.metadata.get(key)
+        return None if value is None else len(value) if isinstance(value, list) else 1
 
 
 # --- config ---------------------------------------------------------------------------------------
-def read_config(meta: _Meta, arch: str, reader) -> ModelConfig:
+def read_config(meta: _Meta, arch: str, file: GgufFile) -> ModelConfig:
     """The ModelConfig of a GGUF file from its `{arch}.*` and `tokenizer.ggml.*` metadata."""
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in file.tensors}
     name = str(meta("general.name", "") or "")
     model_type = "mistral" if arch == "llama" and "mistral" in name.lower() else arch
     heads = meta(f"{arch}.attention.head_count")
@@ -140,7 +101,7 @@ def read_config(meta: _Meta, arch: str, reader) -> ModelConfig:
     head_dim = meta(f"{arch}.attention.key_length", None) or meta(f"{arch}.rope.dimension_count", None)
     theta = meta(f"{arch}.rope.freq_base", 10000.0)
     eos, eot = meta("tokenizer.ggml.eos_token_id", None), meta("tokenizer.ggml.eot_token_id", None)
-    bf16 = any(ggml_type(int(t.tensor_type)).name == "bf16" for t in reader.tensors)
+    bf16 = any(t.type.name == "bf16" for t in file.tensors)
     kw = dict(
         model_type=model_type,
         vocab_size=int(vocab),
@@ -152,7 +113,7 @@ def read_config(meta: _Meta, arch: str, reader) -> ModelConfig:
         head_dim=head_dim or hidden // heads,
         rms_norm_eps=meta(f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_theta=theta,
-        rope_scaling=read_rope_scaling(meta, arch, tensors.get("rope_freqs.weight"), theta),
+        rope_scaling=read_rope_scaling(meta, arch, _vector(file, tensors.get("rope_freqs.weight")), theta),
         max_position_embeddings=meta(f"{arch}.context_length", 4096),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
@@ -168,7 +129,7 @@ def read_config(meta: _Meta, arch: str, reader) -> ModelConfig:
         raise ConfigError(f"{meta.path}: {e}") from e
 
 
-def read_rope_scaling(meta: _Meta, arch: str, rope_freqs, theta: float) -> dict[str, Any] | None:
+def read_rope_scaling(meta: _Meta, arch: str, factors: np.ndarray | None, theta: float) -> dict[str, Any] | None:
     """`{arch}.rope.scaling.*` keys, or the Llama-3 `rope_freqs` tensor, as an HF-style rope_scaling.
 
     llama.cpp divides frequency i by rope_freqs[i]; those factors are kept exactly as "freq_factors".
@@ -181,9 +142,8 @@ def read_rope_scaling(meta: _Meta, arch: str, rope_freqs, theta: float) -> dict[
                 "attention_factor": "attn_factor", "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
         out = {hf: meta(f"{arch}.rope.scaling.{g}", None) for hf, g in keys.items()}
         return {"rope_type": kind, **{k: v for k, v in out.items() if v is not None}}
-    if rope_freqs is None:
+    if factors is None:
         return None
-    factors = np.asarray(rope_freqs.data, dtype=np.float32).reshape(-1)
     spec = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     if not np.allclose(llama3_freq_factors(theta, 2 * factors.size, spec), factors, rtol=1e-5):
@@ -220,14 +180,11 @@ def qk_unpermute_index(rows: int, n_head: int) -> torch.Tensor:
     return torch.arange(rows).view(n_head, dim, 2).transpose(1, 2).reshape(rows)
 
 
-def _tensor_reader(path: Path, t, arch: str, config: ModelConfig) -> Callable[[], Any]:
-    what = f"{path}: tensor {t.name!r}"
-    gt: GgmlType = ggml_type(int(t.tensor_type), what)
-    dims = [int(x) for x in reversed(t.shape.tolist())]            # numpy order: [N, K] or [K]
+def _tensor_reader(file: GgufFile, t: TensorInfo, arch: str, config: ModelConfig) -> Callable[[], Any]:
+    what = f"{file.path}: tensor {t.name!r}"
+    gt, dims = t.type, list(t.dims)                                  # numpy order: [N, K] or [K]
     if len(dims) > 2:
         raise UnsupportedError(f"{what}: {len(dims)}-D tensors are not supported")
-    if t.data.nbytes != math.prod(dims) // gt.block_size * gt.type_size:
-        raise CorruptFileError(f"{what}: {t.data.nbytes} data bytes disagree with {gt.name} {dims}")
     perm = None
     if arch in PERMUTED_QK and re.fullmatch(r"blk\.\d+\.attn_[qk]\.(weight|bias)", t.name):
         heads = config.num_attention_heads if ".attn_q." in t.name else config.num_key_value_heads
@@ -236,11 +193,11 @@ def _tensor_reader(path: Path, t, arch: str, config: ModelConfig) -> Callable[[]
         perm = qk_unpermute_index(dims[0], heads)
 
     def raw() -> torch.Tensor:
-        return torch.from_numpy(np.array(t.data).view(np.uint8))      # a copy: the memmap stays read-only
+        return torch.from_numpy(file.read(t))
 
-    if gt.name in FLOAT_TYPES:
+    if gt.float_dtype is not None:
         def read():
-            x = raw().view(FLOAT_TYPES[gt.name]).reshape(dims)
+            x = raw().view(gt.float_dtype).reshape(dims)
             return x if perm is None else x[perm]
     elif gt.block_size > 1:
         def read():
@@ -253,6 +210,15 @@ def _tensor_reader(path: Path, t, arch: str, config: ModelConfig) -> Callable[[]
     return read
 
 
+def _vector(file: GgufFile, t: TensorInfo | None) -> np.ndarray | None:
+    """The values of float vector `t` (rope_freqs) as float32, or None when the file has no such tensor."""
+    if t is None:
+        return None
+    if t.type.float_dtype is None:
+        raise UnsupportedError(f"{file.path}: tensor {t.name!r} is {t.type.name}, expected a float type")
+    return torch.from_numpy(file.read(t)).view(t.type.float_dtype).float().reshape(-1).numpy()
+
+
 class _LazyTensors(Mapping):
     """name -> tensor, each read from the memory-mapped file when asked for."""
 
@@ -260,7 +226,7 @@ class _LazyTensors(Mapping):
         self._read: dict[str, Callable[[], Any]] = {}
 
     def add(self, name: str, read: Callable[[], Any]) -> None:
-        assert name not in self._read, name    # the reader already rejects duplicated tensor names
+        assert name not in self._read, name    # read_gguf already rejects duplicated tensor names
         self._read[name] = read
 
     def __getitem__(self, name: str):
@@ -277,7 +243,7 @@ class _LazyTensors(Mapping):
 def load_tokenizer(path: Path):
     """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline).
 
-    The conversion takes seconds (transformers rebuilds the BPE model from tokens and merges), so the
+    The conversion is slow (transformers rebuilds the BPE model from tokens and merges), so the
     result is kept in a per-file cache directory and later loads read that; the cache key covers the
     file's path, size and modification time, and a cache that cannot be written is simply skipped.
     """

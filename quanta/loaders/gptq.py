@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.quantized import build_checkpoint, need, quant_config, unpack_bits
-from quanta.loaders.safetensors_io import TensorStore, read_config
+from quanta.loaders.quantized import check_shapes, group_geometry, load_packed, need, unpack_bits
+from quanta.loaders.safetensors_io import TensorStore
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
 
@@ -61,17 +61,13 @@ def read_gptq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[s
         return None
     n, k = shape
     bits = s["bits"]
-    group = k if s["group_size"] in (-1, 0) else s["group_size"]
-    ngroups = -(-k // group)
+    group, ngroups = group_geometry(s["group_size"], k)
     qweight = store[prefix + ".qweight"]
     qzeros = need(store, prefix + ".qzeros", "GPTQ qzeros (zero points)")
     scales = need(store, prefix + ".scales", "GPTQ scales")
-    want = {"qweight": (-(-k * bits // 32), n), "qzeros": (ngroups, -(-n * bits // 32)), "scales": (ngroups, n)}
-    got = {"qweight": qweight.shape, "qzeros": qzeros.shape, "scales": scales.shape}
-    for field, w in want.items():
-        if tuple(got[field]) != w:
-            raise ShapeError(f"{store.path}: {prefix}.{field} has shape {list(got[field])}, expected {list(w)} for a "
-                             f"{bits}-bit GPTQ layer [{n}, {k}] with group_size {s['group_size']}")
+    check_shapes(store, prefix, {"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                 {"qweight": (-(-k * bits // 32), n), "qzeros": (ngroups, -(-n * bits // 32)), "scales": (ngroups, n)},
+                 f"a {bits}-bit GPTQ layer [{n}, {k}] with group_size {s['group_size']}")
     codes = unpack_bits(qweight, bits, k, dim=0).T.contiguous()
     if s["checkpoint_format"] == "gptq":
         zeros = v1_to_v2_zeros(qzeros, bits, n)
@@ -96,9 +92,4 @@ def read_gptq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[s
 
 def load_gptq(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     """Load a GPTQ checkpoint directory (v1 or v2; config in config.json, quantize_config.json or quant_config.json)."""
-    path = Path(path)
-    cfg = read_config(path)
-    qc = quant_config(path, cfg)
-    settings = gptq_settings(qc, path / "config.json")
-    return build_checkpoint(path, "gptq", lambda st, p, sh: read_gptq(st, p, sh, settings), qc | settings, cfg=cfg,
-                            tokenizer=tokenizer)
+    return load_packed(path, "gptq", gptq_settings, read_gptq, tokenizer=tokenizer)

@@ -14,27 +14,26 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, load_tokenizer, model_config_from_hf
-from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config, read_json
+from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
-
-QUANT_SIDECARS = ("quantize_config.json", "quant_config.json")
 
 # A family's reader: (store, "model.layers.0.self_attn.q_proj", (N, K)) -> QTensor, or None when that
 # layer is stored unquantized (plain `.weight`).
 Reader = Callable[[TensorStore, str, tuple[int, int]], QTensor | None]
 
 
-def quant_config(path: Path, cfg: dict[str, Any], sidecars: tuple[str, ...] = QUANT_SIDECARS) -> dict[str, Any]:
+def quant_config(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """config.json's `quantization_config`, else the first sidecar file present (ConfigError if neither)."""
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict):
         return qc
-    for name in sidecars:
-        if (path / name).is_file():
-            return read_json(path / name, name)
-    raise ConfigError(f"{path}: no quantization_config in config.json and no {' / '.join(sidecars)}")
+    found = read_sidecar(path)
+    if found is None:
+        raise ConfigError(f"{path}: no quantization_config in config.json and no {' / '.join(QUANT_SIDECARS)}")
+    return found[0]
 
 
 def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
@@ -42,6 +41,34 @@ def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
     if name not in store:
         raise CorruptFileError(f"{store.path}: tensor {name!r} ({field}) is missing")
     return store[name]
+
+
+def group_geometry(group_size: int, k: int) -> tuple[int, int]:
+    """(group, groups per row) of a layer with K = `k` inputs; group_size -1 or 0 means one group of K."""
+    group = k if group_size in (-1, 0) else group_size
+    return group, -(-k // group)
+
+
+def check_shapes(store: TensorStore, prefix: str, got: dict[str, torch.Tensor], want: dict[str, tuple[int, ...]],
+                 layer: str) -> None:
+    """ShapeError naming the first of `prefix`'s tensors `got[field]` whose shape is not `want[field]`;
+    `layer` says what the shapes were derived from ("an AWQ GEMM layer [N, K] with group_size G")."""
+    for field, w in want.items():
+        if tuple(got[field].shape) != w:
+            raise ShapeError(f"{store.path}: {prefix}.{field} has shape {list(got[field].shape)}, expected {list(w)} "
+                             f"for {layer}")
+
+
+def load_packed(path: str | Path, fmt: str, settings: Callable[[dict[str, Any], Path], dict[str, Any]],
+                read: Callable[[TensorStore, str, tuple[int, int], dict[str, Any]], QTensor | None], *,
+                tokenizer: bool | None = None) -> Checkpoint:
+    """Load a packed-int checkpoint directory (AWQ, GPTQ): its quantization config normalized by
+    `settings(qc, source)`, each linear layer read by `read(store, prefix, shape, settings)`."""
+    path = Path(path)
+    cfg = read_config(path)
+    qc = quant_config(path, cfg)
+    s = settings(qc, path / "config.json")
+    return build_checkpoint(path, fmt, lambda st, p, sh: read(st, p, sh, s), qc | s, cfg=cfg, tokenizer=tokenizer)
 
 
 def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Decoders of GGML blocks in torch: float, legacy (Q4_0..Q8_1), K-quants, ternary, FP4 and Q1_0 types.
 
 Each decoder maps uint8 blocks [nb, type_size] to float32 values [nb, block_size], vectorized over
-blocks, and is registered by GGML type name in `DECODERS` (the i-quants are in ggml_iquants.py).
+blocks; the type table (ggml_types.GGML_TYPES) names each type's decoder (the i-quants' are in
+ggml_iquants.py).
 The float operations follow gguf-py's `quants.py` in the same order, so results are bit-identical
 to `gguf.quants.dequantize` (and so to ggml's `dequantize_row_*`). Layouts: ggml-common.h.
 """
@@ -11,17 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+# uint8 blocks [nb, type_size] -> float32 values [nb, block_size]
 Decoder = Callable[[torch.Tensor], torch.Tensor]
-DECODERS: dict[str, Decoder] = {}
-
-
-def decoder(name: str) -> Callable[[Decoder], Decoder]:
-    """Register the decorated function as the block decoder of GGML type `name`."""
-    def register(fn: Decoder) -> Decoder:
-        assert name not in DECODERS, name
-        DECODERS[name] = fn
-        return fn
-    return register
 
 
 # --- byte helpers ---------------------------------------------------------------------------------
@@ -69,19 +61,16 @@ def lut(values: list[float], device: torch.device) -> torch.Tensor:
 
 
 # --- float types ----------------------------------------------------------------------------------
-@decoder("f32")
 def f32_blocks(b):
     """f32 values as stored."""
     return b.contiguous().view(torch.float32)
 
 
-@decoder("f16")
 def f16_blocks(b):
     """f16 values, widened."""
     return f16(b)
 
 
-@decoder("bf16")
 def bf16_blocks(b):
     """bf16 values, widened (exact)."""
     return b.contiguous().view(torch.bfloat16).float()
@@ -98,44 +87,37 @@ def legacy_codes(name: str, b: torch.Tensor) -> torch.Tensor:
     return q
 
 
-@decoder("q4_0")
 def q4_0(b):
     """d f16, qs[16] nibbles: (q - 8) * d."""
     return f16(b[:, :2]) * (legacy_codes("q4_0", b) - 8).float()
 
 
-@decoder("q4_1")
 def q4_1(b):
     """d f16, m f16, qs[16] nibbles: q * d + m."""
     return f16(b[:, :2]) * legacy_codes("q4_1", b).float() + f16(b[:, 2:4])
 
 
-@decoder("q5_0")
 def q5_0(b):
     """d f16, qh u32 (5th bits), qs[16]: (q - 16) * d."""
     return f16(b[:, :2]) * (legacy_codes("q5_0", b) - 16).float()
 
 
-@decoder("q5_1")
 def q5_1(b):
     """d f16, m f16, qh u32, qs[16]: q * d + m."""
     return f16(b[:, :2]) * legacy_codes("q5_1", b).float() + f16(b[:, 2:4])
 
 
-@decoder("q8_0")
 def q8_0(b):
     """d f16, qs int8[32]: q * d."""
     return b[:, 2:].view(torch.int8).float() * f16(b[:, :2])
 
 
-@decoder("q8_1")
 def q8_1(b):
     """d f16, s f16 (d * sum(qs), unused here), qs int8[32]: q * d."""
     return b[:, 4:].view(torch.int8).float() * f16(b[:, :2])
 
 
 # --- K-quants (256-element super-blocks) ----------------------------------------------------------
-@decoder("q2_K")
 def q2_k(b):
     """scales[16] (lo4 scale, hi4 min), qs[64] 2-bit, d, dmin: d*sc*q - dmin*m per 16 elements."""
     n = b.shape[0]
@@ -147,7 +129,6 @@ def q2_k(b):
     return (dl * q - ml).reshape(n, 256)
 
 
-@decoder("q3_K")
 def q3_k(b):
     """hmask[32], qs[64] 2-bit, scales[12] 6-bit (-32), d: d*sc*(q2 - 4*!hbit) per 16 elements."""
     n = b.shape[0]
@@ -178,20 +159,17 @@ def _k_affine(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (d * q.view(n, 8, 32).float() - dm).reshape(n, 256)
 
 
-@decoder("q4_K")
 def q4_k(b):
     """d, dmin, scales[12] (8 six-bit scales + mins), qs[128]: d*sc*q - dmin*m per 32 elements."""
     return _k_affine(b, unpack(b[:, 16:], 4, 32))
 
 
-@decoder("q5_K")
 def q5_k(b):
     """d, dmin, scales[12], qh[32], qs[128]: as q4_K with a 5th bit."""
     ql, qh = unpack(b[:, 48:], 4, 32), unpack(b[:, 16:48], 1, 32)
     return _k_affine(b, ql | (qh << 4))
 
 
-@decoder("q6_K")
 def q6_k(b):
     """ql[128], qh[64], scales int8[16], d: d*sc*(q - 32) per 16 elements."""
     n = b.shape[0]
@@ -201,14 +179,12 @@ def q6_k(b):
     return (d * q.float()).reshape(n, 256)
 
 
-@decoder("q8_K")
 def q8_k(b):
     """d f32, qs int8[256], bsums int16[16] (for dot products, unused here): q * d."""
     return b[:, 4:260].view(torch.int8).float() * b[:, :4].contiguous().view(torch.float32)
 
 
 # --- ternary --------------------------------------------------------------------------------------
-@decoder("tq1_0")
 def tq1_0(b):
     """qs[48] (5 trits/byte), qh[4] (4 trits/byte), d: (t - 1) * d."""
     n = b.shape[0]
@@ -221,7 +197,6 @@ def tq1_0(b):
     return f16(d) * (((q * 3) >> 8) - 1).float()
 
 
-@decoder("tq2_0")
 def tq2_0(b):
     """qs[64] 2-bit, d: (q - 1) * d."""
     qs, d = split(b, 64)
@@ -248,14 +223,12 @@ def ue4m3_half(x: torch.Tensor) -> torch.Tensor:
     return torch.where((x == 0) | (x == 0x7F), 0.0, raw * 0.5)
 
 
-@decoder("mxfp4")
 def mxfp4(b):
     """e8m0 exponent, qs[16] e2m1 nibbles: kvalue * 2**(e-128)."""
     q = lut(E2M1_X2, b.device)[unpack(b[:, 1:], 4, 16)]
     return e8m0_half(b[:, :1]) * q
 
 
-@decoder("nvfp4")
 def nvfp4(b):
     """4 ue4m3 scales (one per 16 elements), qs[32] e2m1 nibbles."""
     n = b.shape[0]
@@ -265,7 +238,6 @@ def nvfp4(b):
 
 
 # --- 1-bit ----------------------------------------------------------------------------------------
-@decoder("q1_0")
 def q1_0(b):
     """d f16, qs[16]: element j is +d if bit j%8 of byte j/8 is set, else -d."""
     q = unpack(b[:, 2:], 1, 1)

@@ -1,4 +1,4 @@
-"""Decoders of the GGML i-quant blocks (IQ1_S .. IQ4_XS) in torch, registered in ggml_blocks.DECODERS.
+"""Decoders of the GGML i-quant blocks (IQ1_S .. IQ4_XS) in torch, named by ggml_types.GGML_TYPES.
 
 The codebook grids (iq2xxs_grid, iq1s_grid, ...) are data: they are read at run time from the
 installed `gguf.quants` module, which stores each as a packed hex string, and unpacked here. The
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from quanta.quant.ggml_blocks import bits_of, decoder, f16, lut, u16, u32, unpack
+from quanta.quant.ggml_blocks import bits_of, f16, lut, u16, u32, unpack
 
 IQ4_NL_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
 IQ1_DELTA = 0.125
@@ -50,7 +50,6 @@ def sign_bits(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits_of(x, 8) == 0, 1.0, -1.0)
 
 
-@decoder("iq2_xxs")
 def iq2_xxs(b):
     """d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale): 256x8 grid of 8-vectors."""
     n = b.shape[0]
@@ -62,7 +61,6 @@ def iq2_xxs(b):
     return (db * g * sg).reshape(n, 256)
 
 
-@decoder("iq2_xs")
 def iq2_xs(b):
     """d, qs u16[32] (9-bit grid index + 7-bit signs), scales[8] nibbles."""
     n = b.shape[0]
@@ -73,7 +71,6 @@ def iq2_xs(b):
     return (db * g * sg).reshape(n, 256)
 
 
-@decoder("iq2_s")
 def iq2_s(b):
     """d, qs[32], signs[32], qh[8] (2 high index bits each), scales[8] nibbles; 1024x8 grid."""
     n = b.shape[0]
@@ -85,7 +82,6 @@ def iq2_s(b):
     return (db * g * sg).reshape(n, 256)
 
 
-@decoder("iq3_xxs")
 def iq3_xxs(b):
     """d, qs[64] grid bytes, 8 x u32 (4x7 sign bits + 4-bit scale); 256x4 grid."""
     n = b.shape[0]
@@ -96,7 +92,6 @@ def iq3_xxs(b):
     return (db * g * sg).reshape(n, 256)
 
 
-@decoder("iq3_s")
 def iq3_s(b):
     """d, qs[64], qh[8] (9th index bit), signs[32], scales[4] nibbles; 512x4 grid."""
     n = b.shape[0]
@@ -108,7 +103,6 @@ def iq3_s(b):
     return (db * g * sg).reshape(n, 256)
 
 
-@decoder("iq1_s")
 def iq1_s(b):
     """d, qs[32], qh u16[8] (3 high index bits x4, 3-bit scale, delta sign); 2048x8 grid."""
     n = b.shape[0]
@@ -121,7 +115,6 @@ def iq1_s(b):
     return (dl * (g + delta)).reshape(n, 256)
 
 
-@decoder("iq1_m")
 def iq1_m(b):
     """qs[32], qh[16] (3 index bits + delta sign per nibble), scales u16[4] (3-bit scales + f16 d)."""
     n = b.shape[0]
@@ -137,13 +130,11 @@ def iq1_m(b):
     return (dl * (g + delta)).reshape(n, 256)
 
 
-@decoder("iq4_nl")
 def iq4_nl(b):
     """d f16, qs[16] nibbles into the 16-value non-linear table."""
     return f16(b[:, :2]) * lut(IQ4_NL_VALUES, b.device)[unpack(b[:, 2:], 4, 16)]
 
 
-@decoder("iq4_xs")
 def iq4_xs(b):
     """d, scales_h u16, scales_l[4] (6-bit scales, -32), qs[128] nibbles into the iq4_nl table."""
     n = b.shape[0]

@@ -12,18 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-import quanta.quant.ggml_iquants  # noqa: F401  (registers the i-quant decoders)
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.ggml_blocks import DECODERS, legacy_codes
+from quanta.quant.ggml_blocks import legacy_codes
 from quanta.quant.ggml_types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.qtensor import AffineScheme, QTensor
 
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
-
-# type -> (bits, integer zero) for `to_affine`; zero None means a float min m stored after d (q*d + m)
-_AFFINE = {"q4_0": (4, 8), "q4_1": (4, None), "q5_0": (5, 16), "q5_1": (5, None), "q8_0": (8, 128)}
 
 
 @dataclass(eq=False, repr=False)
@@ -50,7 +46,7 @@ class Gguf(QTensor, kind="gguf"):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Decode every block (vectorized, in chunks of blocks) to W [N, K] of `dtype`."""
         t = self.type
-        decode = DECODERS.get(t.name)
+        decode = t.decode
         if decode is None:
             raise UnsupportedError(f"gguf {t.name}: dequantization of this GGML type is not supported")
         blocks = self.data.reshape(-1, t.type_size)
@@ -63,9 +59,9 @@ class Gguf(QTensor, kind="gguf"):
     def to_affine(self) -> Affine | None:
         """The exactly equal Affine form of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (scales, mins kept float16)."""
         t = self.type
-        if t.name not in _AFFINE:
+        if t.affine is None:
             return None
-        bits, zero = _AFFINE[t.name]
+        bits, zero = t.affine
         n, k = self.shape
         blocks = self.data.reshape(-1, t.type_size)
         if t.name == "q8_0":
@@ -79,9 +75,9 @@ class Gguf(QTensor, kind="gguf"):
                       zeros=zero, mins=half(2) if zero is None else None, shape=(n, k))
 
     def affine_scheme(self) -> AffineScheme | None:
-        if self.type.name not in _AFFINE:
+        if self.type.affine is None:
             return None
-        bits, zero = _AFFINE[self.type.name]
+        bits, zero = self.type.affine
         return AffineScheme(bits, 32, self.shape[1] // 32, False, "float" if zero is None else "sym")
 
     def take_rows(self, index: torch.Tensor | list[int] | slice) -> Gguf:
