@@ -108,15 +108,15 @@ def resolve(model: str | Path | ModelConfig) -> tuple[ModelConfig, dict[str, Any
 def _gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
     """The config and per-tensor GGML types of a GGUF file, from one read of its header (the tensor data
     stays mapped, unread)."""
-    from quanta.loaders.gguf import ARCHITECTURES, _Meta, open_reader, read_config
+    from quanta.loaders.gguf import ARCHITECTURES, _Meta, read_config
+    from quanta.loaders.gguf_file import read_gguf
     from quanta.quant.errors import UnsupportedError
-    from quanta.quant.ggml_types import ggml_type
 
-    reader = open_reader(path)
-    meta = _Meta(reader, path)
+    file = read_gguf(path)
+    meta = _Meta(file)
     arch = meta("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
                                f"(supported: {', '.join(ARCHITECTURES)})")
-    types = {t.name: ggml_type(int(t.tensor_type), f"{path}: tensor {t.name!r}").name for t in reader.tensors}
-    return read_config(meta, arch, reader), {"family": "gguf", "tensor_types": types}
+    types = {t.name: t.type.name for t in file.tensors}
+    return read_config(meta, arch, file), {"family": "gguf", "tensor_types": types}
