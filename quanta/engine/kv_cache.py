@@ -26,6 +26,9 @@ CALIBRATION_DIVISOR = {"k": 200.0, "v": 100.0}
 
 
 def kv_format(kv_cache_dtype: str) -> Fp8Format | None:
+    """The fp8 format a kv_cache_dtype stores in, None for the model dtype; ConfigError for an unknown name."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     return FP8_FORMATS.get(KV_CACHE_DTYPES[kv_cache_dtype])
 
 
@@ -54,8 +57,6 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
                  scales: tuple[torch.Tensor, torch.Tensor] | None = None):
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
         self.fmt = kv_format(kv_cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
         store = torch.uint8 if self.fmt is not None else dtype
