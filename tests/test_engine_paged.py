@@ -167,27 +167,26 @@ def test_engine_on_triton_kernels_under_interpreter(tiny, alone):
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU tests")
     llm = engine(tiny, max_num_batched_tokens=24)
-    llm.kv_cache.use_triton = True
+    llm.kv_cache.triton = True
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     got = tokens(llm.generate(prompts()[:4], params, use_tqdm=False))
     assert got == [[a[0][:4]] for a in alone[:4]]
     assert_pool_empty(llm)
 
 
-def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone, monkeypatch):
+def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone):
     """The CUDA layer path (fused residual+RMSNorm, rotary and SiLU-and-mul Triton kernels, fed by the
     merged q/k/v and gate/up GEMMs' strided outputs) run by the interpreter gives the reference outputs."""
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU tests")
-    import quanta.engine.layers as layers
-    calls = []
-    monkeypatch.setattr(layers, "use_triton", lambda device, dtype: calls.append(dtype) is None)
     llm = engine(tiny)
     assert any(k["name"].endswith("q_proj+k_proj+v_proj") for k in llm.kernels())
-    llm.kv_cache.use_triton = True
+    switched = [m for m in llm.model.modules() if hasattr(m, "triton")]
+    for module in switched + [llm.kv_cache]:
+        module.triton = True
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     got = tokens(llm.generate(prompts()[:2], params, use_tqdm=False))
-    assert calls and got == [[a[0][:3]] for a in alone[:2]]
+    assert len(switched) > 4 and got == [[a[0][:3]] for a in alone[:2]]
     assert_pool_empty(llm)
 
 

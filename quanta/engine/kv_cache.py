@@ -54,9 +54,13 @@ def checkpoint_kv_scales(tensors: dict, num_layers: int, num_kv_heads: int) -> t
 
 
 class PagedKVCache:
+    """The cache's tensors and how they are written and read: `triton` says whether the KV store and
+    paged attention run as Triton kernels or as their torch references (the model's elementwise ops
+    follow the same decision, made once by the engine)."""
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
-                 scales: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 scales: tuple[torch.Tensor, torch.Tensor] | None = None, triton: bool = False):
         self.fmt = kv_format(kv_cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
         store = torch.uint8 if self.fmt is not None else dtype
@@ -67,7 +71,7 @@ class PagedKVCache:
             self.k_scale.copy_(scales[0]), self.v_scale.copy_(scales[1])
         # Scales still to be computed from the first real prefill (rule 2 above).
         self.needs_calibration = self.fmt is not None and self.fmt.name == "fp8_e4m3" and scales is None
-        self.use_triton = torch.device(device).type == "cuda"
+        self.triton = triton
 
     @property
     def nbytes(self) -> int:
@@ -88,5 +92,5 @@ class PagedKVCache:
         if calibrate:
             self.calibrate(layer, k, v)
         k_cache, v_cache = self.layer(layer)
-        store = paged_kv.store if self.use_triton else paged_kv.reference_store
+        store = paged_kv.store if self.triton else paged_kv.reference_store
         store(k, v, k_cache, v_cache, slot_mapping, self.k_scale[layer], self.v_scale[layer], self.fmt)

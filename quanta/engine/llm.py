@@ -38,6 +38,7 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import ScheduledSeq, Scheduler
 from quanta.engine.sequence import Sequence
 from quanta.engine.synthetic import is_synthetic, load_synthetic
+from quanta.kernels.device_caps import use_triton
 from quanta.loaders import detect, load
 from quanta.quant.errors import ConfigError, QuantaError
 
@@ -75,7 +76,8 @@ class LLM:
                               f"max_position_embeddings={mc.max_position_embeddings}")
         kv_scales = self._checkpoint_kv_scales()
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        self.model = build_model(self.checkpoint, self.device, self.dtype, force_kernel=cfg.kernel,
+        self.triton = use_triton(self.device, self.dtype)
+        self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton, force_kernel=cfg.kernel,
                                  lm_head_dtype=cfg.lm_head_dtype(self.dtype))
         self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
@@ -225,7 +227,7 @@ class LLM:
     def _make_cache(self, num_blocks: int, scales=None) -> PagedKVCache:
         mc = self.checkpoint.config
         return PagedKVCache(mc.num_hidden_layers, num_blocks, self.config.block_size, mc.num_key_value_heads,
-                            mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales)
+                            mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales, self.triton)
 
     def _plan_kv_blocks(self) -> int:
         """KV blocks: the override, else CPU kv_cache_memory, else this engine's share of the GPU

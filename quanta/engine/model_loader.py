@@ -6,21 +6,21 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm
 from quanta.engine.models.llama import LlamaForCausalLM
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import CorruptFileError, ShapeError
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, triton: bool = False,
                 force_kernel: str | None = None, quiet: bool = False,
                 lm_head_dtype: torch.dtype | None = None) -> LlamaForCausalLM:
     """A ready-to-run model for `ckpt` on `device`, computing in `dtype` (the lm_head in `lm_head_dtype`,
-    default `dtype`); logits come out in float32 either way."""
+    default `dtype`); logits come out in float32 either way. `triton`: the elementwise ops (norm, rotary,
+    SiLU-and-mul) run as Triton kernels; `quiet`: no progress bar."""
     cfg = ckpt.config
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model.model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+        model = LlamaForCausalLM(cfg, device, triton)
     tensors = dict(ckpt.tensors)
     if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
         tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
