@@ -69,9 +69,20 @@ class PagedKVCache:
         self.v_scale = torch.ones_like(self.k_scale)
         if scales is not None:
             self.k_scale.copy_(scales[0]), self.v_scale.copy_(scales[1])
-        # Scales still to be computed from the first real prefill (rule 2 above).
-        self.needs_calibration = self.fmt is not None and self.fmt.name == "fp8_e4m3" and scales is None
+        # Scales still to be computed from the first real prefill (rule 2 above); only claim_calibration clears it.
+        self._uncalibrated = self.fmt is not None and self.fmt.name == "fp8_e4m3" and scales is None
         self.triton = triton
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the fp8 scales still wait for a prefill to compute them from (rule 2)."""
+        return self._uncalibrated
+
+    def claim_calibration(self) -> bool:
+        """True for exactly one step, the first that asks while the scales wait for it: that step's
+        prefill computes them (ForwardBatch.calibrate) as it stores its K/V."""
+        claimed, self._uncalibrated = self._uncalibrated, False
+        return claimed
 
     @property
     def nbytes(self) -> int:

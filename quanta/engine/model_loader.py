@@ -6,10 +6,28 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+from quanta.engine.config import EngineConfig
 from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm
 from quanta.engine.models.llama import LlamaForCausalLM
+from quanta.engine.synthetic import is_synthetic, load_synthetic
+from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.quant.errors import CorruptFileError, ShapeError
+from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
+
+
+def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
+    """The checkpoint `cfg.model` names (a path or a synthetic spec): its config, tokenizer (cfg.tokenizer
+    overriding the checkpoint's) and tensors, which loaders and synthetic models read lazily."""
+    if is_synthetic(cfg.model):
+        return load_synthetic(cfg.model, cfg.device)
+    family = detect(cfg.model)
+    if cfg.quantization not in ("auto", family):
+        raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
+    ckpt = load(cfg.model)
+    if cfg.tokenizer is not None:
+        from transformers import AutoTokenizer
+        ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    return ckpt
 
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, triton: bool = False,

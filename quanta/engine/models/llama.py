@@ -28,7 +28,7 @@ class LlamaAttention(nn.Module):
         bias = cfg.attention_bias
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedQuantLinear(cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size,
-                                                            "v_proj": self.kv_size}, bias)
+                                                            "v_proj": self.kv_size}, bias, triton)
         self.o_proj = QuantLinear(self.num_heads * self.head_dim, cfg.hidden_size, False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
