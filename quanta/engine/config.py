@@ -22,6 +22,7 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
     kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
+    quiet: bool = False                 # no progress bars (loading, generating) for scripts
     # Paged engine.
     kv_cache_dtype: str = "auto"        # a kv_cache.KV_CACHE_DTYPES name: auto (model dtype) or an fp8 format
     block_size: int = 16                # tokens per KV block

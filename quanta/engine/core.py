@@ -50,6 +50,7 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import Scheduler
 from quanta.engine.sequence import Sequence
 from quanta.kernels.device_caps import use_triton
+from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError
 
 
@@ -71,12 +72,13 @@ class Request:
 class EngineCore:
     """`triton_ops`: whether the elementwise ops, the KV store and attention run as Triton kernels; None
     (the default) asks use_triton(device, dtype). Tests pass True to run the CUDA path under Triton's
-    interpreter on the CPU."""
+    interpreter on the CPU. `checkpoint`: build from this opened checkpoint instead of opening
+    config.model (a caller that has opened it already)."""
 
-    def __init__(self, config: EngineConfig, triton_ops: bool | None = None):
+    def __init__(self, config: EngineConfig, triton_ops: bool | None = None, checkpoint: Checkpoint | None = None):
         self.config = cfg = config
         self.device = torch.device(cfg.device)
-        self.checkpoint = open_checkpoint(cfg)
+        self.checkpoint = checkpoint if checkpoint is not None else open_checkpoint(cfg)
         mc = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
@@ -95,7 +97,7 @@ class EngineCore:
                                          mc.num_key_value_heads)
         allocated_before = self._allocated()
         self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
-                                 force_kernel=cfg.kernel, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
+                                 force_kernel=cfg.kernel, quiet=cfg.quiet, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
         self.weight_bytes = self._allocated() - allocated_before
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         if num_blocks is None:

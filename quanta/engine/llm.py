@@ -112,7 +112,8 @@ class LLM:
 
     # --- prompts ------------------------------------------------------------------------------
     def _progress(self, use_tqdm: bool | None) -> bool:
-        return use_tqdm if use_tqdm is not None else True
+        """Whether to show a progress bar: as asked, else unless the engine is quiet."""
+        return use_tqdm if use_tqdm is not None else not self.core.config.quiet
 
     def _tokenize(self, prompt: PromptType | tuple[str | None, list[int]]) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text, token ids, or a vLLM prompt dict."""

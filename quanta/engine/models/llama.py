@@ -3,10 +3,11 @@
 Built on the meta device, then filled from a Checkpoint by `model_loader.build_model` (quantized
 linear weights go through QuantLinear's kernels); the rotary frequencies, which no checkpoint holds,
 are made on the target device as the model is built. `triton` says whether the norms, rotary and
-SiLU-and-mul run as Triton kernels (the engine decides it once, with the KV cache's). forward() takes a flat list of a step's tokens and an
-attention context that owns the KV cache (engine/forward_batch.py). q/k/v and gate/up run as one
-GEMM each (MergedQuantLinear); the residual stream is carried beside the hidden state so that each
-RMSNorm adds it in the same pass (vLLM's layout).
+SiLU-and-mul run as Triton kernels (the engine decides it once, with the KV cache's).
+
+forward() takes a flat list of a step's tokens and an attention context that owns the KV cache
+(engine/forward_batch.py). q/k/v and gate/up run as one GEMM each (MergedQuantLinear); the residual
+stream is carried beside the hidden state so that each RMSNorm adds it in the same pass (vLLM's layout).
 """
 from __future__ import annotations
 
