@@ -42,7 +42,8 @@ from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
 from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
 from quanta.engine.kv_sizing import blocks_from_config, blocks_from_gpu_memory, check_capacity
-from quanta.engine.model_loader import build_model, kernel_table, open_checkpoint
+from quanta.engine.kernel_report import kernel_report
+from quanta.engine.model_loader import build_model, open_checkpoint
 from quanta.engine.outputs import Logprob, RequestOutput
 from quanta.engine.runner import LaunchedStep, ModelRunner, blocks_spanned, dummy_batch
 from quanta.engine.sampler import top_logprobs
@@ -172,9 +173,10 @@ class EngineCore:
         finally:
             self.pool.free(seq)
 
-    def kernels(self) -> list[dict]:
-        """Which kernel every linear layer runs, and why."""
-        return kernel_table(self.model)
+    def kernels(self, m: tuple[int, ...] = (1, 16, 256)) -> list[dict]:
+        """Per GEMM as it runs (merged q/k/v and gate/up, the lm_head), the kernel and its path at each M
+        (kernel_report)."""
+        return kernel_report(self.model, m)
 
     # --- construction -------------------------------------------------------------------------------
     def _allocated(self) -> int:

@@ -106,9 +106,10 @@ class LLM:
         """Float32 next-token logits [T, V] at every position of one token sequence."""
         return self.core.prompt_logits(token_ids)
 
-    def kernels(self) -> list[dict]:
-        """Which kernel every linear layer runs, and why."""
-        return self.core.kernels()
+    def kernels(self, m: tuple[int, ...] = (1, 16, 256)) -> list[dict]:
+        """Per GEMM as it runs (merged q/k/v and gate/up, the lm_head with its own dtype): name, shape,
+        scheme, dtype, compute_dtype, kernel, reason, and paths {M: (path, reason)} at each M."""
+        return self.core.kernels(m)
 
     # --- prompts ------------------------------------------------------------------------------
     def _progress(self, use_tqdm: bool | None) -> bool:

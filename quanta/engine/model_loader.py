@@ -86,16 +86,3 @@ def weight_modules(module: torch.nn.Module, prefix: str = ""):
         else:
             yield from weight_modules(child, f"{prefix}{name}.")
 
-
-def kernel_table(model: LlamaForCausalLM) -> list[dict]:
-    """Per GEMM: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`). Merged
-    projections are one row named by their parts, e.g. `model.layers.0.self_attn.q_proj+k_proj+v_proj`."""
-    rows = []
-    for name, module in weight_modules(model):
-        if isinstance(module, MergedQuantLinear):
-            parent = name.rsplit(".", 1)[0]
-            rows += [(f"{parent}.{parts}", m) for parts, m in module.linears()]
-        elif isinstance(module, QuantLinear):
-            rows.append((name, module))
-    return [{"name": n, "shape": [m.out_features, m.in_features], "scheme": m.scheme,
-             "kernel": m.kernel.NAME, "reason": m.kernel_reason} for n, m in rows]
