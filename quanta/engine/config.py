@@ -75,6 +75,7 @@ class EngineConfig:
         return compute_dtype
 
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
+        """What the model's activations are in, for a checkpoint stored in `checkpoint_dtype`."""
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype != "auto":

@@ -67,6 +67,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
+        """Whether every sample of the request exists and has finished."""
         return len(self.seqs) == self.params.n and all(s.finished for s in self.seqs)
 
 
@@ -147,6 +148,7 @@ class EngineCore:
         return [self._output(req) for req in touched if stream or req.finished]
 
     def has_unfinished(self) -> bool:
+        """Whether any request still waits or runs."""
         return self.scheduler.has_unfinished()
 
     def abort(self, request_id: str) -> RequestOutput | None:

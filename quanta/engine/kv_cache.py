@@ -34,6 +34,7 @@ def kv_format(kv_cache_dtype: str) -> Fp8Format | None:
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype, kv_cache_dtype: str) -> int:
+    """Bytes of one KV block over all layers (K and V), in the cache's storage dtype."""
     element = 1 if kv_format(kv_cache_dtype) is not None else torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
@@ -86,9 +87,11 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the K and V tensors take."""
         return self.kv.numel() * self.kv.element_size()
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (K, V) caches of one layer, [num_blocks, block_size, Hk, D] each."""
         return self.kv[0, layer], self.kv[1, layer]
 
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

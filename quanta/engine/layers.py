@@ -147,6 +147,7 @@ class Embedding(nn.Module):
         self.table: torch.Tensor | QTensor | None = None
 
     def load(self, weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dtype) -> None:
+        """Place the (plain or quantized) table on `device`; kinds without row access are decoded once."""
         if tuple(weight.shape) != (self.vocab_size, self.dim):
             raise ShapeError(f"model.embed_tokens.weight: shape {list(weight.shape)} != "
                              f"{[self.vocab_size, self.dim]}")

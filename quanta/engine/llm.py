@@ -100,6 +100,7 @@ class LLM:
         return self.core.abort(request_id)
 
     def has_unfinished(self) -> bool:
+        """Whether any request still waits or runs."""
         return self.core.has_unfinished()
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:

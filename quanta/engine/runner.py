@@ -235,6 +235,7 @@ class ModelRunner:
         return torch.cuda.max_memory_allocated() - base
 
     def graph_buckets(self) -> list[int]:
+        """Decode batch sizes that get a CUDA graph: powers of two below max_num_seqs, then max_num_seqs."""
         sizes, b = [], 1
         while b < self.max_num_seqs:
             sizes.append(b)

@@ -50,12 +50,15 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
+        """Whether any sequence waits or runs."""
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[ScheduledSeq]:
+        """The next step: running sequences first, then waiting ones in order, under the budgets (module docstring)."""
         budget, batch, preempted = self.max_num_batched_tokens, [], False
         i = 0
         while i < len(self.running) and budget > 0:
@@ -116,6 +119,7 @@ class Scheduler:
             self.pool.hash_full_blocks(item.seq)
 
     def finish(self, seq: Sequence) -> None:
+        """Drop a finished running sequence and free its blocks."""
         self.running.remove(seq)
         self.pool.free(seq)
 
