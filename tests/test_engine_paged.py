@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from quanta.engine import LLM, SamplingParams
+from quanta.engine.config import EngineConfig
+from quanta.engine.core import EngineCore
 from quanta.quant.errors import ConfigError
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -22,9 +24,11 @@ def tiny(tmp_path_factory):
     return str(path)
 
 
-def engine(path, **kw) -> LLM:
+def engine(path, triton_ops: bool | None = None, **kw) -> LLM:
     kw = {"dtype": "float32", "device": "cpu", "max_model_len": 256, "num_kv_blocks": 128} | kw
-    return LLM(model=path, **kw)
+    if triton_ops is None:
+        return LLM(model=path, **kw)
+    return LLM.from_core(EngineCore(EngineConfig.from_kwargs(path, **kw), triton_ops=triton_ops))
 
 
 def prompts(lengths=LENGTHS, offset=0):
@@ -162,32 +166,19 @@ def test_synthetic_model_without_tokenizer():
 
 
 def test_engine_on_triton_kernels_under_interpreter(tiny, alone):
-    """The GPU code path (Triton store / decode / prefill kernels, decodes-first ordering) run by the
-    interpreter on the CPU gives the reference path's greedy outputs."""
+    """The GPU code path run by the interpreter on the CPU gives the reference path's greedy outputs: the
+    Triton KV store, decode and prefill kernels (decodes-first ordering, chunked prefill) and the fused
+    residual+RMSNorm, rotary(+store) and SiLU-and-mul kernels, fed by the merged q/k/v and gate/up GEMMs'
+    strided outputs."""
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU tests")
-    llm = engine(tiny, max_num_batched_tokens=24)
-    llm.kv_cache.use_triton = True
+    llm = engine(tiny, triton_ops=True, max_num_batched_tokens=24)
+    assert any(k["name"].endswith("q_proj+k_proj+v_proj") for k in llm.kernels())
+    switched = [m for m in llm.model.modules() if hasattr(m, "triton")] + [llm.kv_cache]
+    assert len(switched) > 4 and all(m.triton for m in switched)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     got = tokens(llm.generate(prompts()[:4], params, use_tqdm=False))
     assert got == [[a[0][:4]] for a in alone[:4]]
-    assert_pool_empty(llm)
-
-
-def test_engine_elementwise_triton_kernels_under_interpreter(tiny, alone, monkeypatch):
-    """The CUDA layer path (fused residual+RMSNorm, rotary and SiLU-and-mul Triton kernels, fed by the
-    merged q/k/v and gate/up GEMMs' strided outputs) run by the interpreter gives the reference outputs."""
-    if torch.cuda.is_available():
-        pytest.skip("covered by the GPU tests")
-    import quanta.engine.layers as layers
-    calls = []
-    monkeypatch.setattr(layers, "use_triton", lambda device, dtype: calls.append(dtype) is None)
-    llm = engine(tiny)
-    assert any(k["name"].endswith("q_proj+k_proj+v_proj") for k in llm.kernels())
-    llm.kv_cache.use_triton = True
-    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    got = tokens(llm.generate(prompts()[:2], params, use_tqdm=False))
-    assert calls and got == [[a[0][:3]] for a in alone[:2]]
     assert_pool_empty(llm)
 
 
@@ -283,7 +274,7 @@ def test_async_scheduling_abort_while_a_step_is_in_flight(tiny, alone):
     drop = llm.add_request(prompts()[1], GREEDY)
     for _ in range(4):
         llm.step()
-    assert ahead and llm._in_flight is not None          # a step holding `drop` is on its way
+    assert ahead and llm.core._in_flight is not None     # a step holding `drop` is on its way
     assert llm.abort(drop).finished
     done = {}
     while llm.has_unfinished():

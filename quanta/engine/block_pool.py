@@ -42,9 +42,11 @@ class BlockPool:
     # --- accounting ---------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
+        """Blocks on the free list (cached ones that no sequence holds included)."""
         return len(self.free_ids)
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)
 
     def _take_free(self) -> int:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from quanta.engine.kv_cache import kv_format
 from quanta.quant.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
@@ -21,9 +22,9 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
     kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
-    quiet: bool = False                 # no progress bars while loading
+    quiet: bool = False                 # no progress bars (loading, generating) for scripts
     # Paged engine.
-    kv_cache_dtype: str = "auto"        # auto (model dtype) | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2
+    kv_cache_dtype: str = "auto"        # a kv_cache.KV_CACHE_DTYPES name: auto (model dtype) or an fp8 format
     block_size: int = 16                # tokens per KV block
     gpu_memory_utilization: float = 0.9   # share of GPU memory for weights + activations + KV cache
     max_num_batched_tokens: int = 8192  # token budget of one step (chunked prefill beyond it)
@@ -40,8 +41,7 @@ class EngineConfig:
             raise ConfigError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
-            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, fp8, fp8_e4m3, fp8_e5m2")
+        kv_format(self.kv_cache_dtype)      # a ConfigError naming the known values
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ConfigError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -75,6 +75,7 @@ class EngineConfig:
         return compute_dtype
 
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
+        """What the model's activations are in, for a checkpoint stored in `checkpoint_dtype`."""
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype != "auto":

@@ -34,7 +34,7 @@ class ForwardBatch:
         cache = self.kv_cache
         k_cache, v_cache = cache.layer(layer)
         fused = getattr(rope, "rotate_and_store", None)
-        if fused is not None and cache.use_triton and not self.calibrate:
+        if fused is not None and cache.triton and not self.calibrate:
             q = fused(q, k, v, k_cache, v_cache, self.slot_mapping, cache.k_scale[layer], cache.v_scale[layer],
                       cache.fmt)
         else:
@@ -43,7 +43,7 @@ class ForwardBatch:
             cache.write(layer, k, v, self.slot_mapping, self.calibrate)
         kw = dict(sliding_window=self.sliding_window, k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer],
                   fmt=cache.fmt)
-        if not cache.use_triton:
+        if not cache.triton:
             return paged_attention.reference(q, k_cache, v_cache, self.block_tables, self.seq_lens,
                                              self.query_start_loc, scale, **kw)
         out = torch.empty_like(q)

@@ -26,11 +26,15 @@ CALIBRATION_DIVISOR = {"k": 200.0, "v": 100.0}
 
 
 def kv_format(kv_cache_dtype: str) -> Fp8Format | None:
+    """The fp8 format a kv_cache_dtype stores in, None for the model dtype; ConfigError for an unknown name."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     return FP8_FORMATS.get(KV_CACHE_DTYPES[kv_cache_dtype])
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype, kv_cache_dtype: str) -> int:
+    """Bytes of one KV block over all layers (K and V), in the cache's storage dtype."""
     element = 1 if kv_format(kv_cache_dtype) is not None else torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
@@ -51,11 +55,13 @@ def checkpoint_kv_scales(tensors: dict, num_layers: int, num_kv_heads: int) -> t
 
 
 class PagedKVCache:
+    """The cache's tensors and how they are written and read: `triton` says whether the KV store and
+    paged attention run as Triton kernels or as their torch references (the model's elementwise ops
+    follow the same decision, made once by the engine)."""
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
-                 scales: tuple[torch.Tensor, torch.Tensor] | None = None):
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
+                 scales: tuple[torch.Tensor, torch.Tensor] | None = None, triton: bool = False):
         self.fmt = kv_format(kv_cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
         store = torch.uint8 if self.fmt is not None else dtype
@@ -64,15 +70,28 @@ class PagedKVCache:
         self.v_scale = torch.ones_like(self.k_scale)
         if scales is not None:
             self.k_scale.copy_(scales[0]), self.v_scale.copy_(scales[1])
-        # Scales still to be computed from the first real prefill (rule 2 above).
-        self.needs_calibration = self.fmt is not None and self.fmt.name == "fp8_e4m3" and scales is None
-        self.use_triton = torch.device(device).type == "cuda"
+        # Scales still to be computed from the first real prefill (rule 2 above); only claim_calibration clears it.
+        self._uncalibrated = self.fmt is not None and self.fmt.name == "fp8_e4m3" and scales is None
+        self.triton = triton
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the fp8 scales still wait for a prefill to compute them from (rule 2)."""
+        return self._uncalibrated
+
+    def claim_calibration(self) -> bool:
+        """True for exactly one step, the first that asks while the scales wait for it: that step's
+        prefill computes them (ForwardBatch.calibrate) as it stores its K/V."""
+        claimed, self._uncalibrated = self._uncalibrated, False
+        return claimed
 
     @property
     def nbytes(self) -> int:
+        """Bytes the K and V tensors take."""
         return self.kv.numel() * self.kv.element_size()
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (K, V) caches of one layer, [num_blocks, block_size, Hk, D] each."""
         return self.kv[0, layer], self.kv[1, layer]
 
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -87,5 +106,5 @@ class PagedKVCache:
         if calibrate:
             self.calibrate(layer, k, v)
         k_cache, v_cache = self.layer(layer)
-        store = paged_kv.store if self.use_triton else paged_kv.reference_store
+        store = paged_kv.store if self.triton else paged_kv.reference_store
         store(k, v, k_cache, v_cache, slot_mapping, self.k_scale[layer], self.v_scale[layer], self.fmt)

@@ -2,12 +2,13 @@
 MergedQuantLinear (q/k/v or gate/up as one GEMM), RMSNorm (fused with the residual add), a
 (quantized-aware) embedding, rotary position embedding (default, linear, llama3) and SiLU-and-mul.
 
-On CUDA the norm, rotary and SiLU-and-mul run as Triton kernels (quanta.kernels); elsewhere their torch
-references, which compute what transformers computes.
+The norm, rotary and SiLU-and-mul run as Triton kernels (quanta.kernels) or as their torch references,
+which compute what transformers computes, as each module is told by its `triton` flag at construction:
+the engine decides it once for the whole model and its KV cache with
+`quanta.kernels.device_caps.use_triton`, so no two ops can disagree.
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -16,15 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from quanta.kernels import activation, fused_norm, registry, rotary
-from quanta.kernels.triton_support import why_not_device
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.qtensor import QTensor, cat_rows
-
-
-@functools.lru_cache(maxsize=None)
-def use_triton(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the elementwise Triton kernels (norm, rotary, SiLU-and-mul) run for tensors like these."""
-    return why_not_device(device, dtype, (torch.float16, torch.bfloat16, torch.float32)) is None
 
 
 class QuantLinear(nn.Module):
@@ -58,13 +52,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.state, self.bias)
 
-    def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
-        """silu_and_mul(self(x)) for a weight stacking [gate; up], fused where the kernel offers it."""
-        fused = getattr(self.kernel, "apply_glu", None)
-        if fused is not None:
-            return fused(x, self.state, self.bias)
-        return silu_and_mul(self.forward(x))
-
     def extra_repr(self) -> str:
         kernel = self.kernel.NAME if self.kernel else None
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"
@@ -73,11 +60,12 @@ class QuantLinear(nn.Module):
 class MergedQuantLinear(nn.Module):
     """Linear layers over one input (q/k/v, gate/up) run as one GEMM on their stacked weight, so a decode
     step reads one larger weight with one launch; weights that cannot share a format (say, different
-    act-order permutations) stay separate layers, their outputs concatenated."""
+    act-order permutations) stay separate layers, their outputs concatenated. `triton`: whether SiLU-and-mul,
+    where the GEMM cannot fuse it, runs as the Triton kernel."""
 
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False):
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False, triton: bool = False):
         super().__init__()
-        self.in_features, self.parts, self.has_bias = in_features, dict(parts), bias
+        self.in_features, self.parts, self.has_bias, self.triton = in_features, dict(parts), bias, triton
         self.sizes = list(self.parts.values())
         self.fused = QuantLinear(in_features, sum(self.sizes), bias)
         self.separate: nn.ModuleList | None = None
@@ -108,9 +96,10 @@ class MergedQuantLinear(nn.Module):
 
     def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can."""
-        if self.fused is not None:
-            return self.fused.forward_glu(x)
-        return silu_and_mul(self.forward(x))
+        fused_glu = getattr(self.fused.kernel, "apply_glu", None) if self.fused is not None else None
+        if fused_glu is not None:
+            return fused_glu(x, self.fused.state, self.fused.bias)
+        return silu_and_mul(self.forward(x), self.triton)
 
     def part_names(self, name: str) -> list[str]:
         """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`
@@ -127,22 +116,24 @@ class MergedQuantLinear(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, as transformers' LlamaRMSNorm; with `residual`, the residual add
-    before it is fused in (vLLM's form): returns (normed, x + residual)."""
+    before it is fused in (vLLM's form): returns (normed, x + residual). `triton`: the Triton kernel runs
+    (for rows laid out contiguously), else the torch reference."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, triton: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.triton = eps, triton
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if use_triton(x.device, x.dtype) and x.stride(-1) == 1:
+        if self.triton and x.stride(-1) == 1:
             return fused_norm.rms_norm(x, self.weight, self.eps, residual)
         return fused_norm.reference(x, self.weight, self.eps, residual)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU's gate: silu(x[..., :I]) * x[..., I:] for the fused gate_up output."""
-    if use_triton(x.device, x.dtype):
+def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
+    """SwiGLU's gate: silu(x[..., :I]) * x[..., I:] for the fused gate_up output, on the Triton kernel or
+    the torch reference."""
+    if triton:
         return activation.silu_and_mul(x)
     return activation.reference(x)
 
@@ -156,6 +147,7 @@ class Embedding(nn.Module):
         self.table: torch.Tensor | QTensor | None = None
 
     def load(self, weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dtype) -> None:
+        """Place the (plain or quantized) table on `device`; kinds without row access are decoded once."""
         if tuple(weight.shape) != (self.vocab_size, self.dim):
             raise ShapeError(f"model.embed_tokens.weight: shape {list(weight.shape)} != "
                              f"{[self.vocab_size, self.dim]}")
@@ -171,8 +163,10 @@ class Embedding(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] for default, linear and llama3 RoPE (transformers' formulas)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    """Inverse frequencies [head_dim/2] for default, linear and llama3 RoPE (transformers' formulas),
+    computed on the CPU whatever the default device (the model is built on `meta`)."""
+    cpu = torch.device("cpu")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=cpu) / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq
@@ -180,7 +174,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         return inv_freq / scaling["factor"]
     if kind == "llama3" and "low_freq_factor" not in scaling and "freq_factors" in scaling:
         # GGUF rope_freqs: llama.cpp's exact per-frequency divisors
-        return inv_freq / torch.tensor(scaling["freq_factors"], dtype=torch.float)
+        return inv_freq / torch.tensor(scaling["freq_factors"], dtype=torch.float, device=cpu)
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_len = scaling["original_max_position_embeddings"]
@@ -195,17 +189,20 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE (the HF layout; GGUF loaders undo ggml's interleaved permutation)."""
+    """Rotate-half RoPE (the HF layout; GGUF loaders undo ggml's interleaved permutation). Its frequencies
+    are not checkpoint tensors: they are made here, on `device`, when the model is built."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, device: torch.device | str = "cpu",
+                 triton: bool = False):
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+        self.triton = triton
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling).to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], tuple]:
         """The rotation of one step's tokens, made once for every layer: (q [T, Hq, D], k [T, Hk, D]) ->
-        rotated (q, k). On CUDA the Triton kernel computes the angles itself; the torch path computes
-        cos / sin here, once per step instead of once per layer."""
-        if use_triton(positions.device, dtype):
+        rotated (q, k). The Triton kernel computes the angles itself; the torch path computes cos / sin
+        here, once per step instead of once per layer."""
+        if self.triton:
             return TritonRope(positions, self.inv_freq)
         cos, sin = rotary.cos_sin(positions, self.inv_freq, dtype)
         return lambda q, k: (rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin))

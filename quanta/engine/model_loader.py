@@ -6,21 +6,39 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.config import EngineConfig
+from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm
 from quanta.engine.models.llama import LlamaForCausalLM
+from quanta.engine.synthetic import is_synthetic, load_synthetic
+from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.quant.errors import CorruptFileError, ShapeError
+from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
+def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
+    """The checkpoint `cfg.model` names (a path or a synthetic spec): its config, tokenizer (cfg.tokenizer
+    overriding the checkpoint's) and tensors, which loaders and synthetic models read lazily."""
+    if is_synthetic(cfg.model):
+        return load_synthetic(cfg.model, cfg.device)
+    family = detect(cfg.model)
+    if cfg.quantization not in ("auto", family):
+        raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
+    ckpt = load(cfg.model)
+    if cfg.tokenizer is not None:
+        from transformers import AutoTokenizer
+        ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    return ckpt
+
+
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, triton: bool = False,
                 force_kernel: str | None = None, quiet: bool = False,
                 lm_head_dtype: torch.dtype | None = None) -> LlamaForCausalLM:
     """A ready-to-run model for `ckpt` on `device`, computing in `dtype` (the lm_head in `lm_head_dtype`,
-    default `dtype`); logits come out in float32 either way."""
+    default `dtype`); logits come out in float32 either way. `triton`: the elementwise ops (norm, rotary,
+    SiLU-and-mul) run as Triton kernels; `quiet`: no progress bar."""
     cfg = ckpt.config
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model.model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+        model = LlamaForCausalLM(cfg, device, triton)
     tensors = dict(ckpt.tensors)
     if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
         tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
@@ -68,16 +86,3 @@ def weight_modules(module: torch.nn.Module, prefix: str = ""):
         else:
             yield from weight_modules(child, f"{prefix}{name}.")
 
-
-def kernel_table(model: LlamaForCausalLM) -> list[dict]:
-    """Per GEMM: name, shape, scheme, kernel and why it was chosen (for `quanta inspect`). Merged
-    projections are one row named by their parts, e.g. `model.layers.0.self_attn.q_proj+k_proj+v_proj`."""
-    rows = []
-    for name, module in weight_modules(model):
-        if isinstance(module, MergedQuantLinear):
-            parent = name.rsplit(".", 1)[0]
-            rows += [(f"{parent}.{parts}", m) for parts, m in module.linears()]
-        elif isinstance(module, QuantLinear):
-            rows.append((name, module))
-    return [{"name": n, "shape": [m.out_features, m.in_features], "scheme": m.scheme,
-             "kernel": m.kernel.NAME, "reason": m.kernel_reason} for n, m in rows]

@@ -22,6 +22,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or token id that ended it
 
     def finished(self) -> bool:
+        """Whether the sample has a finish reason."""
         return self.finish_reason is not None
 
 

@@ -8,7 +8,11 @@ non_blocking copies. Decode-only steps replay a CUDA graph captured per batch-si
 
 A step is launched (launch) and its tokens collected later (collect): the sampled ids are copied to
 pinned host memory behind an event, so the host can launch the next decode step, whose input ids are
-read on the device from this step's tokens (`after`), before it waits for them (async scheduling).
+read on the device from this step's tokens (`after`), before it waits for them. When that may happen
+is the scheduler's rule (Scheduler.schedule_ahead); the runner only provides the mechanism.
+
+The runner is built with its KV cache and never given another. The start-up memory profile runs on a
+runner of its own over a scratch cache (EngineCore builds both and drops them).
 """
 from __future__ import annotations
 
@@ -37,27 +41,51 @@ class LaunchedStep:
     raw: torch.Tensor | None = None
 
 
+def dummy_batch(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
+    """The start-up dry run's batch: prompts of at most max_model_len tokens, num_tokens in all, on
+    consecutive blocks from block 0 (a scratch cache of `blocks_spanned` blocks holds them)."""
+    batch, block = [], 0
+    while num_tokens > 0:
+        n = min(num_tokens, max_model_len)
+        seq = Sequence("profile", 0, [0] * n, SamplingParams(temperature=1.0))
+        blocks = -(-n // block_size)
+        seq.block_table = list(range(block, block + blocks))
+        batch.append(ScheduledSeq(seq, n))
+        block, num_tokens = block + blocks, num_tokens - n
+    return batch
+
+
+def blocks_spanned(batch: list[ScheduledSeq]) -> int:
+    """KV blocks the sequences of `batch` hold."""
+    return sum(len(it.seq.block_table) for it in batch)
+
+
 class ModelRunner:
-    def __init__(self, model, device: torch.device, max_model_len: int, block_size: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, generator: torch.Generator | None = None):
-        self.model, self.device = model, device
+    """Runs `model` over `kv_cache` one scheduled step at a time. `cuda_graphs`: capture the decode
+    graphs now (CUDA only); `generator`: the engine's default sampling generator."""
+
+    def __init__(self, model, kv_cache: PagedKVCache, max_model_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, generator: torch.Generator | None = None, cuda_graphs: bool = False):
+        self.model, self.kv_cache = model, kv_cache
+        self.device = kv_cache.kv.device
         cfg = model.config
         self.num_kv_heads, self.sliding_window = cfg.num_key_value_heads, cfg.sliding_window
-        self.max_model_len, self.block_size = max_model_len, block_size
+        self.max_model_len, self.block_size = max_model_len, kv_cache.block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.generator = generator
-        self.kv_cache: PagedKVCache | None = None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardBatch]] = {}
-        self.pin = device.type == "cuda"
+        self.pin = self.device.type == "cuda"
+        if cuda_graphs:
+            self.capture_graphs()
 
     # --- step tensors ---------------------------------------------------------------------------
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
 
-    def prepare(self, batch: list[ScheduledSeq], kv_cache: PagedKVCache | None = None,
-                after: LaunchedStep | None = None):
+    def prepare(self, batch: list[ScheduledSeq], after: LaunchedStep | None = None):
         """-> (ForwardBatch, input_ids, positions, the items in step order, last-token row of each).
-        With `after`, every item is a decode whose input token is `after`'s sampled token for it."""
+        With `after`, every item is a decode whose input token is `after`'s sampled token for it. The
+        first step with a prefill part after an fp8 cache is made computes its scales (claim_calibration)."""
         items = sorted(batch, key=lambda it: it.num_tokens != 1)
         num_decodes = sum(it.num_tokens == 1 for it in items)
         bs = self.block_size
@@ -78,14 +106,15 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         prefill = starts[num_decodes:]
         fb = ForwardBatch(
-            kv_cache=kv_cache or self.kv_cache, slot_mapping=self._tensor(slots, torch.int64),
+            kv_cache=self.kv_cache, slot_mapping=self._tensor(slots, torch.int64),
             block_tables=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
             seq_lens=self._tensor(lens, torch.int32), query_start_loc=self._tensor(starts, torch.int32),
             prefill_start_loc=self._tensor([s - prefill[0] for s in prefill], torch.int32)
             if len(prefill) > 1 else None,
             num_decodes=num_decodes, max_query_len=max((it.num_tokens for it in items[num_decodes:]), default=1),
             num_splits=self._num_splits(num_decodes),
-            sliding_window=self.sliding_window)
+            sliding_window=self.sliding_window,
+            calibrate=len(prefill) > 1 and self.kv_cache.claim_calibration())
         input_ids = self._tensor(ids, torch.long)
         if after:
             input_ids.copy_(self._pending_ids(items, after))
@@ -105,10 +134,6 @@ class ModelRunner:
         return default_num_splits(min(bucket, self.max_num_seqs), self.num_kv_heads, self.max_model_len)
 
     # --- running --------------------------------------------------------------------------------
-    def run(self, batch: list[ScheduledSeq]):
-        """Run one step and wait for it; -> (sequences that sample, their tokens as ints, raw logits or None)."""
-        return self.collect(self.launch(batch))
-
     @torch.inference_mode()
     def launch(self, batch: list[ScheduledSeq], after: LaunchedStep | None = None) -> LaunchedStep:
         """Queue one step on the device (model, logits, sampling) without waiting for its tokens. `after`:
@@ -119,8 +144,6 @@ class ModelRunner:
             hidden = self._replay(batch, bucket, after)
         else:
             fb, input_ids, positions, items, last = self.prepare(batch, after=after)
-            if self.kv_cache.needs_calibration and fb.prefill_start_loc is not None:
-                fb.calibrate, self.kv_cache.needs_calibration = True, False
             hidden = self.model(input_ids, positions, fb)
         sampling = items if after else [it for it in items if it.samples]
         step = LaunchedStep(batch, [it.seq for it in sampling])
@@ -142,6 +165,12 @@ class ModelRunner:
         else:
             step.host_tokens = step.tokens
         return step
+
+    @torch.inference_mode()
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
+        """Float32 next-token logits [T, V] at every position of `seq` (its blocks allocated, none computed)."""
+        fb, input_ids, positions, _, _ = self.prepare([ScheduledSeq(seq, seq.num_tokens)])
+        return self.model.compute_logits(self.model(input_ids, positions, fb))
 
     @staticmethod
     def collect(step: LaunchedStep):
@@ -188,39 +217,25 @@ class ModelRunner:
         return self.static_out[:n]
 
     # --- start-up: memory profile, CUDA graphs ----------------------------------------------------
-    def _dummy_batch(self, num_tokens: int, first_block: int = 0) -> list[ScheduledSeq]:
-        """Sequences of at most max_model_len tokens, num_tokens in all, on consecutive blocks."""
-        batch, block = [], first_block
-        while num_tokens > 0:
-            n = min(num_tokens, self.max_model_len)
-            seq = Sequence("profile", 0, [0] * n, SamplingParams(temperature=1.0))
-            blocks = -(-n // self.block_size)
-            seq.block_table = list(range(block, block + blocks))
-            batch.append(ScheduledSeq(seq, n))
-            block, num_tokens = block + blocks, num_tokens - n
-        return batch
-
     @torch.inference_mode()
-    def profile_peak_memory(self, make_cache) -> int:
+    def profile_peak_memory(self) -> int:
         """Peak activation bytes of a forward over max_num_batched_tokens tokens plus sampling
-        max_num_seqs rows, on a temporary cache from make_cache(num_blocks) (not counted)."""
+        max_num_seqs rows (the cache, allocated before, is not counted). Run on a runner whose cache
+        holds dummy_batch(max_num_batched_tokens, ...)."""
         tokens = self.max_num_batched_tokens
-        cache = make_cache(sum(len(it.seq.block_table) for it in self._dummy_batch(tokens)))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fb, input_ids, positions, items, last = self.prepare(self._dummy_batch(tokens), kv_cache=cache)
+        fb, input_ids, positions, items, last = self.prepare(dummy_batch(tokens, self.max_model_len, self.block_size))
         hidden = self.model(input_ids, positions, fb)
         rows = min(tokens, self.max_num_seqs)
         logits = self.model.compute_logits(hidden[-rows:])
         sample_batch(logits, [SamplingParams(temperature=1.0)] * rows, [None] * rows, [([], [])] * rows)
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-        del cache, fb, hidden, logits
-        torch.cuda.empty_cache()
-        return peak
+        return torch.cuda.max_memory_allocated() - base
 
     def graph_buckets(self) -> list[int]:
+        """Decode batch sizes that get a CUDA graph: powers of two below max_num_seqs, then max_num_seqs."""
         sizes, b = [], 1
         while b < self.max_num_seqs:
             sizes.append(b)

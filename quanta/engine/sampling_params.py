@@ -52,4 +52,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Temperature 0 (below a small epsilon): the argmax, no draw."""
         return self.temperature < _GREEDY_EPS

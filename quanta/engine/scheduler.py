@@ -7,8 +7,9 @@ order (FCFS) while the budgets and the block pool allow. When a running sequence
 none is free, the newest running sequence is preempted: its blocks are freed and it goes back to
 the front of the queue to be recomputed (prompt + tokens generated so far) later.
 
-schedule_lookahead picks the decode step that follows a step whose tokens are still on the device
-(async scheduling), when it is certainly the step schedule() would pick then.
+Async scheduling has its whole rule in schedule_ahead: which decode step may be launched while the
+previous step's tokens are still on their way to the host, so that the host's bookkeeping (stop rules,
+detokenizing, scheduling) overlaps the device instead of idling it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from quanta.engine.block_pool import BlockPool
+from quanta.engine.sampler import is_plain
 from quanta.engine.sequence import Sequence
 
 
@@ -30,21 +32,33 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
 
+def samples_on_device(seq: Sequence) -> bool:
+    """Whether the next token of `seq` is drawn with nothing from the host: no penalties (they read the
+    token history), no own seed and no logprobs."""
+    return is_plain(seq.params) and seq.generator is None and seq.logprobs is None
+
+
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
-        self.pool = pool
+    """`async_scheduling`: schedule_ahead may launch decode steps ahead (see there)."""
+
+    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
+                 async_scheduling: bool = False):
+        self.pool, self.async_scheduling = pool, async_scheduling
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
+        """Whether any sequence waits or runs."""
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[ScheduledSeq]:
+        """The next step: running sequences first, then waiting ones in order, under the budgets (module docstring)."""
         budget, batch, preempted = self.max_num_batched_tokens, [], False
         i = 0
         while i < len(self.running) and budget > 0:
@@ -72,13 +86,23 @@ class Scheduler:
         assert budget >= 0 and len(batch) <= self.max_num_seqs
         return batch
 
-    def schedule_lookahead(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq] | None:
-        """The decode step after `batch` (launched and advanced by update(), its sampled tokens not yet
-        known): each running sequence computes its pending token, except those the pending token ends by
-        length. None unless schedule() would pick the same step: `batch` is a decode of every running
-        sequence, nothing waits, and the pool has the new blocks without preempting. Sequences that the
-        pending token ends otherwise (EOS, stop) are dropped from the step's results when it lands."""
-        if self.waiting or [it.seq for it in batch] != self.running or any(it.num_tokens != 1 for it in batch):
+    def schedule_ahead(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq] | None:
+        """The async-scheduling rule, whole. `batch` was launched and advanced by update(); its sampled
+        tokens are not yet known to the host. Returns the next decode step, in which each running sequence
+        computes its pending token (read on the device from `batch`'s samples), or None, meaning: wait for
+        the tokens and schedule() as usual. A step is returned only when
+          - async scheduling is on;
+          - it is certainly the step schedule() would pick: `batch` decoded one token of every running
+            sequence (each had sampled before, so no n > 1 fork is pending), nothing waits, and the pool
+            has the new blocks without preempting;
+          - every sequence samples on the device alone (samples_on_device);
+          - some sequence is not ended by length by its pending token (those are left out).
+        A sequence that its pending token ends otherwise (EOS, a stop) computes one token too many; the
+        engine drops it when the step lands, so outputs are those of the synchronous loop."""
+        if not self.async_scheduling or self.waiting or [it.seq for it in batch] != self.running:
+            return None
+        if not all(it.num_tokens == 1 and it.seq.num_computed_tokens == it.seq.num_tokens and it.seq.output_ids
+                   and samples_on_device(it.seq) for it in batch):
             return None
         ahead = [seq for seq in self.running if not seq.ends_by_length(pending=1)]
         new_blocks = sum(len(seq.block_table) < self.pool.blocks_needed(seq.num_tokens + 1) for seq in ahead)
@@ -95,6 +119,7 @@ class Scheduler:
             self.pool.hash_full_blocks(item.seq)
 
     def finish(self, seq: Sequence) -> None:
+        """Drop a finished running sequence and free its blocks."""
         self.running.remove(seq)
         self.pool.free(seq)
 

@@ -31,14 +31,17 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Prompt and generated tokens."""
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
     def all_ids(self) -> list[int]:
+        """Prompt and generated token ids, in order."""
         return self.prompt_ids + self.output_ids
 
     @property
     def finished(self) -> bool:
+        """Whether a stop rule, a length limit or an abort has ended the sample."""
         return self.finish_reason is not None
 
     def ends_by_length(self, pending: int = 0) -> bool:
@@ -72,11 +75,13 @@ class Sequence:
             self.decode_text(tokenizer)
 
     def decode_text(self, tokenizer, ids: list[int] | None = None) -> None:
+        """Set `text` to the detokenized output (or `ids`); no-op without a tokenizer."""
         if tokenizer is not None:
             ids = self.output_ids if ids is None else ids
             self.text = tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def to_output(self) -> CompletionOutput:
+        """The sample as a vLLM CompletionOutput."""
         return CompletionOutput(index=self.index, text=self.text, token_ids=list(self.output_ids),
                                 cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
                                 logprobs=self.logprobs, finish_reason=self.finish_reason,

@@ -37,10 +37,12 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 
 
 def is_synthetic(model: str) -> bool:
+    """Whether `model` names a synthetic model (`synthetic:...`)."""
     return str(model).startswith(PREFIX)
 
 
 def parse(spec: str) -> tuple[str, str, int]:
+    """`synthetic:shape[:format[:seed]]` -> (shape, format, seed), checked."""
     parts = spec[len(PREFIX):].split(":")
     shape, fmt = parts[0], parts[1] if len(parts) > 1 else "fp16"
     seed = int(parts[2]) if len(parts) > 2 else 0
@@ -103,6 +105,7 @@ class SyntheticTensors(Mapping):
 
 
 def load_synthetic(spec: str, device: torch.device | str) -> Checkpoint:
+    """A Checkpoint with the spec's shapes whose tensors are made on first access, on `device`."""
     shape, fmt, seed = parse(spec)
     dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
     config = ModelConfig(model_type="llama", torch_dtype=dtype, **SHAPES[shape])

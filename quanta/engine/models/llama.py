@@ -1,10 +1,13 @@
 """The llama-family decoder: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
 
-Built on the meta device, then filled from a Checkpoint by `load_weights` (quantized linear
-weights go through QuantLinear's kernels). forward() takes a flat list of a step's tokens and an
-attention context that owns the KV cache (engine/forward_batch.py). q/k/v and gate/up run as one
-GEMM each (MergedQuantLinear); the residual stream is carried beside the hidden state so that each
-RMSNorm adds it in the same pass (vLLM's layout).
+Built on the meta device, then filled from a Checkpoint by `model_loader.build_model` (quantized
+linear weights go through QuantLinear's kernels); the rotary frequencies, which no checkpoint holds,
+are made on the target device as the model is built. `triton` says whether the norms, rotary and
+SiLU-and-mul run as Triton kernels (the engine decides it once, with the KV cache's).
+
+forward() takes a flat list of a step's tokens and an attention context that owns the KV cache
+(engine/forward_batch.py). q/k/v and gate/up run as one GEMM each (MergedQuantLinear); the residual
+stream is carried beside the hidden state so that each RMSNorm adds it in the same pass (vLLM's layout).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from quanta.loaders.checkpoint import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, triton: bool):
         super().__init__()
         self.layer, self.head_dim = layer, cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -26,10 +29,10 @@ class LlamaAttention(nn.Module):
         bias = cfg.attention_bias
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedQuantLinear(cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size,
-                                                            "v_proj": self.kv_size}, bias)
+                                                            "v_proj": self.kv_size}, bias, triton)
         self.o_proj = QuantLinear(self.num_heads * self.head_dim, cfg.hidden_size, False)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: Callable, ctx) -> torch.Tensor:
         t = x.shape[0]
@@ -44,10 +47,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, triton: bool):
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size})
+        self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size}, triton=triton)
         self.down_proj = QuantLinear(size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,12 +58,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, triton: bool):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer)
-        self.mlp = LlamaMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer, triton)
+        self.mlp = LlamaMLP(cfg, triton)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Callable,
                 ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,21 +79,22 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device: torch.device, triton: bool):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, triton) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device, triton)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder + lm_head. Tied embeddings share the embedding's (possibly quantized) table."""
+    """Decoder + lm_head. Tied embeddings share the embedding's (possibly quantized) table. `device`: where
+    the model will run; `triton`: whether its elementwise ops run as Triton kernels."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu", triton: bool = False):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = LlamaModel(cfg, torch.device(device), triton)
         self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:

@@ -1,0 +1,253 @@
+"""EngineCore: one model's KV cache, runner, block pool and scheduler, built together by one constructor
+and never rewired; the loop that every driver of the engine runs.
+
+    core = EngineCore(EngineConfig(model=...))
+    rid = core.add_request(prompt_ids, SamplingParams(...))
+    while core.has_unfinished():
+        outputs = core.step()            # RequestOutputs of the requests that advanced
+
+The constructor works in this order: open the checkpoint (config, tokenizer, tensors read lazily);
+settle the compute dtype and max_model_len; where the KV pool's size follows from the config alone
+(num_kv_blocks, or kv_cache_memory on the CPU), refuse a pool that cannot hold one max_model_len
+sequence, before any weight is built; decide once whether the elementwise ops, the KV store and
+attention run as Triton kernels (device_caps.use_triton); build the model; on a GPU, size the pool from
+a dry run on a scratch runner and cache of its own; then build the cache, the runner (capturing CUDA
+graphs), the pool and the scheduler, each handed what it works with.
+
+step() takes the step launched ahead, or schedules and launches one; advances its sequences; launches
+the next decode step at once where the scheduler's async rule allows (Scheduler.schedule_ahead); then
+waits for this step's tokens and folds them into their requests (stop rules, n > 1 forks, outputs).
+
+The drivers are thin and never reach inside:
+- `LLM` (llm.py), offline: tokenizes, adds every prompt, calls step() until all are done.
+- The server (DESIGN: FastAPI + uvicorn, OpenAI routes): one asyncio task owns the core and loops over
+  step() (in a worker thread, so the event loop keeps serving) while requests are unfinished, putting
+  each RequestOutput on its request's asyncio.Queue; a handler tokenizes, calls add_request and streams
+  from its queue (SSE); a client disconnect calls abort(), which frees the request's blocks. add_request
+  and abort run on the loop's task between steps, never during one.
+- Tensor parallelism (DESIGN: one process per rank, torch.distributed): every rank builds a core over
+  its shard (column/row-parallel QuantLinear, vocab-parallel embedding and lm_head) and its KV heads,
+  in the same constructor order; the pool's block count is the minimum over ranks. Rank 0's scheduler
+  alone decides each step and broadcasts it (sequences, token counts, block tables); every rank's runner
+  runs that step on its shard, and rank 0 samples and folds the tokens.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from quanta.engine.block_pool import BlockPool
+from quanta.engine.config import EngineConfig
+from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
+from quanta.engine.kv_sizing import blocks_from_config, blocks_from_gpu_memory, check_capacity
+from quanta.engine.kernel_report import kernel_report
+from quanta.engine.model_loader import build_model, open_checkpoint
+from quanta.engine.outputs import Logprob, RequestOutput
+from quanta.engine.runner import LaunchedStep, ModelRunner, blocks_spanned, dummy_batch
+from quanta.engine.sampler import top_logprobs
+from quanta.engine.sampling_params import SamplingParams
+from quanta.engine.scheduler import Scheduler
+from quanta.engine.sequence import Sequence
+from quanta.kernels.device_caps import use_triton
+from quanta.loaders.checkpoint import Checkpoint
+from quanta.quant.errors import ConfigError
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt and its `params.n` samples (sample 0 first; the rest fork from it after its prefill)."""
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence] = field(default_factory=list)
+    forked: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether every sample of the request exists and has finished."""
+        return len(self.seqs) == self.params.n and all(s.finished for s in self.seqs)
+
+
+class EngineCore:
+    """`triton_ops`: whether the elementwise ops, the KV store and attention run as Triton kernels; None
+    (the default) asks use_triton(device, dtype). Tests pass True to run the CUDA path under Triton's
+    interpreter on the CPU. `checkpoint`: build from this opened checkpoint instead of opening
+    config.model (a caller that has opened it already)."""
+
+    def __init__(self, config: EngineConfig, triton_ops: bool | None = None, checkpoint: Checkpoint | None = None):
+        self.config = cfg = config
+        self.device = torch.device(cfg.device)
+        self.checkpoint = checkpoint if checkpoint is not None else open_checkpoint(cfg)
+        mc = self.checkpoint.config
+        self.tokenizer = self.checkpoint.tokenizer
+        self.eos_ids = sorted(set(mc.eos_token_ids) | ({getattr(self.tokenizer, "eos_token_id", None)} - {None}))
+        self.dtype = cfg.compute_dtype(mc.torch_dtype)
+        self.max_model_len = cfg.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's "
+                              f"max_position_embeddings={mc.max_position_embeddings}")
+        block_bytes = bytes_per_block(mc.num_hidden_layers, cfg.block_size, mc.num_key_value_heads, mc.head_dim,
+                                      self.dtype, cfg.kv_cache_dtype)
+        num_blocks = blocks_from_config(cfg, block_bytes)
+        if num_blocks is not None:
+            check_capacity(num_blocks, cfg.block_size, self.max_model_len)     # before any weight is built
+        self.triton = use_triton(self.device, self.dtype) if triton_ops is None else triton_ops
+        kv_scales = checkpoint_kv_scales(dict(self.checkpoint.kv_cache_scales), mc.num_hidden_layers,
+                                         mc.num_key_value_heads)
+        allocated_before = self._allocated()
+        self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
+                                 force_kernel=cfg.kernel, quiet=cfg.quiet, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
+        self.weight_bytes = self._allocated() - allocated_before
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        if num_blocks is None:
+            num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self._activation_peak())
+            check_capacity(num_blocks, cfg.block_size, self.max_model_len)
+        self.num_kv_blocks = num_blocks
+        self.kv_cache = self._new_cache(num_blocks, kv_scales)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
+                                  cfg.max_num_batched_tokens, self.generator,
+                                  cuda_graphs=self.device.type == "cuda" and not cfg.enforce_eager)
+        self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.async_scheduling)
+        self.requests: dict[str, Request] = {}
+        self._request_counter = itertools.count()
+        self._in_flight: LaunchedStep | None = None    # launched ahead by async scheduling, not collected
+
+    # --- the loop -------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, prompt: str | None = None) -> str:
+        """Queue one tokenized prompt (`prompt`: its text, echoed in the outputs); returns the request id."""
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise ConfigError("prompt is empty: it must have at least one token")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ConfigError(f"prompt of {len(prompt_ids)} tokens leaves no room under "
+                              f"max_model_len={self.max_model_len}")
+        rid = str(next(self._request_counter)) if request_id is None else str(request_id)
+        if rid in self.requests:
+            raise ConfigError(f"request id {rid!r} is already running")
+        req = self.requests[rid] = Request(rid, prompt, list(prompt_ids), params)
+        self.scheduler.add(self._new_seq(req))
+        return rid
+
+    def step(self, stream: bool = True) -> list[RequestOutput]:
+        """One iteration: launch, advance, maybe launch the next decode ahead, fold this step's tokens.
+        Returns the outputs of the requests that advanced, or with `stream=False` of those that finished
+        (unfinished ones then skip detokenizing); a finished request is forgotten once returned."""
+        current = self._launch_next()
+        if current is None:
+            return []
+        batch = [it for it in current.batch if not it.seq.finished]
+        self.scheduler.update(batch)
+        ahead = self.scheduler.schedule_ahead(batch)
+        self._in_flight = self.runner.launch(ahead, after=current) if ahead else None
+        touched = self._fold(*self.runner.collect(current))
+        return [self._output(req) for req in touched if stream or req.finished]
+
+    def has_unfinished(self) -> bool:
+        """Whether any request still waits or runs."""
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; its output so far, finish_reason "abort" (None if unknown)."""
+        req = self.requests.get(str(request_id))
+        if req is None:
+            return None
+        self.scheduler.abort(req.request_id)
+        for seq in req.seqs:
+            seq.finish_reason = seq.finish_reason or "abort"
+        while len(req.seqs) < req.params.n:
+            self._new_seq(req).finish_reason = "abort"
+        return self._output(req)
+
+    # --- one-off questions --------------------------------------------------------------------------
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Float32 next-token logits [T, V] at every position of one token sequence."""
+        seq = Sequence("prompt_logits", 0, list(token_ids), SamplingParams())
+        if len(token_ids) > self.max_model_len or not self.pool.can_allocate(seq, reserve=False):
+            raise ConfigError(f"{len(token_ids)} tokens do not fit the KV cache / max_model_len")
+        self.pool.allocate(seq, use_cache=False)
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.pool.free(seq)
+
+    def kernels(self, m: tuple[int, ...] = (1, 16, 256)) -> list[dict]:
+        """Per GEMM as it runs (merged q/k/v and gate/up, the lm_head), the kernel and its path at each M
+        (kernel_report)."""
+        return kernel_report(self.model, m)
+
+    # --- construction -------------------------------------------------------------------------------
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
+    def _new_cache(self, num_blocks: int, scales=None) -> PagedKVCache:
+        mc = self.checkpoint.config
+        return PagedKVCache(mc.num_hidden_layers, num_blocks, self.config.block_size, mc.num_key_value_heads,
+                            mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales, self.triton)
+
+    def _activation_peak(self) -> int:
+        """Peak activation bytes of the largest step, from a dry run on a scratch runner and cache."""
+        cfg = self.config
+        blocks = blocks_spanned(dummy_batch(cfg.max_num_batched_tokens, self.max_model_len, cfg.block_size))
+        scratch = ModelRunner(self.model, self._new_cache(blocks), self.max_model_len, cfg.max_num_seqs,
+                              cfg.max_num_batched_tokens)
+        peak = scratch.profile_peak_memory()
+        del scratch
+        torch.cuda.empty_cache()
+        return peak
+
+    # --- requests -------------------------------------------------------------------------------
+    def _launch_next(self) -> LaunchedStep | None:
+        """The step launched ahead, unless every sequence in it has ended since; else a new one, if any."""
+        launched, self._in_flight = self._in_flight, None
+        if launched is not None and not all(seq.finished for seq in launched.seqs):
+            return launched
+        batch = self.scheduler.schedule()
+        return self.runner.launch(batch) if batch else None
+
+    def _new_seq(self, req: Request) -> Sequence:
+        """The request's next sample (its own generator when seeded; samples share sample 0's)."""
+        p = req.params
+        generator = torch.Generator(device=self.device).manual_seed(p.seed) if p.seed is not None else None
+        if req.seqs:
+            generator = req.seqs[0].generator
+        seq = Sequence(req.request_id, len(req.seqs), req.prompt_ids, p, generator,
+                       logprobs=[] if p.logprobs is not None else None,
+                       max_len=self.max_model_len if p.max_tokens is None
+                       else min(self.max_model_len, len(req.prompt_ids) + p.max_tokens))
+        req.seqs.append(seq)
+        return seq
+
+    def _fold(self, seqs: list[Sequence], tokens: list[int], raw: torch.Tensor | None) -> list[Request]:
+        """Fold sampled tokens into their sequences: logprobs, stop rules, n > 1 forks, finishing."""
+        touched: dict[str, Request] = {}
+        for row, (seq, token) in enumerate(zip(seqs, tokens)):
+            if seq.finished:                 # ended (stop, EOS, abort) while this step was in flight
+                continue
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.logprobs is not None:
+                chosen, top = top_logprobs(raw[row], token, seq.params.logprobs)
+                seq.cumulative_logprob += chosen
+                seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t]) if self.tokenizer else None)
+                                     for t, (lp, rank) in top.items()})
+            seq.append(token, self.tokenizer, self.eos_ids)
+            while not req.forked and len(req.seqs) < req.params.n:
+                self.scheduler.fork(seq, self._new_seq(req))
+            req.forked = True
+            if seq.finished:
+                self.scheduler.finish(seq)
+        return list(touched.values())
+
+    def _output(self, req: Request) -> RequestOutput:
+        done = req.finished or any(s.finish_reason == "abort" for s in req.seqs)
+        if done:
+            self.requests.pop(req.request_id, None)
+        for seq in req.seqs:
+            if not seq.finished:
+                seq.decode_text(self.tokenizer)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_ids, [s.to_output() for s in req.seqs],
+                             finished=done)

@@ -1,0 +1,54 @@
+"""How many KV blocks the engine gets, and the check that they hold a sequence of max_model_len tokens.
+
+With num_kv_blocks given, or on the CPU (kv_cache_memory bytes), the count follows from the config
+alone, so an impossible configuration is refused before a weight is built. On a GPU the pool gets what
+is left of gpu_memory_utilization x total memory after the weights, the activation peak of a dry run,
+memory held outside torch, and (unless enforce_eager) head-room for the CUDA graphs' memory pool.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from quanta.engine.config import EngineConfig
+from quanta.quant.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 1 << 30        # kv_cache_memory's default on the CPU
+GRAPH_MEMORY_MARGIN = 512 << 20     # the CUDA graphs' pool and the sampler's buffers, which the dry run does not see
+
+
+def blocks_from_config(cfg: EngineConfig, block_bytes: int) -> int | None:
+    """The block count the config fixes (num_kv_blocks, or kv_cache_memory on the CPU); None on a GPU
+    without num_kv_blocks, where it is measured after loading (blocks_from_gpu_memory)."""
+    if cfg.num_kv_blocks is not None:
+        return cfg.num_kv_blocks
+    if torch.device(cfg.device).type != "cuda":
+        return (cfg.kv_cache_memory or CPU_KV_CACHE_BYTES) // block_bytes
+    return None
+
+
+def blocks_from_gpu_memory(cfg: EngineConfig, block_bytes: int, weight_bytes: int, activation_peak: int) -> int:
+    """This engine's share of the GPU less its weights, the activation peak, memory used outside torch
+    and the graph margin, in blocks of `block_bytes`."""
+    device = torch.device(cfg.device)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)
+    margin = 0 if cfg.enforce_eager else GRAPH_MEMORY_MARGIN
+    budget = total * cfg.gpu_memory_utilization - weight_bytes - activation_peak - non_torch - margin
+    blocks = int(budget) // block_bytes
+    log.info("KV cache: %d blocks (%.2f GiB); weights %.2f GiB, activation peak %.2f GiB", blocks,
+             blocks * block_bytes / 2**30, weight_bytes / 2**30, activation_peak / 2**30)
+    return blocks
+
+
+def check_capacity(blocks: int, block_size: int, max_model_len: int) -> None:
+    """ConfigError unless `blocks` blocks of `block_size` tokens hold one sequence of max_model_len."""
+    if blocks * block_size < max_model_len:
+        blocks = max(blocks, 0)
+        raise ConfigError(f"the KV cache holds {blocks * block_size} tokens ({blocks} blocks "
+                          f"of {block_size}), less than max_model_len={max_model_len}: lower "
+                          "max_model_len or give the cache more memory (gpu_memory_utilization, "
+                          "kv_cache_memory, num_kv_blocks)")
