@@ -20,6 +20,7 @@ import torch
 from quanta.engine.gguf_mix import assign, from_file
 from quanta.engine.gpus import Gpus, parse_gpus
 from quanta.engine.kv_cache import KV_CACHE_DTYPES
+from quanta.engine.kv_sizing import GRAPH_MEMORY_MARGIN
 from quanta.engine.model_shapes import resolve
 from quanta.engine.weight_bytes import (
     WeightBytes,
@@ -224,7 +225,6 @@ def _plan(name: str, config: ModelConfig, source: dict[str, Any], *, quantizatio
           kv_cache_dtype, max_model_len, tensor_parallel_size, max_num_seqs, max_num_batched_tokens,
           gpu_memory_utilization, dtype, enforce_eager, block_size) -> MemoryPlan:
     """One plan, without suggestions."""
-    from quanta.engine.llm import GRAPH_MEMORY_MARGIN     # lazy: the engine's start-up check imports this module
     _check_request(kv_cache_dtype, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, dtype, block_size)
     cards = parse_gpus(gpus)
     fmt = parse_format(quantization, bits, group_size, config, source)

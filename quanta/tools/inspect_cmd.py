@@ -48,10 +48,9 @@ def _running_kernels(path: str, device: str | None, dtype: str) -> tuple[object,
     with _engine_logs_silenced():
         llm = LLM(model=path, device=device, dtype=dtype, max_model_len=16, block_size=16, num_kv_blocks=1,
                   enforce_eager=True, quiet=True)
-    try:
-        rows = llm.kernels(m=BATCH_SIZES)
-    except TypeError:                     # an engine whose kernels() takes no batch sizes
-        rows = llm.kernels()
+    rows = llm.kernels(m=BATCH_SIZES)
+    for row in rows:
+        row["paths"] = {m: {"path": p.path, "reason": p.reason} for m, p in row["paths"].items()}
     return llm, rows
 
 
@@ -66,7 +65,7 @@ def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto"
     total_params = sum(e["parameters"] for e in tensors)
     cfg = ckpt.config
     return {"path": str(path), "format": detect(path), "architecture": cfg.model_type,
-            "device": str(llm.device), "activation_dtype": str(llm.dtype).replace("torch.", ""),
+            "device": str(llm.device), "activation_dtype": str(llm.dtype).removeprefix("torch."),
             "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                     "num_hidden_layers", "num_attention_heads",
                                                     "num_key_value_heads", "head_dim", "tie_word_embeddings")},
@@ -78,22 +77,16 @@ def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto"
             "tensors": tensors}
 
 
-def _dtype_name(value) -> str:
-    return str(value).replace("torch.", "")
-
-
 def _kernel_summary(row: dict) -> str:
-    """`scheme -> kernel`, with the arithmetic's dtype where it is not the layer's own."""
+    """`scheme -> kernel`, the dtype it computes in, and its path at each M where it has several."""
     text = f"{row['scheme']} -> {row['kernel']}"
-    compute, dtype = row.get("compute_dtype"), row.get("dtype")
-    if compute is not None and dtype is not None and compute != dtype:
-        text += f" (computes in {_dtype_name(compute)}, output {_dtype_name(dtype)})"
-    elif dtype is not None:
-        text += f" ({_dtype_name(dtype)})"
-    if row.get("paths"):
-        paths = {p for p in row["paths"].values()}
-        if paths != {row["kernel"]}:
-            text += " paths " + ", ".join(f"M={m}: {p}" for m, p in row["paths"].items())
+    if row["compute_dtype"] != row["dtype"]:
+        text += f" (computes in {row['compute_dtype']}, output {row['dtype']})"
+    else:
+        text += f" ({row['dtype']})"
+    paths = {m: p["path"] for m, p in row["paths"].items()}
+    if set(paths.values()) != {row["kernel"]}:
+        text += ": " + ", ".join(f"M={m} {p}" for m, p in paths.items())
     return text
 
 
@@ -110,7 +103,7 @@ def print_report(info: dict, layers: bool) -> None:
         print(f"  note: {kernel}: {reason}")
     lm_head = [g for g in info["gemms"] if g["name"].startswith("lm_head")]
     for g in lm_head:
-        print(f"  lm_head: {g['scheme']} -> {g['kernel']} in {_dtype_name(g.get('dtype', info['activation_dtype']))}")
+        print(f"  lm_head: {g['scheme']} -> {g['kernel']} in {g['compute_dtype']}")
     if layers:
         for t in info["tensors"]:
             print(f"  {t['name']:50s} {str(t['shape']):16s} {t['scheme']:28s} {t['bits_per_weight']:7.3f} bpw")
