@@ -27,6 +27,7 @@ from quanta.kernels.paged_kv import (
     fp8_read_constexprs,
     head_scale,
 )
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
@@ -279,7 +280,7 @@ def _check(q, k_cache, v_cache, fmt):
 @functools.lru_cache(maxsize=None)
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
     """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 64
+    sms = device_caps("cuda").sm_count if torch.cuda.is_available() else 64
     want = -(-2 * sms // max(1, batch * num_kv_heads))
     return max(1, min(want, 32, -(-max_len // block_n)))
 
@@ -313,7 +314,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
+        PRECISION=dot_precision(q.dtype), **pdl_launch(device_caps(q.device)))
     return out
 
 
