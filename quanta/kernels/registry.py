@@ -33,7 +33,7 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("affine", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
     ("gguf", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
-    ("gguf", "cuda"): ("quanta.kernels.dequantized",),
+    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),     # Q4_0..Q8_0 converted exactly
     ("codebook", "cpu"): ("quanta.kernels.dequantized",),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
     ("fp8", "cpu"): ("quanta.kernels.dequantized",),
