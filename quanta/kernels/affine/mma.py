@@ -37,10 +37,9 @@ fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same cod
 `fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
 by 16), and one more applies the scale (and zbias): layout.H2_PAIR_*. bf16 4-bit codes decode the same way around
 128, the exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma
-with -0 (5 instructions a pair, against one conversion and multiply an element). 4-bit table codes (NF4 / FP4,
-fp16 or bf16) are looked up four at a time by byte permutes in registers (_TABLE_LOOKUP: 14 instructions for 4
-codes, the affine pairs' 8), not gathered from memory per code. Other modes (bf16 8-bit codes, fp8) decode per
-element through layout.decode.
+with -0 (5 instructions a pair). 4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte
+permutes in registers (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8), not gathered from memory
+per code. Other modes (bf16 8-bit codes, fp8) decode per element through layout.decode.
 """
 from __future__ import annotations
 
