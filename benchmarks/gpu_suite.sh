@@ -14,7 +14,7 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,power.limit \
   --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_affine_mma.py tests/test_codebook_gemm.py tests/test_rotary.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/test_affine_gemm.py tests/test_affine_mma.py tests/test_affine_gguf.py tests/test_codebook_gemm.py tests/test_rotary.py \
   tests/test_fp8_gemm.py tests/test_fused_norm.py} 2>&1 | tee "$OUT/pytest.log" | tail -n 25
 # SM clock, power and throttle reasons every 0.5 s while the benchmarks run, each bench.log line stamped, so that a
 # figure can be matched to the clocks it ran at (70B M = 256 ran 15-20% slower late in the suite than alone)

@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
-from quanta.kernels import affine_gemm, affine_wgmma, codebook_gemm, fp8_gemm  # noqa: E402
-from quanta.kernels.affine_gemv import gemv  # noqa: E402
+from quanta.kernels import affine, codebook_gemm, fp8_gemm  # noqa: E402
+from quanta.kernels.affine import plan, splitk  # noqa: E402
+from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402
+from quanta.kernels.device_caps import device_caps  # noqa: E402
 from quanta.quant.kinds import NF4_TABLE, Affine, Codebook, Fp8  # noqa: E402
 
 SHAPES = {"8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
@@ -88,8 +90,8 @@ def copy_bandwidth() -> float:
 
 def prepared_copies(w, dtype: torch.dtype = torch.float16) -> list:
     """Rotating copies (`copies`) of the quantized weight `w` in kernel layout for `dtype`, by the kernels of its
-    kind: codebook_gemm for table codes, affine_gemm for affine ones."""
-    kernels = codebook_gemm if isinstance(w, Codebook) else affine_gemm
+    kind: codebook_gemm for table codes, affine for affine ones."""
+    kernels = codebook_gemm if isinstance(w, Codebook) else affine
     return copies(lambda: kernels.prepare(w, "cuda", dtype), w.nbytes)
 
 
@@ -318,28 +320,28 @@ def run_shape(model: str, layer: str, n: int, k: int, ms, bnb, results: list, sw
         rec = {"model": model, "layer": layer, "n": n, "k": k, "m": m}
         row(rec, "fp16", dense_us(xs, fp16), 2 * n * k + act, fl)
         row(rec, "bf16", dense_us(xb, bf16), 2 * n * k + act, fl)
-        rec["w4_path"] = affine_gemm.plan(m, st4[0])[0]
-        row(rec, "w4a16", bench(affine_gemm.matmul, xs, st4, w4.nbytes), w4.nbytes + act, fl)
-        row(rec, "w4a16_bf16", bench(affine_gemm.matmul, xb, st4_bf16, w4.nbytes), w4.nbytes + act, fl)
-        row(rec, "w8a16", bench(affine_gemm.matmul, xs, st8, w8.nbytes), w8.nbytes + act, fl)
-        row(rec, "nf4", bench(affine_gemm.matmul, xs, st_nf4, nf4.nbytes), nf4.nbytes + act, fl)
+        rec["w4_path"] = plan.choose(st4[0], device_caps("cuda"), m).path.name
+        row(rec, "w4a16", bench(plan.matmul, xs, st4, w4.nbytes), w4.nbytes + act, fl)
+        row(rec, "w4a16_bf16", bench(plan.matmul, xb, st4_bf16, w4.nbytes), w4.nbytes + act, fl)
+        row(rec, "w8a16", bench(plan.matmul, xs, st8, w8.nbytes), w8.nbytes + act, fl)
+        row(rec, "nf4", bench(plan.matmul, xs, st_nf4, nf4.nbytes), nf4.nbytes + act, fl)
         if bnb_w is not None:
             row(rec, "bnb_nf4", bench(lambda x, w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1]), xs, bnb_w,
                                       nf4.nbytes), nf4.nbytes + act, fl)
         if st_fp8 is not None:
             row(rec, "fp8_w8a8", bench(fp8_gemm.apply, xb, st_fp8, n * k), n * k + 4 * n + act, fl)
         if sweep:                                   # the other paths and configs, to place the thresholds
-            for path in ("gemv", "wgmma", "mma", "gemm", "cublas"):
+            for path in ("gemv", "wgmma", "mma", "splitk", "cublas"):
                 if path != rec["w4_path"] and (path != "gemv" or m <= 16) and (path != "mma" or m <= 1024) \
-                        and (path != "wgmma" or m <= affine_wgmma.WGMMA_LARGE_MAX_M):
-                    row(rec, f"w4a16_{path}", bench(lambda x, st: affine_gemm.matmul(x, st, path=path), xs, st4,
+                        and (path != "wgmma" or m <= plan.WGMMA_MAX_M):
+                    row(rec, f"w4a16_{path}", bench(lambda x, st: plan.matmul(x, st, path=path), xs, st4,
                                                     w4.nbytes), w4.nbytes + act, fl)
             for cfg in GEMV_SWEEP if m == 1 else ():
                 row(rec, "w4_gemv_" + "_".join(map(str, cfg)),
                     bench(lambda x, st: gemv(x, st, config=cfg), xs, st4, w4.nbytes), w4.nbytes + act, fl)
             for cfg in GEMM_SWEEP.get(m, ()):
                 row(rec, "w4_gemm_" + "_".join(map(str, cfg)),
-                    bench(lambda x, st: affine_gemm.gemm(x, st, config=cfg), xs, st4, w4.nbytes),
+                    bench(lambda x, st: splitk.matmul(x, st, config=cfg), xs, st4, w4.nbytes),
                     w4.nbytes + act, fl)
         results.append(rec)
         print(json.dumps(rec), flush=True)
@@ -349,7 +351,7 @@ def layer_figure(model: str, ms=(1,)) -> list[dict]:
     """The four GEMMs of one decoder layer back to back: eager (Python launches included) and graphed."""
     out = []
     shapes = list(SHAPES[model].values())
-    layers = [affine_gemm.prepare(affine_w(n, k, 4, 128), "cuda", torch.float16) for n, k in shapes]
+    layers = [affine.prepare(affine_w(n, k, 4, 128), "cuda", torch.float16) for n, k in shapes]
     fp16 = [(torch.randn(n, k, device="cuda") * 0.02).half() for n, k in shapes]
     for m in ms:
         xs = {k: [torch.randn(m, k, device="cuda").half() for _ in range(2)] for _, k in shapes}
@@ -357,7 +359,7 @@ def layer_figure(model: str, ms=(1,)) -> list[dict]:
 
         def four(x, ws):
             for st in ws:
-                affine_gemm.matmul(xs[st.k][0], st)
+                plan.matmul(xs[st.k][0], st)
 
         def four16(x, ws):
             for w in ws:

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
 
-from quanta.kernels import affine_gemm  # noqa: E402
-from quanta.kernels.affine_gemv import gemv  # noqa: E402
+from quanta.kernels import affine  # noqa: E402
+from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402
 
 # (BLOCK_N, RS, num_warps, waves, min_tiles, h2); None = the defaults
 SWEEP = (None, (256, 4, 2, 8.0, 2, False), (256, 4, 2, 8.0, 2, True), (128, 8, 2, 16.0, 1, True),
@@ -46,7 +46,7 @@ def main() -> None:
             w = affine_w(n, k, 4, 128)
             x = torch.randn(args.m, k, device="cuda").half()
             if not args.sweep:
-                st = affine_gemm.prepare(w, "cuda", torch.float16)
+                st = affine.prepare(w, "cuda", torch.float16)
                 for _ in range(3):
                     gemv(x, st)
                 torch.cuda.synchronize()
@@ -57,7 +57,7 @@ def main() -> None:
             results.append({"shape": f"{model} {layer}", "m": args.m, "config": "fp16", "us": round(us16, 2)})
             print(json.dumps(results[-1]), flush=True)
             del fp16
-            sts = copies(lambda: affine_gemm.prepare(w, "cuda", torch.float16), w.nbytes)
+            sts = copies(lambda: affine.prepare(w, "cuda", torch.float16), w.nbytes)
             for cfg in SWEEP:
                 err = float((run(x, sts[0], cfg).float() - ref).norm() / ref.norm())
                 us = bench(lambda x, s: run(x, s, cfg), [x], sts, w.nbytes)

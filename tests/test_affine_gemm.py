@@ -1,9 +1,12 @@
-"""Affine int4/int8 kernels (GEMV, split-K tl.dot GEMM, dequantize+cuBLAS) against Affine.dequantize()."""
+"""The affine kernels (quanta.kernels.affine: GEMV, split-K tl.dot GEMM, dequantize+cuBLAS) against
+Affine.dequantize()."""
 import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
-from quanta.kernels import affine_gemm
+from quanta.kernels import affine
+from quanta.kernels.affine import gemv, plan
+from quanta.kernels.device_caps import device_caps
 from quanta.quant.kinds.affine import Affine
 
 
@@ -27,10 +30,10 @@ def make_affine(n, k, bits, group, zero, act_order=False, device=DEVICE, seed=0)
 
 def check(w, m, dtype, path, bias=False, seed=1):
     g = torch.Generator().manual_seed(seed)
-    st = affine_gemm.prepare(w, DEVICE, dtype)
+    st = affine.prepare(w, DEVICE, dtype)
     x = (torch.randn(m, w.shape[1], generator=g)).to(DEVICE, dtype)
     b = (torch.randn(w.shape[0], generator=g) * 0.1).to(DEVICE, dtype) if bias else None
-    y = affine_gemm.matmul(x, st, b, path=path)
+    y = plan.matmul(x, st, b, path=path)
     ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
     assert y.shape == (m, w.shape[0]) and y.dtype == dtype
     assert rel_err(y, ref) < TOL[dtype], (path, rel_err(y, ref))
@@ -49,24 +52,35 @@ CASES = [  # n, k, bits, group, zero, act_order
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemv", 2), ("gemm", 3), ("gemm", 17), ("cublas", 5)])
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemv", 2), ("splitk", 3), ("splitk", 17), ("cublas", 5)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_paths_match_dequantize(case, path, m, dtype):
-    if dtype == torch.bfloat16 and path == "gemm" and interpreter_bf16_dot():
+    if dtype == torch.bfloat16 and path == "splitk" and interpreter_bf16_dot():
         pytest.skip("interpreter bf16 tl.dot is wrong; covered by the GPU run")
     check(make_affine(*case), m, dtype, path, bias=m == 3)
 
 
 def test_reference_and_protocol():
     w = make_affine(64, 256, 4, 128, "asym")
-    assert affine_gemm.supports(w, torch.device("cpu"), torch.float16) is not None   # CPU: not ours
-    assert "int3" in affine_gemm.supports(make_affine(8, 64, 4, 32, "sym").__class__(
-        codes=torch.zeros(8, 64, dtype=torch.uint8), scales=torch.ones(8, 2), bits=3, group_size=32, zeros=4),
-        torch.device("cuda"), torch.float16)
+    assert affine.supports(w, torch.device("cpu"), torch.float16) is not None   # CPU: not ours
+    narrow = Affine(codes=torch.zeros(8, 72, dtype=torch.uint8), scales=torch.ones(8, 3), bits=4, group_size=24,
+                    zeros=8)
+    assert "group size 24" in affine.supports(narrow, torch.device("cuda"), torch.float16)
     x = torch.randn(2, 256).to(DEVICE, torch.float16)
-    ref = affine_gemm.reference(x, w)
-    y = affine_gemm.apply(x, affine_gemm.prepare(w, DEVICE, torch.float16))
+    ref = affine.reference(x, w)
+    y = affine.apply(x, affine.prepare(w, DEVICE, torch.float16))
     assert rel_err(y, ref) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("bits,zero", [(3, "asym"), (5, "sym"), (6, "fmin")])
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("splitk", 3), ("cublas", 5)])
+def test_codes_narrower_than_their_field(bits, zero, path, m):
+    """3-bit codes held in 4-bit fields, 5- and 6-bit codes in 8-bit ones (as GGUF Q5_0 / Q5_1 are): exact, with the
+    zero point read as it is (not the field's centre)."""
+    w = make_affine(48, 256, bits, 64, zero)
+    assert affine.supports(w, torch.device("cuda"), torch.float16) is None
+    assert affine.prepare(w, DEVICE, torch.float16).bits == (4 if bits <= 4 else 8)
+    check(w, m, torch.float16, path, bias=True)
 
 
 @pytest.mark.parametrize("zero", ["sym", "fmin"])
@@ -74,20 +88,25 @@ def test_post_scale_is_applied(zero):
     """bnb LLM.int8 weights carry scales = SCB with post_scale = 1/127: the kernel must fold it in."""
     w = make_affine(40, 256, 8, -1, zero)
     w.post_scale = 1 / 127
-    for path, m in (("gemv", 1), ("gemm", 3), ("cublas", 5)):
+    for path, m in (("gemv", 1), ("splitk", 3), ("cublas", 5)):
         check(w, m, torch.float16, path)
 
 
-def test_plan_names_each_path():
-    st = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 16, 256, 1024)] == ["gemv", "gemm", "cublas", "cublas"]
+def test_path_names_what_runs_on_this_device():
+    """The kernel-module interface: path(state, m) names the path the plan gives M rows on the state's device."""
+    st = affine.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
+    names = [affine.path(st, m)[0] for m in (1, 16, 256, 1024)]
+    assert names == [f"triton_affine/{plan.choose(st, device_caps(DEVICE), m).path.name}" for m in (1, 16, 256, 1024)]
+    if DEVICE == "cpu":
+        assert names == ["triton_affine/gemv", "triton_affine/splitk", "triton_affine/cublas", "triton_affine/cublas"]
+    assert "M=256 >= 256" in affine.path(st, 256)[1]
 
 
 def test_leading_dims_and_noncontiguous():
     w = make_affine(64, 256, 4, 128, "sym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     x = torch.randn(2, 3, 512).to(DEVICE, torch.float16)[..., ::2]
-    y = affine_gemm.matmul(x, st)
+    y = plan.matmul(x, st)
     ref = x.double() @ w.dequantize().double().T
     assert y.shape == (2, 3, 64) and rel_err(y, ref) < TOL[torch.float16]
 
@@ -114,14 +133,13 @@ def test_gpu_act_order_bf16_gemm():
 
 def test_gemv_split_k_leaves_its_workspace_clean():
     """Split-K GEMV: the last split writes y and re-zeroes the shared workspace, so calls repeat exactly."""
-    from quanta.kernels import affine_gemv
     w = make_affine(96, 1024, 4, 128, "asym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     x = torch.randn(2, 1024).to(DEVICE, torch.float16)
-    config = (32, 4, 2, 64.0, 1)                 # 3 column blocks x 8 splits of one tile
-    first = affine_gemv.gemv(x, st, config=config)
-    second = affine_gemv.gemv(x, st, config=config)
-    ws, locks = affine_gemv.workspace(DEVICE, 96, 2)
+    config = gemv.GemvConfig(block_n=32, rows_a_step=4, warps=2, waves=64.0, min_tiles=1)   # 3 blocks x 8 splits
+    first = gemv.matmul(x, st, config=config)
+    second = gemv.matmul(x, st, config=config)
+    ws, locks = gemv.workspace(DEVICE, 96, 2)
     assert torch.equal(first, second)
     assert not ws.any() and not locks.any()
     ref = x.double() @ w.dequantize().double().T
@@ -133,17 +151,16 @@ def test_gemv_split_k_leaves_its_workspace_clean():
 def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
     """The fp16x2 GEMV inner loop with activations of LLM outlier size (|x| up to 3000) stays finite and exact
     to fp16 rounding."""
-    from quanta.kernels import affine_gemv
     w = make_affine(4096, 4096, bits, 128 if bits == 4 else -1, zero, device="cuda")
-    st = affine_gemm.prepare(w, "cuda", torch.float16)
-    assert affine_gemv.use_h2(st, "cuda")
+    st = affine.prepare(w, "cuda", torch.float16)
+    assert gemv.use_h2(st, device_caps("cuda"))
     x = torch.randn(1, 4096, generator=torch.Generator().manual_seed(0)) * 30
     x[0, ::997] = 3000.0 * torch.tensor([1.0, -1.0]).repeat(3)[:5]
     x = x.to("cuda", torch.float16)
-    y = affine_gemv.gemv(x, st)
+    y = gemv.matmul(x, st)
     ref = x.double() @ w.dequantize().double().T
     # the outputs, and the K split's partial sums, fit in fp16 (unseeded, x * 100 and outliers of one sign made
-    # int8 outputs of up to 45000, and a partial sum over 65504 once: H100, 2026-11-25)
+    # int8 outputs of up to 45000, and a partial sum over 65504 once)
     assert ref.abs().max() < 32768
     assert torch.isfinite(y).all() and rel_err(y, ref) < TOL[torch.float16]
 
@@ -158,12 +175,12 @@ def test_glu_epilogue_equals_matmul_then_silu_and_mul(case, m):
     same roundings), and close to the float64 reference."""
     from quanta.kernels import activation
     w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, w.shape[1]).to(DEVICE, torch.float16)
     bias = (torch.randn(w.shape[0]) * 0.1).to(DEVICE, torch.float16)
-    fused = affine_gemm.apply_glu(x, st, bias)
+    fused = affine.apply_glu(x, st, bias)
     assert fused.shape == (m, w.shape[0] // 2)
-    assert torch.equal(fused, activation.silu_and_mul(affine_gemm.matmul(x, st, bias)))
+    assert torch.equal(fused, activation.silu_and_mul(plan.matmul(x, st, bias)))
     gate_up = x.double() @ w.dequantize().double().T + bias.double()
     ref = activation.reference(gate_up)
     assert rel_err(fused, ref) < TOL[torch.float16]

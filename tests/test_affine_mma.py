@@ -1,12 +1,16 @@
-"""The register-operand MMA kernel (affine_mma.py) against the weights' own dequantize(): every mode (affine
+"""The register-operand MMA kernel (affine/mma.py) against the weights' own dequantize(): every mode (affine
 int4/int8 with symmetric, integer and float zeros, act-order, narrow groups, bias; NF4/FP4 tables; fp8), the
 fp16 pair decoding in PTX (run by tests/ptx_emulator.py on the CPU) and the per-element decoding."""
+import dataclasses
+
 import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 import ptx_emulator
-from quanta.kernels import affine_gemm, affine_mma, codebook_gemm, fp8_gemm
+from quanta.kernels import affine, codebook_gemm, fp8_gemm
+from quanta.kernels.affine import layout, mma, plan
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import tl, triton
 from quanta.quant.kinds.codebook import FP4_TABLE, NF4_TABLE
 from test_affine_gemm import CASES, LLAMA, make_affine
@@ -14,11 +18,16 @@ from test_codebook_gemm import make_codebook
 from test_fp8_gemm import make_fp8
 
 
-def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1, stream=None):
+def with_sms(sms: int):
+    """This device's caps with another SM count (how many programs the launches plan for)."""
+    return dataclasses.replace(device_caps(DEVICE), sm_count=sms)
+
+
+def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1, stream=None, caps=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, w.shape[1], generator=g).to(DEVICE, dtype)
     b = (torch.randn(w.shape[0], generator=g) * 0.1).to(DEVICE, dtype) if bias else None
-    y = affine_mma.matmul(x, st, b, config=config, h2=h2, stream=stream)
+    y = mma.matmul(x, st, b, config=config, h2=h2, stream=stream, caps=caps)
     ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
     assert y.shape == (m, w.shape[0]) and y.dtype == dtype
     assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
@@ -35,7 +44,7 @@ def check(w, st, m, dtype, h2=None, bias=False, config=None, seed=1, stream=None
 def test_affine_matches_dequantize(case, m, config, h2, monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     check(w, st, m, torch.float16, h2=h2, bias=m in (3, 17), config=config)
 
 
@@ -49,12 +58,11 @@ def test_stream_k_matches_dequantize(case, m, sms, config, monkeypatch):
     4 tiles, then 4 programs of 4 (tile, K tile) steps over the other two, runs that cross a tile boundary; with
     64 SMs every tile is streamed. Bias once per tile, from the run that holds its K tile 0."""
     ptx_emulator.install(monkeypatch)
-    monkeypatch.setattr(affine_mma, "num_sms", lambda device: sms)
     w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     if config is None:
         config = (32, 2, None, 1, 4, 16) if m > 20 else (16, 2, None, 1, 4, 16)
-    check(w, st, m, torch.float16, bias=True, config=config, stream=True)
+    check(w, st, m, torch.float16, bias=True, config=config, stream=True, caps=with_sms(sms))
 
 
 @pytest.mark.parametrize("m", [4, 20, 64])
@@ -63,11 +71,10 @@ def test_default_configs(m, sms, rows, monkeypatch):
     """The launcher's own config for each M bucket, bias included: 64 weight rows a warp up to M = 64, or 16 where
     256-row blocks would not fill the SMs (the 2 here fill 1 SM, not 132)."""
     ptx_emulator.install(monkeypatch)
-    monkeypatch.setattr(affine_mma, "num_sms", lambda device: sms)
     w = make_affine(300, 384, 4, 128, "asym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    assert affine_mma.default_config(m, st, sms)[5] == rows
-    check(w, st, m, torch.float16, bias=True)
+    st = affine.prepare(w, DEVICE, torch.float16)
+    assert mma.default_config(st, with_sms(sms), m).rows_a_warp == rows
+    check(w, st, m, torch.float16, bias=True, caps=with_sms(sms))
 
 
 def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
@@ -76,7 +83,7 @@ def test_pairs_in_ptx_equal_per_element_decoding(monkeypatch):
     rounds twice in the interpreter, once in the GPU's fused multiply-add.)"""
     ptx_emulator.install(monkeypatch)
     w = make_affine(96, 512, 4, 128, "sym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     pairs = check(w, st, 5, torch.float16, h2=True, config=(16, 3, 1.0, 1, 4, 16))
     single = check(w, st, 5, torch.float16, h2=False, config=(16, 3, 1.0, 1, 4, 16))
     assert torch.equal(pairs, single)
@@ -99,14 +106,14 @@ def test_table_codes(qt, n, k, blocksize, dq, m, config, h2, monkeypatch):
 
 @triton.jit
 def _lookup_kernel(w_ptr, s_ptr, lut_ptr, out_ptr, BN: tl.constexpr, R: tl.constexpr):
-    """out[i, n, r] = the weight of code i of word (n, r), by affine_mma._table_pairs."""
+    """out[i, n, r] = the weight of code i of word (n, r), by mma._table_pairs."""
     offs = tl.arange(0, BN)[:, None] * R + tl.arange(0, R)[None, :]
     p = tl.load(w_ptr + offs)
     s0 = tl.load(s_ptr + tl.arange(0, BN))
     s1 = tl.load(s_ptr + BN + tl.arange(0, BN))
-    lut = affine_gemm.load_lut_words(lut_ptr)
+    lut = layout.load_lut_words(lut_ptr)
     for j in tl.static_range(4):
-        w0, w1 = affine_mma._table_pairs(p, j, lut, s0, s1, R, BN, out_ptr.dtype.element_ty)
+        w0, w1 = mma._table_pairs(p, j, lut, s0, s1, R, BN, out_ptr.dtype.element_ty)
         tl.store(out_ptr + (2 * j) * BN * R + offs, w0)
         tl.store(out_ptr + (2 * j + 1) * BN * R + offs, w1)
 
@@ -126,7 +133,7 @@ def test_table_lookup_is_the_rounded_product(qt, dtype, monkeypatch):
     scales = (torch.rand(2, bn, generator=g) * 0.1 + 0.01).to(dtype)
     table = torch.tensor(NF4_TABLE if qt == "nf4" else FP4_TABLE)
     out = torch.empty(8, bn, r, dtype=dtype, device=DEVICE)
-    _lookup_kernel[(1,)](words.to(DEVICE), scales.to(DEVICE), affine_gemm.lut_byte_words(table, dtype).to(DEVICE),
+    _lookup_kernel[(1,)](words.to(DEVICE), scales.to(DEVICE), layout.lut_byte_words(table, dtype).to(DEVICE),
                          out, BN=bn, R=r)
     entries = table.to(dtype).float()[codes]                       # [8, bn, r]
     expect = (entries * scales.float()[torch.arange(8) % 2][:, :, None]).to(dtype)
@@ -143,13 +150,13 @@ def test_fp8_weight_only(fmt, strategy):
 @triton.jit
 def _pairs_kernel(w_ptr, s_ptr, zb_ptr, out_ptr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
                   BN: tl.constexpr, R: tl.constexpr):
-    """out[i, n, r] = the weight of code i of word (n, r), by affine_mma._h2_codes."""
+    """out[i, n, r] = the weight of code i of word (n, r), by mma._h2_codes."""
     offs = tl.arange(0, BN)[:, None] * R + tl.arange(0, R)[None, :]
     p = tl.load(w_ptr + offs)
     s = tl.load(s_ptr + tl.arange(0, BN))
     zb = tl.load(zb_ptr + tl.arange(0, BN))
     for i in tl.static_range(32 // BITS):
-        w = affine_mma._h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, out_ptr.dtype.element_ty, BN)
+        w = mma._h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, out_ptr.dtype.element_ty, BN)
         tl.store(out_ptr + i * BN * R + offs, w)
 
 
@@ -181,17 +188,17 @@ def test_pairs_are_the_rounded_product(bits, dtype, zbias, monkeypatch):
 @pytest.mark.skipif(interpreter_bf16_dot(), reason="interpreter bf16 tl.dot is wrong; covered by the GPU run")
 def test_bf16_int8_decodes_per_element():
     w = make_affine(64, 256, 8, 128, "asym")
-    st = affine_gemm.prepare(w, DEVICE, torch.bfloat16)
-    assert not affine_mma.h2_applies(st)
+    st = affine.prepare(w, DEVICE, torch.bfloat16)
+    assert not mma.h2_applies(st)
     check(w, st, 7, torch.bfloat16)
 
 
 def test_pairs_refuse_what_they_cannot_decode():
     """bf16 8-bit codes: 256 values do not fit beside a magic number in bf16's 7-bit mantissa."""
-    st = affine_gemm.prepare(make_affine(64, 256, 8, 128, "sym"), DEVICE, torch.bfloat16)
+    st = affine.prepare(make_affine(64, 256, 8, 128, "sym"), DEVICE, torch.bfloat16)
     with pytest.raises(AssertionError):
-        affine_mma.matmul(torch.randn(3, 256).to(DEVICE, torch.bfloat16), st, h2=True)
-    assert affine_mma.h2_applies(affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16))
+        mma.matmul(torch.randn(3, 256).to(DEVICE, torch.bfloat16), st, h2=True)
+    assert mma.h2_applies(affine.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -201,7 +208,7 @@ def test_pairs_refuse_what_they_cannot_decode():
 def test_gpu_llama_shapes(n, k, m, bits, group, zero):
     w = make_affine(n, k, bits, group, zero, device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
-        check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=m == 16)
+        check(w, affine.prepare(w, "cuda", dtype), m, dtype, bias=m == 16)
 
 
 @pytest.mark.gpu
@@ -210,7 +217,7 @@ def test_gpu_llama_shapes(n, k, m, bits, group, zero):
 def test_gpu_stream_k(n, k, m):
     w = make_affine(n, k, 4, 128, "asym", device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
-        check(w, affine_gemm.prepare(w, "cuda", dtype), m, dtype, bias=True, stream=True)
+        check(w, affine.prepare(w, "cuda", dtype), m, dtype, bias=True, stream=True)
 
 
 @pytest.mark.gpu
@@ -220,45 +227,41 @@ def test_gpu_stream_k(n, k, m):
 def test_gpu_rows_a_warp(n, k, config, stream):
     """Configs the defaults do not use (64 rows a warp in 4 warps are test_gpu_llama_shapes' M <= 64)."""
     w = make_affine(n, k, 4, 128, "asym", device="cuda")
-    check(w, affine_gemm.prepare(w, "cuda", torch.float16), 16, torch.float16, bias=True, config=config,
+    check(w, affine.prepare(w, "cuda", torch.float16), 16, torch.float16, bias=True, config=config,
           stream=stream)
 
 
 @pytest.mark.gpu
 def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
-    st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    expect = ["gemv", "wgmma", "wgmma", "wgmma", "cublas"] if hopper else ["gemv", "gemm", "gemm", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 3, 33, 1024, 1025)] == expect   # 4-bit g128: affine_wgmma
-    w8 = affine_gemm.prepare(make_affine(4096, 4096, 8, 128, "sym", device="cuda"), "cuda", torch.float16)
-    expect = ["mma", "mma", "cublas"] if hopper else ["gemm", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, w8)[0] for m in (33, 512, 513)] == expect
-    assert affine_gemm.plan(2, st)[0] == ("wgmma" if hopper else "gemv")
+    caps = device_caps("cuda")
+
+    def paths(st, ms):
+        return [plan.choose(st, caps, m).path.name for m in ms]
+
+    st = affine.prepare(make_affine(4096, 4096, 4, 128, "sym", device="cuda"), "cuda", torch.float16)
+    hopper = caps.capability == (9, 0) and caps.gluon
+    expect = ["gemv", "wgmma", "wgmma", "wgmma", "cublas"] if hopper else ["gemv", "splitk", "splitk", "cublas",
+                                                                            "cublas"]
+    assert paths(st, (1, 3, 33, 1024, 1025)) == expect                                   # 4-bit g128: wgmma
+    w8 = affine.prepare(make_affine(4096, 4096, 8, 128, "sym", device="cuda"), "cuda", torch.float16)
+    expect = ["mma", "mma", "cublas"] if hopper else ["splitk", "cublas", "cublas"]
+    assert paths(w8, (33, 512, 513)) == expect
+    assert paths(st, (2,)) == ["wgmma" if hopper else "gemv"]
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)
     expect = ["gemv", "mma", "mma", "cublas"] if hopper else ["gemv", "gemv", "cublas", "cublas"]
-    assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2, 512, 513)] == expect
+    assert paths(nf4, (1, 2, 512, 513)) == expect
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.bfloat16)
-    assert [affine_gemm.plan(m, nf4)[0] for m in (1, 2)] == (["mma"] * 2 if hopper else ["gemv", "cublas"])
+    assert paths(nf4, (1, 2)) == (["mma"] * 2 if hopper else ["gemv", "cublas"])
 
 
-def test_plan_where_this_path_applies(monkeypatch):
-    """Where the MMA kernel applies (sm90), it takes M = 2 from the GEMV when it decodes in PTX (fp16 affine codes,
-    bf16 4-bit ones, table codes in either dtype), and M = 1 too for bf16 table codes (the GEMV would gather them per
-    code); M = 33..64 of table codes take 32 rows a warp (64 spill)."""
-    monkeypatch.setattr(affine_mma, "applies", lambda st: True)
-    f16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.float16)
-    bf16 = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), DEVICE, torch.bfloat16)
-    nf4 = {dt: codebook_gemm.prepare(make_codebook(64, 256), DEVICE, dt) for dt in (torch.float16, torch.bfloat16)}
-    assert [affine_gemm.plan(m, f16)[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
-    assert [affine_gemm.plan(m, bf16)[0] for m in (1, 2, 3)] == ["gemv", "mma", "mma"]
-    bf16_w8 = affine_gemm.prepare(make_affine(64, 256, 8, 128, "sym"), DEVICE, torch.bfloat16)
-    assert [affine_gemm.plan(m, bf16_w8)[0] for m in (1, 2, 3)] == ["gemv", "gemv", "mma"]   # decoded per element
-    assert [affine_gemm.plan(m, nf4[torch.float16])[0] for m in (1, 2, 512, 513)] == ["gemv", "mma", "mma", "cublas"]
-    assert [affine_gemm.plan(m, nf4[torch.bfloat16])[0] for m in (1, 513)] == ["mma", "cublas"]   # no bf16 lookup GEMV
+def test_table_codes_take_32_rows_a_warp_above_m32():
+    """M = 33..64 of table codes take 32 weight rows a warp (64 spill the lookup's registers); affine codes 64.
+    (Which M the plan gives this kernel: test_affine_plan.)"""
+    caps = with_sms(1)
     big = codebook_gemm.prepare(make_codebook(1024, 1024), DEVICE, torch.float16)   # 4 blocks of 256 rows
-    assert [affine_mma.default_config(m, big, 1)[5] for m in (32, 33, 64)] == [64, 32, 32]
-    big = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, torch.float16)
-    assert affine_mma.default_config(64, big, 1)[5] == 64
+    assert [mma.default_config(big, caps, m).rows_a_warp for m in (32, 33, 64)] == [64, 32, 32]
+    big = affine.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, torch.float16)
+    assert mma.default_config(big, caps, 64).rows_a_warp == 64
 
 
 @pytest.mark.gpu
@@ -276,6 +279,6 @@ def test_gpu_table_codes_llama_shapes(n, k, m, blocksize):
 def test_gpu_act_order_and_tables():
     w = make_affine(4096, 4096, 4, 128, "asym", act_order=True, device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
-        check(w, affine_gemm.prepare(w, "cuda", dtype), 24, dtype)
+        check(w, affine.prepare(w, "cuda", dtype), 24, dtype)
     nf4 = make_codebook(4096, 4096, 64, "nf4", True, device="cuda")
     check(nf4, codebook_gemm.prepare(nf4, "cuda", torch.float16), 8, torch.float16)

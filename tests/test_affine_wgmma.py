@@ -1,15 +1,18 @@
-"""The Gluon wgmma kernel (affine_wgmma.py) against the weights' own dequantize(), and where plan() gives it M.
+"""The Gluon wgmma kernel (affine/wgmma.py) against the weights' own dequantize(), and its launch configs.
 
 Gluon kernels have no interpreter: the kernel runs in the GPU tests (sm90); on the CPU it is compiled for sm90
-(test_compile_check) and its decoding is affine_mma's H2 PTX, which test_affine_mma checks bit for bit through
-tests/ptx_emulator.py. The CPU tests here check which weights and M it takes."""
+(test_compile_check) and its decoding is layout's H2 pair PTX, which test_affine_mma checks bit for bit through
+tests/ptx_emulator.py. The CPU tests here check which weights it takes and how it launches; which M the plan gives
+it, test_affine_plan."""
 import types
 
 import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
-from quanta.kernels import affine_gemm, affine_mma, affine_wgmma, codebook_gemm
+from quanta.kernels import affine, codebook_gemm
+from quanta.kernels.affine import plan, wgmma
+from quanta.kernels.device_caps import PRESETS, device_caps
 from quanta.kernels.triton_support import split_k, whole_wave_split_k
 from test_affine_gemm import LLAMA, make_affine
 from test_codebook_gemm import make_codebook
@@ -20,11 +23,11 @@ sm90 = pytest.mark.skipif(not HOPPER, reason="wgmma runs on sm90")
 
 def check(w, m, dtype, bias=False, config=None, seed=1):
     g = torch.Generator().manual_seed(seed)
-    st = affine_gemm.prepare(w, "cuda", dtype)
-    assert affine_wgmma.applies(st)
+    st = affine.prepare(w, "cuda", dtype)
+    assert wgmma.weight_fits(st)
     x = torch.randn(m, w.shape[1], generator=g).to("cuda", dtype)
     b = (torch.randn(w.shape[0], generator=g) * 0.1).to("cuda", dtype) if bias else None
-    y = affine_wgmma.matmul(x, st, b, config=config)
+    y = wgmma.matmul(x, st, b, config=config)
     ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
     assert y.shape == (m, w.shape[0]) and y.dtype == dtype
     assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
@@ -34,34 +37,14 @@ def test_weights_it_takes():
     """4-bit affine codes with a scale row a K tile (group 128, 256 or per channel), not act-order, 8-bit codes,
     narrower groups or table codes."""
     def fits(w, dtype=torch.float16):
-        return affine_wgmma.weight_fits(affine_gemm.prepare(w, DEVICE, dtype))
+        return wgmma.weight_fits(affine.prepare(w, DEVICE, dtype))
 
     assert fits(make_affine(64, 256, 4, 128, "sym")) and fits(make_affine(64, 256, 4, 128, "asym"), torch.bfloat16)
     assert fits(make_affine(40, 423, 4, -1, "fmin")) and fits(make_affine(64, 512, 4, 256, "sym"))
     assert not fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
     assert not fits(make_affine(64, 256, 8, 128, "sym"))
     assert not fits(make_affine(64, 256, 4, 64, "sym")) and not fits(make_affine(64, 256, 4, 32, "sym"))
-    assert not affine_wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
-    assert not affine_wgmma.applies(affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym"), "cpu", torch.float16))
-
-
-def test_plan_gives_it_m_2_to_1024(monkeypatch):
-    """Where it applies it takes M = 2..16 from the MMA kernel, M = 17..32 where its blocks fill the SMs, M = 33..1024
-    from the MMA kernel and dequantize + cuBLAS (bf16 where K is not split), and bf16 M = 1 from the GEMV (fp32 in
-    bf16) where its blocks fill the SMs amply; fp16 M = 1 stays the GEMV's, M = 1025 dequantize + cuBLAS."""
-    monkeypatch.setattr(affine_mma, "applies", lambda st: True)
-    monkeypatch.setattr(affine_wgmma, "applies", affine_wgmma.weight_fits)
-    for dtype in (torch.float16, torch.bfloat16):
-        st = affine_gemm.prepare(make_affine(1024, 1024, 4, 128, "sym"), DEVICE, dtype)   # 4 blocks x 8 K tiles
-        monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 4)
-        m1 = "gemv" if dtype == torch.float16 else "wgmma"
-        assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 32, 33, 1024, 1025)] == [m1] + ["wgmma"] * 4 + ["cublas"]
-        monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
-        m33 = "wgmma" if dtype == torch.float16 else "mma"                 # bf16: 4 blocks, K split in 4
-        assert ([affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 32, 33)]
-                == ["gemv", "wgmma", "wgmma", "mma", "mma", m33])
-    act_order = affine_gemm.prepare(make_affine(64, 256, 4, 128, "sym", act_order=True), DEVICE, torch.float16)
-    assert affine_gemm.plan(16, act_order)[0] == "mma"
+    assert not wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
@@ -69,41 +52,30 @@ def test_default_config_rows_a_program(dtype):
     """256 weight rows a program where two waves of them still take several K tiles each, else 128; BLOCK_M is M's
     bucket (16 or 32)."""
     def cfg(m, n, k):
-        return affine_wgmma.default_config(m, types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype), 132)
+        st = types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype)
+        return wgmma.default_config(st, PRESETS["sm90"], m)                    # 132 SMs
 
-    assert cfg(16, 4096, 4096)[4] == 128                         # 8B o: 16 blocks x 32 K tiles
-    assert cfg(16, 57344, 8192)[4] == 256                        # 70B gate_up
-    assert cfg(16, 4096, 14336)[4] == (256 if dtype == torch.float16 else 128)   # 8B down
-    assert cfg(16, 28672, 4096)[4] == (256 if dtype == torch.float16 else 128)   # 8B gate_up: K of 32 tiles
-    assert [cfg(m, 28672, 4096)[0] for m in (2, 16, 17, 32, 33, 64, 65, 2048)] == [16, 16, 32, 32, 64, 64, 128, 128]
-    assert [cfg(m, 28672, 4096)[6] for m in (32, 33)] == [4, 8]                    # two warpgroups above M = 32
+    assert cfg(16, 4096, 4096).rows == 128                        # 8B o: 16 blocks x 32 K tiles
+    assert cfg(16, 57344, 8192).rows == 256                       # 70B gate_up
+    assert cfg(16, 4096, 14336).rows == (256 if dtype == torch.float16 else 128)   # 8B down
+    assert cfg(16, 28672, 4096).rows == (256 if dtype == torch.float16 else 128)   # 8B gate_up: K of 32 tiles
+    assert [cfg(m, 28672, 4096).block_m for m in (2, 16, 17, 32, 33, 64, 65, 2048)] == [16, 16, 32, 32, 64, 64, 128,
+                                                                                         128]
+    assert [cfg(m, 28672, 4096).warps for m in (32, 33)] == [4, 8]                 # two warpgroups above M = 32
 
 
 def test_large_m_rows_fill_the_waves():
     """Above M = 32, 256 weight rows a program unless 128-row programs fill whole waves of one an SM better by
     wave_steps weighted with ROW_STEP_COST; the K loop split for whole waves (waves None)."""
     def cfg(m, n, k):
-        return affine_wgmma.large_m_config(m, types.SimpleNamespace(n=n, num_tiles=k // 128), 132)
+        return wgmma.large_m_config(types.SimpleNamespace(n=n, num_tiles=k // 128), PRESETS["sm90"], m)
 
-    assert cfg(1024, 57344, 8192)[2:5] == (None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 70B gate_up: 1792 programs
-    assert cfg(512, 4096, 4096)[4] == 128      # 8B o: 128 programs of 128 rows in one wave; 64 of 256 split twice
-    assert cfg(1024, 4096, 4096)[4] == 256     # 8B o: 128 programs of 256 rows fill one wave
-    assert cfg(256, 10240, 8192)[4] == 256     # 70B qkv: 80 blocks of 256 rows split in 3 beat 160 of 128 in 4
-    assert cfg(64, 4096, 4096)[:5] == (64, 4, None, affine_wgmma.LARGE_M_MIN_TILES, 256)   # 64 rows of x: 256 rows
-
-
-def test_bf16_large_m_only_unsplit(monkeypatch):
-    """Above M = 32 bf16 goes to the kernel only where its K loop is not split (float32 partial sums); fp16 always."""
-    monkeypatch.setattr(affine_wgmma, "applies", lambda st: True)
-    monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
-
-    def takes(m, n, k, dtype):
-        st = types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype, packed=types.SimpleNamespace(device=None))
-        return affine_wgmma.takes(m, st)
-
-    assert takes(1024, 28672, 4096, torch.bfloat16) and takes(1024, 57344, 8192, torch.bfloat16)  # 896, 1792 blocks
-    assert not takes(1024, 10240, 8192, torch.bfloat16) and takes(1024, 10240, 8192, torch.float16)  # 320, K split
-    assert not takes(1025, 28672, 4096, torch.float16)
+    c = cfg(1024, 57344, 8192)                                    # 70B gate_up: 1792 programs
+    assert (c.waves, c.min_tiles, c.rows) == (None, wgmma.LARGE_M_MIN_TILES, 256)
+    assert cfg(512, 4096, 4096).rows == 128    # 8B o: 128 programs of 128 rows in one wave; 64 of 256 split twice
+    assert cfg(1024, 4096, 4096).rows == 256   # 8B o: 128 programs of 256 rows fill one wave
+    assert cfg(256, 10240, 8192).rows == 256   # 70B qkv: 80 blocks of 256 rows split in 3 beat 160 of 128 in 4
+    assert tuple(cfg(64, 4096, 4096))[:5] == (64, 4, None, wgmma.LARGE_M_MIN_TILES, 256)   # 64 rows of x: 256 rows
 
 
 def test_large_m_split_k_fills_the_waves(monkeypatch):
@@ -116,12 +88,11 @@ def test_large_m_split_k_fills_the_waves(monkeypatch):
             grids.append(grid)
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(affine_wgmma, "_w4_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
-    monkeypatch.setattr(affine_wgmma, "num_sms", lambda device: 132)
-    st = affine_gemm.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
+    monkeypatch.setattr(wgmma, "_w4_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
+    st = affine.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
     x = torch.randn(128, 4096, dtype=torch.float16)
     for waves in (None, 2.0):
-        affine_wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8))
+        wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8), caps=PRESETS["sm90"])   # 132 SMs
     whole = whole_wave_split_k(32, 32, 132, 2)[0]
     assert grids == [(32, whole), (32, split_k(32, 32, 132, 2.0, 2)[0])] and whole != grids[1][1]
 
@@ -130,10 +101,10 @@ def test_x_rows_copied_only_when_unaligned():
     """The kernel copies x by 16-byte cp.async: K and the row stride a multiple of 16 elements, else a zero-padded
     copy and K rounded up."""
     x = torch.randn(3, 256, dtype=torch.float16)
-    assert affine_wgmma._aligned_rows(x, 256)[0] is x
+    assert wgmma._aligned_rows(x, 256)[0] is x
     for x, k in ((torch.randn(3, 213, dtype=torch.float16), 213), (torch.randn(3, 264)[:, 8:].half(), 256),
                  (torch.randn(3, 272, dtype=torch.float16)[:, 3:259], 256)):
-        padded, k16 = affine_wgmma._aligned_rows(x, k)
+        padded, k16 = wgmma._aligned_rows(x, k)
         assert k16 == -(-k // 16) * 16 and padded.stride(0) % 16 == 0 and padded.data_ptr() % 16 == 0
         assert torch.equal(padded[:, :k], x) and not padded[:, k:].any()
 
@@ -172,18 +143,19 @@ def test_gpu_odd_shapes_and_configs(n, k, group, zero, m, config):
 @sm90
 def test_gpu_plan_and_matmul_take_it():
     w = make_affine(4096, 4096, 4, 128, "asym", device="cuda")
+    caps = device_caps("cuda")
     for dtype in (torch.float16, torch.bfloat16):
-        st = affine_gemm.prepare(w, "cuda", dtype)
+        st = affine.prepare(w, "cuda", dtype)
         m33 = "wgmma" if dtype == torch.float16 else "mma"                 # bf16: 16 blocks, K split
-        assert ([affine_gemm.plan(m, st)[0] for m in (1, 2, 16, 17, 33, 1025)]
+        assert ([plan.choose(st, caps, m).path.name for m in (1, 2, 16, 17, 33, 1025)]
                 == ["gemv", "wgmma", "wgmma", "mma", m33, "cublas"])
-        st_big = affine_gemm.prepare(make_affine(28672, 4096, 4, 128, "sym", device="cuda"), "cuda", dtype)
+        st_big = affine.prepare(make_affine(28672, 4096, 4, 128, "sym", device="cuda"), "cuda", dtype)
         m1 = "gemv" if dtype == torch.float16 else "wgmma"                 # the bf16 GEMV decodes in fp32
-        assert [affine_gemm.plan(m, st_big)[0] for m in (1, 32, 33)] == [m1, "wgmma", "wgmma"]
+        assert [plan.choose(st_big, caps, m).path.name for m in (1, 32, 33)] == [m1, "wgmma", "wgmma"]
         x = torch.randn(2, 8, 4096, device="cuda", dtype=dtype)
         b = torch.randn(4096, device="cuda", dtype=dtype) * 0.1
-        y = affine_gemm.matmul(x, st, b)
+        y = plan.matmul(x, st, b)
         ref = x.double() @ w.dequantize().double().T + b.double()
         assert y.shape == (2, 8, 4096) and rel_err(y, ref) < TOL[dtype]
         x = torch.randn(5, 4099, device="cuda", dtype=dtype)[:, 3:]          # rows neither 16-byte aligned nor strided
-        assert rel_err(affine_gemm.matmul(x, st), x.double() @ w.dequantize().double().T) < TOL[dtype]
+        assert rel_err(plan.matmul(x, st), x.double() @ w.dequantize().double().T) < TOL[dtype]

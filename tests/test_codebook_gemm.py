@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, bf16_rounds_to_nearest, interpreter_bf16_dot, rel_err  # noqa: I001
-from quanta.kernels import affine_gemm, affine_mma, codebook_gemm
+from quanta.kernels import codebook_gemm
+from quanta.kernels.affine import cublas, plan
+from quanta.kernels.device_caps import PRESETS, device_caps
 from quanta.quant.kinds.codebook import FP4_TABLE, NF4_TABLE, Codebook
 
 
@@ -24,16 +26,16 @@ def make_codebook(n, k, blocksize=64, quant_type="nf4", double_quant=False, devi
 
 @pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", False), (73, 192, 64, "fp4", True),
                                                  (40, 384, 128, "nf4", True), (33, 160, 32, "nf4", False)])
-@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemm", 5), ("cublas", 3)])
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("splitk", 5), ("cublas", 3)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_codebook_paths(n, k, blocksize, qt, dq, path, m, dtype):
-    if dtype == torch.bfloat16 and path == "gemm" and interpreter_bf16_dot():
+    if dtype == torch.bfloat16 and path == "splitk" and interpreter_bf16_dot():
         pytest.skip("interpreter bf16 tl.dot is wrong; covered by the GPU run")
     w = make_codebook(n, k, blocksize, qt, dq)
     st = codebook_gemm.prepare(w, DEVICE, dtype)
     x = torch.randn(m, k).to(DEVICE, dtype)
     ref = x.double() @ w.dequantize().double().T
-    assert rel_err(affine_gemm.matmul(x, st, path=path), ref) < TOL[dtype]
+    assert rel_err(plan.matmul(x, st, path=path), ref) < TOL[dtype]
 
 
 @pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", True), (73, 192, 32, "fp4", False),
@@ -47,7 +49,7 @@ def test_dequantize_by_lookup(n, k, blocksize, qt, dq, dtype, monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_codebook(n, k, blocksize, qt, dq)
     st = codebook_gemm.prepare(w, DEVICE, dtype)
-    got = affine_gemm.dequantize_t(st, block_n=32, lookup=True).t()
+    got = cublas.dequantize_t(st, cublas.DequantConfig(block_n=32), lookup=True).t()
     scales = w.block_absmax().reshape(n, k // blocksize).to(dtype).float().repeat_interleave(blocksize, 1)
     expect = (w.table.to(dtype).float()[w.codes.long()] * scales).to(dtype)
     if dtype == torch.float16 or bf16_rounds_to_nearest():
@@ -55,15 +57,18 @@ def test_dequantize_by_lookup(n, k, blocksize, qt, dq, dtype, monkeypatch):
     assert rel_err(got, w.dequantize()) < TOL[dtype] / 4
 
 
-def test_plan_takes_cublas_above_the_gemv(monkeypatch):
-    """Table codes where the MMA kernel does not apply (off sm90): the GEMV up to M = 2 where its byte-permute
+@pytest.mark.parametrize("caps", ["sm80", "sm89"])
+def test_plan_takes_cublas_above_the_gemv(caps):
+    """Table codes where the MMA kernel does not run (off sm90): the GEMV up to M = 2 where its byte-permute
     lookup runs (fp16), else up to M = 1; above, dequantize + cuBLAS (faster than the split-K kernel's per-code
-    gather on the H100). (Where it applies, test_affine_mma.test_plan_where_this_path_applies.)"""
-    monkeypatch.setattr(affine_mma, "applies", lambda st: False)
+    gather). (On sm90, test_affine_plan.)"""
+    caps = PRESETS[caps]
     st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16)
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 3, 16, 128, 1024)] == ["gemv"] * 2 + ["cublas"] * 4
+    assert [plan.choose(st, caps, m).path.name for m in (1, 2, 3, 16, 128, 1024)] == ["gemv"] * 2 + ["cublas"] * 4
     st = codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.bfloat16)
-    assert [affine_gemm.plan(m, st)[0] for m in (1, 2, 16)] == ["gemv", "cublas", "cublas"]
+    assert [plan.choose(st, caps, m).path.name for m in (1, 2, 16)] == ["gemv", "cublas", "cublas"]
+    name, reason = codebook_gemm.path(st, 2)                        # on this device
+    assert name == "triton_codebook/" + plan.choose(st, device_caps(DEVICE), 2).path.name and reason
 
 
 def test_blocks_across_rows_fall_back():
@@ -86,9 +91,9 @@ def test_gpu_nf4_llama(n, k, m):
 @pytest.mark.parametrize("m", [1, 2])
 def test_gpu_nf4_packed_half_gemv(n, k, blocksize, m):
     """The byte-permute table lookup (off by default until measured) on the real PTX, at Llama shapes."""
-    from quanta.kernels import affine_gemv
+    from quanta.kernels.affine import gemv
     w = make_codebook(n, k, blocksize, "nf4", True, device="cuda")
     st = codebook_gemm.prepare(w, "cuda", torch.float16)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     ref = x.double() @ w.dequantize().double().T
-    assert rel_err(affine_gemv.gemv(x, st, h2=True), ref) < TOL[torch.float16]
+    assert rel_err(gemv.matmul(x, st, h2=True), ref) < TOL[torch.float16]

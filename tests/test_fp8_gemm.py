@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, interpreter_bf16_dot, rel_err  # noqa: I001
-from quanta.kernels import affine_gemm, fp8_bits, fp8_gemm
-from quanta.kernels.affine_gemm import AffineState
+from quanta.kernels import fp8_bits, fp8_gemm
+from quanta.kernels.affine import layout, plan
+from quanta.kernels.affine.layout import AffineState
 from quanta.kernels.triton_support import tl, triton
 from quanta.quant.kinds.fp8 import FP8_DTYPES, Fp8
 
@@ -40,21 +41,22 @@ def make_fp8(n, k, fmt="e4m3", strategy="channel", device=DEVICE, seed=0):
 
 @pytest.mark.parametrize("n,k,fmt,strategy", [(72, 256, "e4m3", "tensor"), (73, 213, "e5m2", "channel"),
                                               (130, 300, "e4m3", "block")])
-@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemm", 4), ("cublas", 3)])
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("splitk", 4), ("cublas", 3)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_weight_only_paths(n, k, fmt, strategy, path, m, dtype):
-    if dtype == torch.bfloat16 and path == "gemm" and interpreter_bf16_dot():
+    if dtype == torch.bfloat16 and path == "splitk" and interpreter_bf16_dot():
         pytest.skip("interpreter bf16 tl.dot is wrong; covered by the GPU run")
     w = make_fp8(n, k, fmt, strategy)
     st = fp8_gemm.prepare(w, "cpu", dtype) if DEVICE == "cpu" else None
     if st is None:                                   # on a GPU force the weight-only layout
-        st = affine_gemm.pack(w.data.view(torch.uint8), 8, 128 if strategy == "block" else None,
+        st = layout.pack(w.data.view(torch.uint8), 8, 128 if strategy == "block" else None,
                               w.expanded_scale().expand(n, -1)[:, ::128] if strategy == "block"
                               else w.expanded_scale().reshape(-1, 1).expand(n, 1), dtype,
-                              mode=affine_gemm.FP8_E4M3 if fmt == "e4m3" else affine_gemm.FP8_E5M2)
+                              mode=layout.FP8_E4M3 if fmt == "e4m3" else layout.FP8_E5M2)
     assert isinstance(st, AffineState)
     x = torch.randn(m, k).to(DEVICE, dtype)
-    assert rel_err(affine_gemm.matmul(x, st, path=path), x.double() @ w.dequantize().double().T) < TOL[dtype]
+    assert rel_err(plan.matmul(x, st, path=path), x.double() @ w.dequantize().double().T) < TOL[dtype]
+    assert fp8_gemm.path(st, m)[0].startswith("triton_fp8/")
 
 
 @pytest.mark.gpu

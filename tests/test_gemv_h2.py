@@ -6,7 +6,9 @@ import torch
 
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 import ptx_emulator
-from quanta.kernels import affine_gemm, affine_gemv
+from quanta.kernels import affine
+from quanta.kernels.affine import gemv
+from quanta.kernels.device_caps import PRESETS
 from test_affine_gemm import make_affine
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the GPU runs the real PTX (test_affine_gemm.py)")
@@ -27,12 +29,12 @@ CASES = [  # n, k, bits, group, zero, act_order: every case H2 takes (fp16, a sc
 def test_h2_gemv_matches_dequantize(case, m, monkeypatch):
     ptx_emulator.install(monkeypatch)
     w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(m, w.shape[1], generator=g).half()
     bias = (torch.randn(w.shape[0], generator=g) * 0.1).half()
-    y = affine_gemv.gemv(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=True)      # split-K over several programs
-    y32 = affine_gemv.gemv(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=False)
+    y = gemv.matmul(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=True)      # split-K over several programs
+    y32 = gemv.matmul(x, st, bias, config=(32, 8, 2, 64.0, 1), h2=False)
     ref = x.double() @ w.dequantize().double().T + bias.double()
     assert rel_err(y, ref) < TOL[torch.float16]
     assert rel_err(y, y32) < 1e-3
@@ -44,51 +46,48 @@ def test_h2_gemv_whole_tile_steps(case, monkeypatch):
     several programs: the same sums as the fp32 loop and the dequantized weight."""
     ptx_emulator.install(monkeypatch)
     w = make_affine(*case)
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, w.shape[1], generator=torch.Generator().manual_seed(5)).half()
-    y = affine_gemv.gemv(x, st, config=(64, 16, 4, 64.0, 1), h2=True)
+    y = gemv.matmul(x, st, config=(64, 16, 4, 64.0, 1), h2=True)
     assert rel_err(y, x.double() @ w.dequantize().double().T) < TOL[torch.float16]
-    assert rel_err(y, affine_gemv.gemv(x, st, config=(64, 16, 4, 64.0, 1), h2=False)) < 1e-3
+    assert rel_err(y, gemv.matmul(x, st, config=(64, 16, 4, 64.0, 1), h2=False)) < 1e-3
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8", "nf4"])
-def test_default_config_by_code_kind(kind, monkeypatch):
-    """Under PDL, 8-bit codes (twice the bytes a weight) and table codes (about twice the instructions a code) take
-    their own launch tables, swept apart from 4-bit affine codes."""
+def test_default_config_by_code_kind(kind):
+    """Under PDL (sm90), 8-bit codes (twice the bytes a weight) and table codes (about twice the instructions a code)
+    take their own launch tables, swept apart from 4-bit affine codes; without PDL (sm80) one table for all."""
     from quanta.kernels import codebook_gemm
     from test_codebook_gemm import make_codebook
     if kind == "nf4":
         st = codebook_gemm.prepare(make_codebook(64, 256, 64, "nf4", True), DEVICE, torch.float16)
     else:
-        st = affine_gemm.prepare(make_affine(64, 256, 8 if kind == "int8" else 4, 128, "sym"), DEVICE, torch.float16)
-    monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: True)
-    monkeypatch.setattr(affine_gemv, "use_h2", lambda st, device: affine_gemv.h2_applies(st))   # as on a GPU
-    table = {"int4": affine_gemv.GEMV_CONFIGS_PDL, "int8": affine_gemv.GEMV_CONFIGS_PDL_W8,
-             "nf4": affine_gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
-    assert affine_gemv.default_config(st, DEVICE) == table[0][1]
-    monkeypatch.setattr(affine_gemv, "use_pdl", lambda device: False)
-    assert affine_gemv.default_config(st, DEVICE) == affine_gemv.GEMV_CONFIGS[0][1]
+        st = affine.prepare(make_affine(64, 256, 8 if kind == "int8" else 4, 128, "sym"), DEVICE, torch.float16)
+    table = {"int4": gemv.GEMV_CONFIGS_PDL, "int8": gemv.GEMV_CONFIGS_PDL_W8,
+             "nf4": gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
+    assert gemv.default_config(st, PRESETS["sm90"]) == table[0][1]
+    assert gemv.default_config(st, PRESETS["sm80"]) == gemv.GEMV_CONFIGS[0][1]
 
 
 def test_h2_keeps_outlier_activations_finite(monkeypatch):
     """(q - 8)/16 keeps each packed-half product within |x| / 2: activations of 3000 stay finite."""
     ptx_emulator.install(monkeypatch)
     w = make_affine(64, 512, 4, 128, "sym")
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
+    st = affine.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, 512) * 100
     x[0, ::97] = 3000.0
     x = x.half()
-    y = affine_gemv.gemv(x, st, h2=True)
+    y = gemv.matmul(x, st, h2=True)
     assert torch.isfinite(y).all()
     assert rel_err(y, x.double() @ w.dequantize().double().T) < TOL[torch.float16]
 
 
 def test_h2_refuses_weights_it_cannot_run():
     w = make_affine(64, 256, 4, 32, "sym")                 # the group changes inside a 128-column tile
-    st = affine_gemm.prepare(w, DEVICE, torch.float16)
-    assert not affine_gemv.use_h2(st, "cuda")
+    st = affine.prepare(w, DEVICE, torch.float16)
+    assert not gemv.use_h2(st, PRESETS["sm90"])
     with pytest.raises(AssertionError):
-        affine_gemv.gemv(torch.randn(1, 256).half(), st, h2=True)
+        gemv.matmul(torch.randn(1, 256).half(), st, h2=True)
 
 
 def test_ptx_emulator_against_numpy():
@@ -128,12 +127,12 @@ def test_h2_with_the_glu_epilogue(kind, monkeypatch):
     from test_codebook_gemm import make_codebook
     ptx_emulator.install(monkeypatch)
     if kind == "int4":
-        st = affine_gemm.prepare(make_affine(160, 384, 4, 128, "sym"), DEVICE, torch.float16)
+        st = affine.prepare(make_affine(160, 384, 4, 128, "sym"), DEVICE, torch.float16)
     else:
         st = codebook_gemm.prepare(make_codebook(160, 384, 64, "nf4", True), DEVICE, torch.float16)
     x = torch.randn(2, 384).half()
-    fused = affine_gemv.gemv(x, st, h2=True, glu=True)
-    assert torch.equal(fused, activation.silu_and_mul(affine_gemv.gemv(x, st, h2=True)))
+    fused = gemv.matmul(x, st, h2=True, glu=True)
+    assert torch.equal(fused, activation.silu_and_mul(gemv.matmul(x, st, h2=True)))
 
 
 @pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", True), (40, 192, 64, "fp4", False),
@@ -147,11 +146,11 @@ def test_h2_table_gemv_matches_dequantize(n, k, blocksize, qt, dq, m, monkeypatc
     ptx_emulator.install(monkeypatch)
     w = make_codebook(n, k, blocksize, qt, dq)
     st = codebook_gemm.prepare(w, DEVICE, torch.float16)
-    assert affine_gemv.h2_applies(st)
+    assert gemv.h2_applies(st)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(m, k, generator=g).half()
-    y = affine_gemv.gemv(x, st, config=(32, 8, 2, 64.0, 1), h2=True)
-    y32 = affine_gemv.gemv(x, st, config=(32, 8, 2, 64.0, 1), h2=False)
+    y = gemv.matmul(x, st, config=(32, 8, 2, 64.0, 1), h2=True)
+    y32 = gemv.matmul(x, st, config=(32, 8, 2, 64.0, 1), h2=False)
     ref = x.double() @ w.dequantize().double().T
     assert rel_err(y, ref) < TOL[torch.float16]
     assert rel_err(y, y32) < 1e-3

@@ -4,28 +4,23 @@ import torch
 
 import kernel_util  # noqa: F401  (sets TRITON_INTERPRET without a GPU)
 from quanta.kernels import triton_support
+from quanta.kernels.device_caps import PRESETS, device_caps
 
 
-def test_pdl_is_on_for_sm90_unless_turned_off_and_never_under_the_interpreter(monkeypatch):
-    cuda = torch.device("cuda", 0)
-    try:
-        monkeypatch.delenv("QUANTA_PDL", raising=False)
-        triton_support.use_pdl.cache_clear()
-        assert triton_support.pdl_launch(torch.device("cpu")) == {}  # interpreter / no GPU: off
-        monkeypatch.setattr(triton_support, "interpreting", lambda: False)
-        monkeypatch.setattr(triton_support, "capability", lambda device: (9, 0))
-        triton_support.use_pdl.cache_clear()
-        if triton_support.gdc_wait is not None:                     # Triton >= 3.4 has griddepcontrol
-            assert triton_support.pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
-        monkeypatch.setenv("QUANTA_PDL", "0")
-        triton_support.use_pdl.cache_clear()
-        assert triton_support.pdl_launch(cuda) == {}
-        monkeypatch.delenv("QUANTA_PDL")
-        monkeypatch.setattr(triton_support, "capability", lambda device: (8, 9))
-        triton_support.use_pdl.cache_clear()
-        assert triton_support.pdl_launch(cuda) == {}                 # before Hopper: off
-    finally:
-        triton_support.use_pdl.cache_clear()
+def test_pdl_follows_the_device_caps():
+    """PDL launch keywords exactly where the caps say PDL (sm90 with Triton's griddepcontrol), never on the CPU's
+    interpreter, and not on a chip the caps stand for that lacks it (QUANTA_DEVICE_CAPS=sm80 on an H100)."""
+    assert triton_support.pdl_launch(PRESETS["sm90"]) == {"PDL": True, "launch_pdl": True}
+    for name in ("sm89", "sm80", "sm75", "cpu"):
+        assert triton_support.pdl_launch(PRESETS[name]) == {}
+    assert not device_caps("cpu").pdl
+
+
+def test_bf16_refused_where_the_caps_lack_it():
+    """why_not_device asks the device's caps about bf16 (CUDA only: the CPU is refused first)."""
+    assert "CUDA" in triton_support.why_not_device(torch.device("cpu"), torch.bfloat16)
+    assert "float32" in triton_support.why_not_device(torch.device("cuda"), torch.float32)
+    assert not PRESETS["sm75"].supports_dtype(torch.bfloat16) and PRESETS["sm80"].supports_dtype(torch.bfloat16)
 
 
 def test_split_k_keeps_every_split_non_empty():

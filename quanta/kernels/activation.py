@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quanta.kernels.triton_support import cdiv, tl, triton, why_not_device
+from quanta.kernels.triton_support import cdiv, tl, triton
 
 NAME = "triton_silu_and_mul"
 
@@ -17,7 +17,7 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def silu_mul(g, u, DT: tl.constexpr):
     """silu(g) * u in dtype DT from float32 g, u holding DT values: silu in fp32 rounded to DT (as F.silu
-    returns it), the product rounded once (the rounding of every fused SwiGLU, e.g. affine_gemv's epilogue)."""
+    returns it), the product rounded once (the rounding of every fused SwiGLU, e.g. the affine GEMV's epilogue)."""
     return ((g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32) * u).to(DT)
 
 
@@ -53,6 +53,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
                                                         num_warps=4)
     return y.reshape(*x.shape[:-1], i)
 
-
-def supports(x: torch.Tensor) -> str | None:
-    return why_not_device(x.device, x.dtype, (torch.float16, torch.bfloat16, torch.float32))

@@ -2,25 +2,22 @@
 
 When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
 are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. `prepare()` packs the codes exactly as
-affine_gemm does, stores absmax (double quantization undone once, in the compute dtype) as the group
-scales, and the kernels run in MODE=LUT: on CUDA the GEMV (fp16), the MMA kernel and the dequantize kernel look
-4-bit codes up by byte permutes in registers (affine_gemv's H2 table loop, affine_mma's _TABLE_LOOKUP,
-affine_gemm._LUT_WORD); the split-K tl.dot kernel and the fp32 GEMV loop gather the 16-entry table per code
-(served from L1) in place of the magic-number conversion. Paths by M (affine_gemm.plan()): the
-GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512,
-from M = 1 for bf16, where the GEMV would gather (H100: 2.1-32x faster than that GEMV; at M = 2 1.3-2.5x the fp16
-GEMV; at M = 4..64 2.6-5.5x faster than the dequantize + cuBLAS path it replaced and 2.4-5.4x faster than
-bitsandbytes), else dequantize + cuBLAS, where the gathers made the fused GEMM 2-11x
-slower than bitsandbytes (H100, 2026-11-23). The dequantize's lookup is 1.13-1.34x its former gather (H100,
-2.5-2.7 TB/s, as the affine codes'), which brings M = 1024 level with W4A16 g128.
+the affine kernels do (affine.layout.pack), stores absmax (double quantization undone once, in the compute dtype)
+as the group scales, and the kernels run in MODE=LUT: on CUDA the GEMV (fp16), the MMA kernel and the dequantize
+kernel look 4-bit codes up by byte permutes in registers; the split-K tl.dot kernel and the fp32 GEMV loop gather
+the 16-entry table per code (served from L1) in place of the magic-number conversion. Paths by M come from the
+affine plan (affine/plan.py): the GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on
+sm90 the MMA kernel up to M = 512, from M = 1 for bf16 where the GEMV would gather, else dequantize + cuBLAS,
+where the split-K kernel's gathers would make the fused GEMM slower than a separate decode.
 """
 from __future__ import annotations
 
 import torch
 
-from quanta.kernels import affine_gemm
-from quanta.kernels.affine_gemm import LUT, AffineState, R, pack
+from quanta.kernels.affine import plan
+from quanta.kernels.affine.layout import LUT, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import why_not_device
 from quanta.quant.kinds.codebook import Codebook
 
@@ -47,4 +44,10 @@ def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> Affin
 
 
 def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return affine_gemm.matmul(x, state, bias)
+    return plan.matmul(x, state, bias)
+
+
+def path(state: AffineState, m: int) -> tuple[str, str]:
+    """(NAME/the affine path that runs an M-row input on the state's device, why)."""
+    name, reason = plan.explain(state, device_caps(state.packed.device), m)
+    return f"{NAME}/{name}", reason

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from quanta.kernels import cpu_affine
+from quanta.kernels.cpu_affine import reference  # noqa: F401  (the oracle)
 from quanta.quant.qtensor import QTensor
 
 NAME = "cpu_int4"
@@ -25,19 +27,10 @@ class State:
     out_features: int
 
 
-def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What apply() computes, in float32 from the exact weight."""
-    return torch.nn.functional.linear(x.float(), weight.dequantize(), None if bias is None else bias.float())
-
-
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cpu":
-        return "CPU only"
-    if dtype not in (torch.bfloat16, torch.float32):
-        return f"computes in bfloat16 or float32, not {dtype}"
-    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
-    if scheme is None:
-        return "no exact affine form"
+    scheme, why_not = cpu_affine.cpu_scheme(weight, device, dtype)
+    if why_not is not None:
+        return why_not
     n, k = weight.shape
     if scheme.bits != 4 or scheme.act_order:
         return f"needs plain 4-bit groups, weight is {weight.describe()}"
@@ -69,8 +62,11 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
-    lead = x.shape[:-1]
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.reshape(-1, x.shape[-1]).to(torch.bfloat16), state.packed, state.group_size, state.scales_zeros)
-    y = y.reshape(*lead, state.out_features).to(x.dtype)
-    return y if bias is None else y + bias
+    return cpu_affine.finish(y, x.shape[:-1], state.out_features, x.dtype, bias)
+
+
+def path(state: State, m: int) -> tuple[str, str]:
+    """(NAME, why) at any M."""
+    return cpu_affine.path(NAME, 4)

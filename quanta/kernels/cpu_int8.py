@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from quanta.kernels import cpu_affine
+from quanta.kernels.cpu_affine import reference  # noqa: F401  (the oracle)
 from quanta.quant.qtensor import QTensor
 
 NAME = "cpu_int8"
@@ -17,19 +19,10 @@ class State:
     scales: torch.Tensor    # [N] in the compute dtype
 
 
-def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What apply() computes, in float32 from the exact weight."""
-    return torch.nn.functional.linear(x.float(), weight.dequantize(), None if bias is None else bias.float())
-
-
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cpu":
-        return "CPU only"
-    if dtype not in (torch.bfloat16, torch.float32):
-        return f"needs bfloat16 or float32 activations, compute dtype is {dtype}"
-    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
-    if scheme is None:
-        return "no exact affine form"
+    scheme, why_not = cpu_affine.cpu_scheme(weight, device, dtype)
+    if why_not is not None:
+        return why_not
     if scheme.bits != 8 or scheme.num_groups != 1 or scheme.act_order or scheme.zero != "sym" \
             or weight.to_affine().zeros != 128:
         return f"needs symmetric per-channel 8-bit, weight is {weight.describe()}"
@@ -43,7 +36,10 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
-    lead = x.shape[:-1]
     y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(state.scales.dtype), state.codes, state.scales)
-    y = y.reshape(*lead, state.codes.shape[0]).to(x.dtype)
-    return y if bias is None else y + bias
+    return cpu_affine.finish(y, x.shape[:-1], state.codes.shape[0], x.dtype, bias)
+
+
+def path(state: State, m: int) -> tuple[str, str]:
+    """(NAME, why) at any M."""
+    return cpu_affine.path(NAME, 8)

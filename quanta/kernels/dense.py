@@ -17,3 +17,8 @@ def prepare(weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> t
 
 def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, state, bias)
+
+
+def path(state: torch.Tensor, m: int) -> tuple[str, str]:
+    """(NAME, why) at any M: one torch matmul."""
+    return NAME, f"{str(state.dtype).removeprefix('torch.')} weight: torch's matmul"

@@ -28,3 +28,8 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> torch.
 
 def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, state, bias)
+
+
+def path(state: torch.Tensor, m: int) -> tuple[str, str]:
+    """(NAME, why) at any M: the weight was dequantized at load."""
+    return NAME, f"dequantized to {str(state.dtype).removeprefix('torch.')} at load, then torch's matmul"

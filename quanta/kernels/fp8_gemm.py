@@ -2,11 +2,11 @@
 
 sm89+ (Ada, Hopper): activations are quantized per token to e4m3 by `_quant_rows_kernel` (one launch,
 scale = amax / 448) and `torch._scaled_mm` (cuBLASLt) multiplies with row-wise scales; the weight stays
-in its checkpoint bytes, transposed by view. DESIGN measured cuBLASLt FP8 at 1.6-1.9x bf16 cuBLAS for
-M >= 256 on Llama shapes, which a Triton FP8 `tl.dot` would have to beat; it is the first choice.
+in its checkpoint bytes, transposed by view. cuBLASLt's FP8 GEMM outruns bf16 cuBLAS at large M on Llama
+shapes, which a Triton FP8 `tl.dot` would have to beat; it is the first choice.
 sm75 / sm80 (and e5m2 weights, or block scales, anywhere): weight-only. The bytes are packed like affine
-int8 codes and the affine kernels run with MODE=FP8_*: each byte becomes fp16 by integer operations
-(fp8_bits.py), never through the hardware FP8 type, which Triton rejects below sm89.
+int8 codes and the affine kernels run with MODE=FP8_* by the affine plan's paths: each byte becomes fp16 by
+integer operations (fp8_bits.py), never through the hardware FP8 type, which Triton rejects below sm89.
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels import affine_gemm
-from quanta.kernels.affine_gemm import FP8_E4M3, FP8_E5M2, AffineState, pack
+from quanta.kernels.affine import plan
+from quanta.kernels.affine.layout import FP8_E4M3, FP8_E5M2, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
-from quanta.kernels.triton_support import capability, tl, triton, why_not_device
+from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.triton_support import tl, triton, why_not_device
 from quanta.quant.kinds.fp8 import Fp8
 
 NAME = "triton_fp8"
@@ -93,17 +94,18 @@ def w8a8(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None = None) -> t
     """x2 [M, K] @ weight.T with x2 quantized per token to e4m3.
 
     Fast accumulation (no periodic promotion of the tensor cores' partial sums to fp32, as vLLM's CUTLASS
-    FP8 kernels do) is 1.04-1.2x faster at M >= 1024 on the H100 (benchmarks/fp8_probe.py); against an
-    fp64 product of the same fp8 operands the relative error goes from 1.7e-3 (the bf16 output's rounding)
-    to 2.1e-3 at K = 4096 and 4.7e-3 at K = 28672, far below the e4m3 activation rounding's ~3e-2."""
+    FP8 kernels do) is faster at large M; against an fp64 product of the same fp8 operands its relative error
+    stays within a few times the bf16 output's rounding (it grows with K), far below the e4m3 activation
+    rounding's ~3e-2."""
     q, scale = quantize_rows(x2)
     return torch._scaled_mm(q, st.w_t, scale_a=scale, scale_b=st.w_scale, bias=bias, out_dtype=st.dtype,
                             use_fast_accum=True)
 
 
-def _w8a8_reason(weight: Fp8, device: torch.device) -> str | None:
-    """None if the W8A8 cuBLASLt path can run this weight here, else why it falls back to weight-only."""
-    if capability(device) < (8, 9):
+def _w8a8_reason(weight: Fp8, caps: DeviceCaps) -> str | None:
+    """None if the W8A8 cuBLASLt path can run this weight on a device of these caps, else why it falls back to
+    weight-only."""
+    if not caps.fp8:
         return "no FP8 units below sm89: weight-only FP8 with bit-level conversion"
     if weight.fmt != "e4m3" or weight.strategy == "block":
         return f"{weight.describe()}: cuBLASLt row-wise scaling needs e4m3 with tensor/channel scales"
@@ -112,25 +114,21 @@ def _w8a8_reason(weight: Fp8, device: torch.device) -> str | None:
     return None
 
 
-def plan(weight: Fp8, device: torch.device) -> tuple[str, str]:
-    why = _w8a8_reason(weight, device)
-    if why is None:
-        return "w8a8", "sm89+: per-token e4m3 activations + torch._scaled_mm (cuBLASLt), 1.6-1.9x bf16 at M>=256"
-    return "weight_only", why
+W8A8_REASON = "sm89+: per-token e4m3 activations + torch._scaled_mm (cuBLASLt)"
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if not isinstance(weight, Fp8):
         return "not an fp8 weight"
-    if weight.block_size is not None and weight.block_size[1] % affine_gemm.R:
-        return f"block scales of {weight.block_size[1]} columns are not a multiple of {affine_gemm.R}"
+    if weight.block_size is not None and weight.block_size[1] % R:
+        return f"block scales of {weight.block_size[1]} columns are not a multiple of {R}"
     return why_not_device(device, dtype)
 
 
 def prepare(weight: Fp8, device: torch.device, dtype: torch.dtype) -> W8A8State | AffineState:
     w = weight.to(device)
     n, k = w.shape
-    if plan(w, torch.device(device))[0] == "w8a8":
+    if _w8a8_reason(w, device_caps(device)) is None:
         scale = w.scale.float().reshape(-1, 1).expand(n, 1).reshape(1, n).contiguous()
         return W8A8State(w.data.t(), scale, n, k, dtype)
     mode = FP8_E4M3 if w.fmt == "e4m3" else FP8_E5M2
@@ -143,6 +141,14 @@ def prepare(weight: Fp8, device: torch.device, dtype: torch.dtype) -> W8A8State 
 
 def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(state, AffineState):
-        return affine_gemm.matmul(x, state, bias)
+        return plan.matmul(x, state, bias)
     x2 = x.reshape(-1, state.k)
     return w8a8(x2.contiguous(), state, bias).reshape(*x.shape[:-1], state.n)
+
+
+def path(state, m: int) -> tuple[str, str]:
+    """(NAME/w8a8, or NAME/the affine path of a weight-only state, for an M-row input; why)."""
+    if isinstance(state, W8A8State):
+        return f"{NAME}/w8a8", W8A8_REASON
+    name, reason = plan.explain(state, device_caps(state.packed.device), m)
+    return f"{NAME}/{name}", f"weight-only, fp8 bytes converted by integer operations; {reason}"

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import (
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
     tl,
     triton,
-    why_not_device,
 )
 
 NAME = "triton_rms_norm"
@@ -72,10 +72,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, d, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
         BLOCK_D=block, HAS_RESIDUAL=residual is not None,
-        num_warps=min(16, max(1, block // 256)), **pdl_launch(x.device))
+        num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))
 
-
-def supports(x: torch.Tensor) -> str | None:
-    return why_not_device(x.device, x.dtype, (torch.float16, torch.bfloat16, torch.float32))

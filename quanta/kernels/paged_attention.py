@@ -27,6 +27,7 @@ from quanta.kernels.paged_kv import (
     fp8_read_constexprs,
     head_scale,
 )
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
 
 
@@ -88,6 +89,47 @@ def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr)
     return head_scale(scale_ptr, kv_head, True, FP8) * FP8_UP_MUL
 
 
+@triton.jit
+def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_scale, d, d_mask,
+                    stride_block, stride_slot, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                    FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax of the query rows q [ROWS, BLOCK_D] over the cached keys [lo, hi) of one sequence (its
+    block table `table`) and kv head: returns (max, sum, unnormalized output) per row, the max -inf and the sum 0
+    for a row that saw no key. CAUSAL: row r sees the keys up to q_pos[r] (and within WINDOW), so a row may see none
+    of a block (prefill); else every key of the range (a decode split)."""
+    k_base = k_cache_ptr + kv_head * HEAD_DIM
+    v_base = v_cache_ptr + kv_head * HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
+        if CAUSAL:
+            allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            if WINDOW > 0:
+                allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
+        else:
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = m_new
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 # Arguments that change from one eager step to the next are not specialized on, or Triton compiles a variant
 # mid-run per divisibility (found by benchmarks/throughput.py's compile check): stride_bt, the block tables'
 # row length, follows the step's longest sequence; the prefill's tables and lengths are slices that start
@@ -136,28 +178,11 @@ def _decode_kernel(
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
     v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    k_base = k_cache_ptr + kv_head * HEAD_DIM
-    v_base = v_cache_ptr + kv_head * HEAD_DIM
     # --- online softmax over the split
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    m_i, l_i, acc = _online_softmax(q, 0, start, end, k_cache_ptr, v_cache_ptr,
+                                    block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d, d_mask,
+                                    stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N,
+                                    False, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
     # --- normalized partial output and its log-sum-exp (-inf for an empty split)
     safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
     lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
@@ -240,31 +265,10 @@ def _prefill_kernel(
     if WINDOW > 0:
         lo = tl.maximum(seq_len - q_len + tile * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
     hi = tl.where(tile * BLOCK_M < q_len, hi, lo)
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    k_base = k_cache_ptr + kv_head * HEAD_DIM
-    v_base = v_cache_ptr + kv_head * HEAD_DIM
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < hi
-        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
-        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        if WINDOW > 0:
-            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q_ptr.dtype.element_ty)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    m_i, l_i, acc = _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr,
+                                    block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d, d_mask,
+                                    stride_block, stride_slot, BLOCK_M, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N,
+                                    True, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
     out = acc / (tl.where(l_i > 0, l_i, 1.0) / v_factor)[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -279,7 +283,7 @@ def _check(q, k_cache, v_cache, fmt):
 @functools.lru_cache(maxsize=None)
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
     """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 64
+    sms = device_caps("cuda").sm_count if torch.cuda.is_available() else 64
     want = -(-2 * sms // max(1, batch * num_kv_heads))
     return max(1, min(want, 32, -(-max_len // block_n)))
 
@@ -313,7 +317,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), **pdl_launch(q.device))
+        PRECISION=dot_precision(q.dtype), **pdl_launch(device_caps(q.device)))
     return out
 
 

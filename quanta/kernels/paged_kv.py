@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from quanta.kernels.triton_support import capability, pdl_launch, pdl_launch_dependents, pdl_wait
+from quanta.kernels.device_caps import device_caps
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def fp8_read_constexprs(fmt: Fp8Format | None, device: torch.device | str = "cpu
     """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0) on `device`."""
     if fmt is None:
         return NO_FP8_READ
-    hardware = capability(device) >= (8, 9) if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
+    hardware = device_caps(device).fp8 if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
     return fmt.read_constexprs(hardware)
 
 
@@ -184,4 +185,4 @@ def store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Form
     _store_kernel[(t, hk)](k, v, k_cache, v_cache, slot, dummy, v_scale if v_scale is not None else dummy,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), **fp8_write_constexprs(fmt),
-                           **pdl_launch(k.device))
+                           **pdl_launch(device_caps(k.device)))

@@ -1,12 +1,15 @@
-"""Which kernel runs a weight: one table from scheme to candidate kernel modules, tried in order.
+"""Which kernel computes a weight: one table from scheme to candidate kernel modules, tried in order.
 
 Every kernel module exposes
     NAME: str
     supports(weight, device, dtype) -> str | None   None if it can run this weight, else why not
     prepare(weight, device, dtype) -> state          repack once at load time (kernel layout)
     apply(x, state, bias) -> y                       y = x @ W.T + bias, x [..., K] -> [..., N]
+    path(state, m) -> (name, reason)                 what runs an M-row input ("triton_affine/gemv"), and why
 and may expose
     apply_glu(x, state, bias) -> y                   silu(g) * u for [g | u] = x @ W.T + bias, fused
+    compute_dtype(dtype) -> dtype                    what the GEMM's arithmetic runs in for `dtype` activations,
+                                                     where that is not `dtype` itself
 `select()` returns the first module that supports the weight, and a reason naming why earlier
 candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it.
 """
@@ -28,9 +31,9 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dense", "cpu"): ("quanta.kernels.dense",),
     ("dense", "cuda"): ("quanta.kernels.dense",),
     ("affine", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
-    ("affine", "cuda"): ("quanta.kernels.affine_gemm", "quanta.kernels.dequantized"),
+    ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
     ("gguf", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
-    ("gguf", "cuda"): ("quanta.kernels.dequantized",),
+    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),     # Q4_0..Q8_0 converted exactly
     ("codebook", "cpu"): ("quanta.kernels.dequantized",),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
     ("fp8", "cpu"): ("quanta.kernels.dequantized",),

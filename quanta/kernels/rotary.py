@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.kernels.device_caps import device_caps
 from quanta.kernels.paged_kv import Fp8Format, fp8_write_constexprs, head_scale, to_cache_codes
 from quanta.kernels.triton_support import (
     pdl_launch,
@@ -14,7 +15,6 @@ from quanta.kernels.triton_support import (
     pdl_wait,
     tl,
     triton,
-    why_not_device,
 )
 
 NAME = "triton_rotary"
@@ -129,7 +129,7 @@ def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp
                            qo.stride(1), ko.stride(0), ko.stride(1), v.stride(0), v.stride(1),
                            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
                            BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_KV=store_args is not None,
-                           **fp8_write_constexprs(fmt), num_warps=4, **pdl_launch(q.device))
+                           **fp8_write_constexprs(fmt), num_warps=4, **pdl_launch(device_caps(q.device)))
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor):
@@ -154,6 +154,3 @@ def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     _launch(q, k, qo, qo, positions, inv_freq, (v, k_cache, v_cache, slot, *scales), fmt)
     return qo
 
-
-def supports(x: torch.Tensor) -> str | None:
-    return why_not_device(x.device, x.dtype, (torch.float16, torch.bfloat16, torch.float32))

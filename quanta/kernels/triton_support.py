@@ -1,14 +1,14 @@
-"""What every Triton kernel module shares: the import guard, the device checks, small launch helpers.
+"""What every Triton kernel module shares: the import guard, the device check, small launch helpers.
 
 Kernels run on CUDA devices, and on the CPU only under Triton's interpreter (`TRITON_INTERPRET=1`,
-set by the tests before the kernel modules are imported).
+set by the tests before the kernel modules are imported). What a device can run (bf16, PDL, its SM count)
+comes from its DeviceCaps (device_caps.py), never from a query here.
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
+
+from quanta.kernels.device_caps import DeviceCaps, device_caps
 
 try:
     import triton
@@ -23,45 +23,19 @@ except ImportError:  # pragma: no cover - older Triton: PDL stays off
     gdc_launch_dependents = gdc_wait = None
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels on the CPU through its interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def why_not_device(device: torch.device, dtype: torch.dtype,
                    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)) -> str | None:
-    """None if a Triton kernel can run on `device` computing in `dtype`, else the reason."""
+    """None if a Triton kernel can run on `device` computing in `dtype`, else the reason (bf16 as the device's
+    DeviceCaps say, so that QUANTA_DEVICE_CAPS=sm75 refuses it)."""
     if TRITON_ERROR is not None:
         return TRITON_ERROR
     if torch.device(device).type != "cuda":
         return f"Triton kernels run on CUDA devices, not {torch.device(device).type}"
     if dtype not in dtypes:
         return f"computes in {', '.join(str(d).removeprefix('torch.') for d in dtypes)}, not {dtype}"
-    if dtype == torch.bfloat16 and capability(device) < (8, 0):
-        return "bfloat16 needs sm80 or newer"
+    if dtype == torch.bfloat16 and not device_caps(device).bf16:
+        return f"bfloat16 needs sm80 or newer, the device plans as {device_caps(device).name}"
     return None
-
-
-@functools.lru_cache(maxsize=None)
-def _props(index: int):
-    return torch.cuda.get_device_properties(index)
-
-
-def capability(device: torch.device) -> tuple[int, int]:
-    """Compute capability of a CUDA device; (0, 0) for the CPU (interpreter)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return (0, 0)
-    props = _props(device.index if device.index is not None else torch.cuda.current_device())
-    return (props.major, props.minor)
-
-
-def num_sms(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device; a nominal 132 (an H100) under the interpreter."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return 132
-    return _props(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 def cdiv(a: int, b: int) -> int:
@@ -110,8 +84,8 @@ def whole_wave_split_k(tiles_out: int, k_tiles: int, sms: int, min_tiles: int) -
 def wave_steps(tiles_out: int, k_tiles: int, sms: int, splits: int) -> int:
     """Time of a split-K launch of compute-bound programs, one per SM, in K-tile steps of one program: waves x
     (K tiles per program + 2 for its prologue and epilogue), plus 2 for zeroing the output of a split one.
-    Fit to affine_mma at M = 256 on the H100 (8B/70B shapes, results/mma-sweep-large-m-h100-2026-11-24b.json):
-    a K tile of a 128 x 256 program takes ~2 us, a program ~4 us more."""
+    Fit to the affine MMA kernel at M = 256 on the H100 (8B/70B shapes): a program's prologue and epilogue cost
+    about two K tiles of a 128 x 256 program."""
     splits, per = _even_splits(k_tiles, splits)
     return cdiv(tiles_out * splits, sms) * (per + 2) + 2 * (splits > 1)
 
@@ -132,21 +106,15 @@ def stream_k(tiles_out: int, k_tiles: int, sms: int) -> tuple[int, int, int, int
 # The decode chain's kernels (RMSNorm, GEMV, rotary, KV store, paged decode) can be launched with PDL: a
 # kernel starts while its predecessor finishes, issues what does not depend on it (the GEMV's first weight
 # loads), and waits (griddepcontrol.wait) before it reads the predecessor's output or writes anything. Every
-# kernel launched so must call pdl_wait before its first dependent read and its first write. On by default
-# where it exists (H100, 2026-11-23: batch-1 decode 4-6% faster); QUANTA_PDL=0 turns it off. CUDA graphs keep
-# the programmatic edges when capturing.
+# kernel launched so must call pdl_wait before its first dependent read and its first write. On where the
+# device's DeviceCaps say so (sm90 with Triton's griddepcontrol, not interpreting; QUANTA_PDL=0 turns it off),
+# since the launch gaps it hides are a visible share of a batch-1 decode step. CUDA graphs keep the
+# programmatic edges when capturing.
 
-@functools.lru_cache(maxsize=None)
-def use_pdl(device: torch.device) -> bool:
-    """Whether kernels on `device` are launched with programmatic dependent launch (see above)."""
-    return (os.environ.get("QUANTA_PDL", "1") != "0" and gdc_wait is not None and not interpreting()
-            and capability(device) >= (9, 0))
-
-
-def pdl_launch(device: torch.device) -> dict:
-    """The launch keywords for PDL on `device`, the kernel's PDL constexpr included: {} when off (PDL
-    defaults to False), so Triton versions without the `launch_pdl` option work."""
-    return {"PDL": True, "launch_pdl": True} if use_pdl(device) else {}
+def pdl_launch(caps: DeviceCaps) -> dict:
+    """The launch keywords for PDL on a device of these caps, the kernel's PDL constexpr included: {} when off
+    (PDL defaults to False), so Triton versions without the `launch_pdl` option work."""
+    return {"PDL": True, "launch_pdl": True} if caps.pdl else {}
 
 
 if triton is not None:
@@ -177,11 +145,10 @@ ZERO_BLOCK = 4096
 
 def zero_(y: torch.Tensor) -> torch.Tensor:
     """Zero a contiguous tensor in place with a Triton kernel, in the PDL chain where it is on: the output of a
-    split-K launch that adds its partial sums. torch's memset sat between two PDL kernels and cost each
-    launch ~1 us (H100, affine_mma at M = 16: 8B down 16.6 us against 17.5; results/mma-pdl-zero-h100-
-    2026-11-25.json)."""
+    split-K launch that adds its partial sums. torch's memset is no PDL kernel: between two of them it would make
+    the second wait for the first to finish before launching."""
     assert y.is_contiguous() and y.numel() < 2 ** 31
     if y.numel():
         _zero_kernel[(cdiv(y.numel(), ZERO_BLOCK),)](y, y.numel(), BLOCK=ZERO_BLOCK, num_warps=4,
-                                                     **pdl_launch(y.device))
+                                                     **pdl_launch(device_caps(y.device)))
     return y

@@ -1,7 +1,7 @@
-"""The M <= 2 path of affine_gemm: a bandwidth-bound GEMV over the same packed layout, no tensor cores.
+"""The GEMV path of the affine kernels: M = 1 or 2 rows over the packed layout (layout.py), no tensor cores.
 
-At M = 1 a 4-bit weight must stream at ~3 TB/s, i.e. ~6e12 codes/s; on an H100 that leaves about four
-instructions per code for everything, and too few loads in flight leave the SMs waiting. So:
+At M = 1 a 4-bit weight must stream at copy bandwidth; on an H100 that leaves about four instructions per
+code for everything, and too few loads in flight leave the SMs waiting. So:
   - fp16 (H2, CUDA only): pairs of codes become pairs of halves and meet the activations in packed-half
     FMAs written in PTX (below): ~2 instructions per 4-bit code.
   - otherwise (bf16, the interpreter) three per code in fp32 (LOP3, FADD, FFMA): no shift and no int->float
@@ -16,33 +16,26 @@ The compiled loops: `python -m quanta.kernels.compile_check --sass gemv_w4_h2` (
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from quanta.kernels.activation import silu_mul
-from quanta.kernels.affine_gemm import (
-    AFFINE,
-    GEMV_MAX_M,
-    LUT,
-    AffineState,
-    R,
-    load_lut_words,
-    load_scales,
-    lut_lookup4_ptx,
-    reference,  # noqa: F401  (the oracle)
-)
+from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
+from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import (
     cdiv,
-    num_sms,
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
     split_k,
     tl,
     triton,
-    use_pdl,
     zeroed_scratch,
 )
+
+MAX_ROWS = 2                  # the most activation rows the plan gives this path (plan.GEMV_MAX_M)
 
 # --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
 # A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
@@ -91,11 +84,10 @@ mul.rn.f16x2 acc, lo, $2;
 fma.rn.f16x2 acc, hi, $3, acc;
 """ + _H2_LANES_TO_F32)
 # A 16-entry table (NF4 / FP4) instead of the magic numbers: 4 codes of a word at a time (nibbles 0-3, then
-# 4-7, each half one scale group) become fp16 table entries with byte permutes (affine_gemm.lut_lookup4_ptx),
+# 4-7, each half one scale group) become fp16 table entries with byte permutes (layout.lut_lookup4_ptx),
 # which meet the activations in packed-half FMAs. $1 the word, $2..$5 the activation pairs (x0, x1), (x2, x3),
 # (x4, x5), (x6, x7), $6 / $7 the two halves' scales (f32), $8..$15 the table bytes (lut_byte_words).
-# Compiled (compile_check --sass, one 128-column tile of 8 word rows): 1.65x the int4 loop's instructions,
-# against 2.5x and five times the loads for the fp32 loop's global gather per code.
+# It compiles to fewer instructions a code than the fp32 loop's global gather per code, and a fifth of its loads.
 _H2_LUT_DOT = """mul.rn.f16x2 acc, e01, {xa};
 fma.rn.f16x2 acc, e23, {xb}, acc;
 mov.b32 {{h0, h1}}, acc;
@@ -197,7 +189,7 @@ def _affine_gemv_kernel(
     themselves in lock[m, column block]; the last to arrive takes the sum (resetting ws to zero), writes y
     in its dtype and resets the count, so the workspace is clean for the next call and no memset runs.
 
-    MODE as in affine_gemm: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
+    MODE as in layout.decode: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
     H2 (fp16 activations, CUDA only): packed-half dot products per word (above); AFFINE with TILE_SCALE,
     or LUT with 4-bit codes and a scale per half tile (applied in the assembly, accumulated in acc).
     GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are
@@ -336,46 +328,43 @@ def _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.
         tl.store(y_row + offs_n, y.to(DT), mask=mask_n)
 
 
-# weight size N*K -> (BLOCK_N, RS, num_warps, waves, min_tiles): split-K aims at `waves` programs per SM
-# with at least `min_tiles` K tiles each. Measured on the H100 (profile_gemv.py --sweep, 13 configs on the 8
-# Llama shapes, 2026-11-23): up to 70B qkv (84M weights) the GEMV is latency-bound and wants many small
-# programs (128 columns x 8 rows, 16 waves, one tile each); from 70B down (235M) it is issue-bound and
-# wants fewer, wider ones (256 x 4, 8 waves): 70B gate_up 90% of copy bandwidth against 68%.
-GEMV_CONFIGS = ((200_000_000, (128, 8, 2, 16.0, 1)), (1 << 62, (256, 4, 2, 8.0, 2)))
-# Under programmatic dependent launch (sm90) the next GEMV's programs start while this one drains, which
-# hides the fixed cost that made the small shapes want many tiny programs; the same sweep with PDL on
-# (results/gemv-sweep-pdl-h100-2026-11-23.json) picks 256 x 4 at 8 waves from 8B down (59M) up, e.g.
-# 70B qkv 83% of copy bandwidth against 73%, 8B gate_up 88% against 80%, and for 70B gate_up (470M)
-# 128 x 8 at 32 waves, 91% against 76%. Up to 20M weights (Llama-3.2-1B/3B, 8B o) all 16 word rows of a tile a
-# step over 256 columns are 9-22% faster (results/gemv-configs-small-w4-h100-2026-11-25.json: 1B qkv 4.8 us
-# against 6.0, 3B o 5.1 against 6.6, 8B o 5.7 against 6.2); the 128 x 8 band reaches 40M for 1B gate_up (8.4 us
-# against 9.9 at 256 x 4).
-GEMV_CONFIGS_PDL = ((20_000_000, (256, 16, 2, 8.0, 1)), (40_000_000, (128, 8, 2, 16.0, 1)),
-                    (300_000_000, (256, 4, 2, 8.0, 2)), (1 << 62, (128, 8, 2, 32.0, 1)))
-# 8-bit codes (twice the bytes a weight) under PDL: their own sweeps (W8 per-channel on the 8 Llama-3 shapes and
-# the 1B/3B ones, results/gemv-configs-w8-sweep-h100-2026-11-25.json, -small-w8-) pick 256 columns in 4 warps, 8
-# word rows a step: 8B o 7.9 us against 8.3, 70B o 25.2 against 26.2, 70B qkv 31.0 against 32.1, 70B down 81.3
-# against 84.1, 8B down and gate_up within 2%; all 16 rows of a tile a step (79 registers: 6 programs an SM) where
-# its programs fit in one resident wave (~790; the 1000-program shapes between lose 14-18%): 8B qkv (25M) 10.8-11.1
-# us against 12.1-12.3, 1B qkv 4.7 against 6.0, 1B o 4.2 against 5.8; 70B gate_up keeps 128 x 8 at 32 waves.
-GEMV_CONFIGS_PDL_W8 = ((12_000_000, (256, 16, 4, 8.0, 1)), (20_000_000, (256, 8, 4, 8.0, 1)),
-                       (30_000_000, (256, 16, 4, 8.0, 1)), (300_000_000, (256, 8, 4, 8.0, 1)),
-                       (1 << 62, (128, 8, 2, 32.0, 1)))
-# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: its own sweep (9 configs, bnb NF4 with blocks
-# of 64 on the 8 Llama-3 shapes, results/gemv-configs-nf4-h100-2026-11-25.json) picks 256 columns in 4 warps, 8 word
-# rows a step, from 20M weights: the loop's ~2x instructions a code want the W8 table's shape, not W4's 256 x 4
-# in 2 warps. 8B gate_up 36.7-37.3 us against 55.6-56.4, 8B down 20.3 against 27.4-28.3, 70B qkv 28.4 against
-# 40.8-41.7, 70B down 69.0-69.6 against 95.0; 70B gate_up keeps 128 x 8 at 32 waves, 8B o takes 256 x 8 in 2 warps
-# (7.7-7.9 against 7.9-8.1).
-GEMV_CONFIGS_PDL_TABLE = ((20_000_000, (256, 8, 2, 8.0, 1)), (300_000_000, (256, 8, 4, 8.0, 1)),
-                          (1 << 62, (128, 8, 2, 32.0, 1)))
+class GemvConfig(NamedTuple):
+    """A GEMV launch: split-K aims at `waves` programs an SM with at least `min_tiles` K tiles each."""
+    block_n: int            # output columns a program
+    rows_a_step: int        # word rows a step of the inner loop (RS)
+    warps: int
+    waves: float
+    min_tiles: int
+
+
+# weight size N*K -> config, by code kind and whether PDL is on (swept on the H100 over the 8 Llama-3 shapes and
+# the Llama-3.2 1B/3B ones). Without PDL the GEMV is latency-bound up to 70B qkv (84M weights) and wants many small
+# programs (128 columns x 8 rows, 16 waves, one tile each); above, issue-bound, it wants fewer, wider ones.
+GEMV_CONFIGS = ((200_000_000, GemvConfig(128, 8, 2, 16.0, 1)), (1 << 62, GemvConfig(256, 4, 2, 8.0, 2)))
+# Under programmatic dependent launch (sm90) the next GEMV's programs start while this one drains, which hides the
+# fixed cost that made the small shapes want many tiny programs: 256 x 4 at 8 waves from 40M weights, all 16 word
+# rows of a tile a step over 256 columns up to 20M (Llama-3.2 1B/3B, 8B o), 128 x 8 between, and 128 x 8 at 32
+# waves for the largest (70B gate_up).
+GEMV_CONFIGS_PDL = ((20_000_000, GemvConfig(256, 16, 2, 8.0, 1)), (40_000_000, GemvConfig(128, 8, 2, 16.0, 1)),
+                    (300_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
+# 8-bit codes (twice the bytes a weight) under PDL: 256 columns in 4 warps, 8 word rows a step; all 16 rows of a
+# tile a step where the programs fit one resident wave (its 79 registers leave 6 programs an SM), which the
+# shapes between those bands overflow; 70B gate_up keeps 128 x 8 at 32 waves.
+GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)), (20_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
+                       (30_000_000, GemvConfig(256, 16, 4, 8.0, 1)), (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
+                       (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
+# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: about twice the instructions a code of the
+# affine loop, so the W8 table's shape (256 columns in 4 warps, 8 word rows a step) from 20M weights, not W4's 256 x 4
+# in 2 warps; 256 x 8 in 2 warps below; 70B gate_up keeps 128 x 8 at 32 waves.
+GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
+                          (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
 LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
 
 
 def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`,
     one pair per (device, N) shared by every call (triton_support.zeroed_scratch)."""
-    device, rows = torch.device(device), max(m, GEMV_MAX_M)
+    device, rows = torch.device(device), max(m, MAX_ROWS)
     return (zeroed_scratch(("gemv partials", device, n), (rows, n), torch.float32, device),
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
 
@@ -383,60 +372,59 @@ def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch
 def h2_applies(st: AffineState) -> bool:
     """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
     codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""
-    tile_k = (32 // st.bits) * R
     if st.dtype != torch.float16:
         return False
     if st.mode == AFFINE:
-        return st.group_size % tile_k == 0
-    return st.table_lookup and st.group_size % (tile_k // 2) == 0
+        return st.tile_scale
+    return st.table_lookup and st.group_size % (st.tile_k // 2) == 0
 
 
-def use_h2(st: AffineState, device: torch.device) -> bool:
-    """Whether gemv() takes the packed-half loop by default: where it applies, on a CUDA device (the
-    interpreter cannot run PTX). For table codes it is 2.5-3.8x the fp32 gather loop on the H100 at M = 1
-    (benchmarks/RESULTS.md, 2026-11-23 night)."""
-    return torch.device(device).type == "cuda" and h2_applies(st)
+def use_h2(st: AffineState, caps: DeviceCaps) -> bool:
+    """Whether the GEMV takes the packed-half loop by default: where it applies, on a CUDA device (the
+    interpreter cannot run PTX). For table codes it replaces the fp32 loop's gather of the table per code."""
+    return caps.is_cuda and h2_applies(st)
 
 
-def default_config(st: AffineState, device: torch.device) -> tuple:
-    """(BLOCK_N, RS, num_warps, waves, min_tiles) of the weight on `device`: the tables above, by weight count."""
-    if not use_pdl(device):
+def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
+    """The launch config of the weight on a device of these caps: the tables above, by weight count (any M)."""
+    if not caps.pdl:
         table = GEMV_CONFIGS
-    elif st.mode == LUT and use_h2(st, device):
+    elif st.mode == LUT and use_h2(st, caps):
         table = GEMV_CONFIGS_PDL_TABLE
     else:
         table = GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL
     return next(c for top, c in table if st.n * st.k <= top)
 
 
-def gemv(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-         config: tuple | None = None, h2: bool | None = None, glu: bool = False) -> torch.Tensor:
+def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
+           caps: DeviceCaps | None = None, h2: bool | None = None, glu: bool = False) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small). `glu`: W stacks
     [gate; up] and y[M, N/2] = silu(gate) * up, made in the epilogue (the MLP's gate_up without a second
     kernel).
 
-    `config` = (BLOCK_N, RS, num_warps, waves, min_tiles) and `h2` override the defaults (benchmark sweeps).
+    `config` (GemvConfig's fields) and `h2` override the defaults (tests, benchmark sweeps); `caps` defaults to
+    the device's.
     """
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
-    bn, rs, warps, waves, min_tiles = config or default_config(st, x2.device)
+    caps = caps or device_caps(x2.device)
+    bn, rs, warps, waves, min_tiles = config or default_config(st, caps)
     assert bn % LOCK_COLUMNS == 0
-    h2 = use_h2(st, x2.device) if h2 is None else h2
+    h2 = use_h2(st, caps) if h2 is None else h2
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
         "or 4-bit table codes with a scale per half tile"
     table_h2 = h2 and st.mode == LUT
     assert not glu or st.n % 2 == 0
     column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
-    splits, per = split_k(m * column_blocks, st.num_tiles, num_sms(x2.device), waves, min_tiles)
+    splits, per = split_k(m * column_blocks, st.num_tiles, caps.sm_count, waves, min_tiles)
     y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)
-    tile_k = (32 // st.bits) * R
     _affine_gemv_kernel[(m, column_blocks, splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
         st.lut_arg(table_h2), bias if bias is not None else x2,
         y, ws, locks, st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        TILE_SCALE=st.group_size % tile_k == 0 and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, num_warps=warps, **pdl_launch(x2.device))
+        TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, num_warps=warps, **pdl_launch(caps))
     return y

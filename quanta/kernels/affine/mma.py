@@ -1,19 +1,17 @@
-"""Tensor-core GEMM on packed weights whose decoded tile is the MMA's A operand, straight from registers.
+"""The MMA path of the affine kernels: a tensor-core GEMM whose decoded weight tile is the MMA's A operand, straight
+from registers (sm90: Hopper's wgmma reads operand A from registers).
 
-For M = 2..512 rows (1..512 for bf16 table codes: a batch of decode steps, a prefill chunk; plan() gives it no more;
-4-bit affine codes with a scale row a K tile take the Gluon kernel in affine_wgmma.py at M = 2..16, or 32, and above
-M = 32 in fp16, or bf16 unsplit) the split-K `tl.dot` kernel in affine_gemm.py is bound by its decoded weight tile
-travelling through shared memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here
-the product is computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from
-registers, and the activations are operand B, which the pipeliner loads into shared memory; the M rows of x are the
-MMA's N (16..256), so M = 3 wastes little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64
-repetitions a warpgroup): 256 rows in 4 warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs:
-default_config), 128 rows in 8 warps with 128 or 256 rows of x for large M, where the decode is spread over 256
-columns of output and the kernel is bound by the MMA. There, too few output tiles for whole waves of SMs (8B qkv at
-M = 256: 48 tiles on 132 SMs) are balanced by stream-K: whole waves first, then equal runs of (tile, K tile) steps,
-each added to the zeroed output.
+The split-K `tl.dot` kernel (splitk.py) is bound by its decoded weight tile travelling through shared memory to the
+tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
+yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations are
+operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes
+little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4
+warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with
+128 or 256 rows of x for large M, where the decode is spread over 256 columns of output and the kernel is bound by
+the MMA. There, too few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs) are balanced
+by stream-K: whole waves first, then equal runs of (tile, K tile) steps, each added to the zeroed output.
 
-No layout of its own: the kernel reads affine_gemm's packed words. In a tile, word row r holds the columns
+No layout of its own: the kernel reads layout.py's packed words. In a tile, word row r holds the columns
 k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives lane (g, q) = (lane // 4, lane % 4) of
 warp w the rows 64j + 16w + g and 64j + 16w + g + 8 (j the repetition) and the columns 2q, 2q+1, 2q+8, 2q+9 of
 every 16: that is, the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every
@@ -28,9 +26,8 @@ row (16 W) j + 16 w + 8 h + g takes weight row C (8 w + g) + 2 j + h of the bloc
 thread's rows are then C adjacent columns of memory, so each word row arrives by C * 4-byte cp.async, and the
 outputs leave as vector stores or atomics. Loaded in the row-major order of an unswizzled shared buffer, [word
 row // 8, word row % 2, lane group, q, C columns], a phase of lanes reads 128 contiguous bytes (C <= 4; at
-C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). H100, M = 16: with identity rows the
-words came by 4-byte copies and 8B gate_up took 41.2 us; with the map, 33.1 us at 16 rows a warp and 31.3 at
-64 (RESULTS.md, 2026-11-25, third session).
+C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). With identity rows the words would come
+by 4-byte copies.
 
 Under programmatic dependent launch (sm90) a program reads its scales before waiting for the previous kernel
 and lets the next one launch once past its main loop.
@@ -38,48 +35,50 @@ and lets the next one launch once past its main loop.
 fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
 (columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
 `fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
-by 16), and one more applies the scale (and zbias). bf16 4-bit codes decode the same way around 128, the
-exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma with -0
-(5 instructions a pair). H100, bf16 W4A16 g128, against per element: 1.14-2.02x faster at M = 2..64, 8B
-gate_up M = 16 36.2 us against 55.4, now 1.0-1.3x the fp16 times (RESULTS.md, 2026-11-25, eighth session). 4-bit table
-codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte permutes in registers (_TABLE_LOOKUP: 14
-instructions for 4 codes, the affine pairs' 8). Other modes (bf16 8-bit codes, fp8) decode per element through
-affine_gemm.decode.
-
-H100, table codes against the dequantize + cuBLAS path they took before (fp16, RESULTS.md 2026-11-25 seventh
-session, run N): 70B gate_up at M = 16 163 us against 818 (bitsandbytes 437), 8B gate_up 45.6 against 217;
-1.26-1.63x the affine W4A16 g128 times at M = 16, whose decode takes 8 instructions for 4 codes.
+by 16), and one more applies the scale (and zbias): layout.H2_PAIR_*. bf16 4-bit codes decode the same way around
+128, the exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma
+with -0 (5 instructions a pair). 4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte
+permutes in registers (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8), not gathered from memory
+per code. Other modes (bf16 8-bit codes, fp8) decode per element through layout.decode.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from quanta.kernels.affine_gemm import (AFFINE, LUT, R, AffineState, decode, load_lut_words, load_scales,
-                                        lut_lookup4_ptx, split_k_output)
-from quanta.kernels.triton_support import (capability, cdiv, num_sms, pdl_launch, pdl_launch_dependents, pdl_wait,
-                                           split_k, stream_k, tl, triton, wave_steps, whole_wave_split_k)
+from quanta.kernels.affine.layout import (
+    AFFINE,
+    H2_PAIR_BF16,
+    H2_PAIR_BF16_HIGH,
+    H2_PAIR_F16,
+    LUT,
+    AffineState,
+    R,
+    decode,
+    load_lut_words,
+    load_scales,
+    lut_lookup4_ptx,
+    split_k_output,
+)
+from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.triton_support import (
+    cdiv,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    split_k,
+    stream_k,
+    tl,
+    triton,
+    wave_steps,
+    whole_wave_split_k,
+)
 
-MMA_MAX_M = 512             # the largest M plan() gives this path (H100: it beat the split-K GEMM on all 8
-                            # Llama shapes at M = 4..128 and dequantize + cuBLAS at M = 128..512 on 31 of 32;
-                            # cuBLAS wins all 8 at M = 1024)
-
-# PTX of one H2 pair: $1 $2 words of columns 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8
-# the exact fma's factor and addend; $9 the scale pair; $10 the zbias pair, or -0 without zero points (an fma with
-# -0 leaves every product as it is; ptxas makes it a multiply). fp16: the code, masked in place, ORs into 1024 (a
-# high nibble into 1024 + 16 q, which the factor 1/16 undoes). bf16 has 7 mantissa bits, so a high nibble is
-# shifted down first and the code ORs into 128.
-def _h2_ptx(bf16: bool, high: bool) -> tl.constexpr:
-    magic, dt = ("0x43004300", "bf16x2") if bf16 else ("0x64006400", "f16x2")
-    shift = "shr.u32 t, t, 4; " if high else ""
-    return tl.constexpr(f"{{ .reg .b32 t; prmt.b32 t, $1, $2, $3; {shift}lop3.b32 t, t, $5, {magic}, 0xea; "
-                        f"fma.rn.{dt} t, t, $7, $8; fma.rn.{dt} $0, t, $9, $10; }}")
-
-
-_H2_F16, _H2_BF16, _H2_BF16_HIGH = _h2_ptx(False, False), _h2_ptx(True, False), _h2_ptx(True, True)
 # PTX of one table lookup (NF4 / FP4), four codes: $0 $1 the pairs of codes 2j and 2j + 1 of words $2 $3 (columns
 # 2q, 2q+1); $4 (and $5) the prmt selector of byte j of both words; $6, $8, .. $20 the table's bytes
-# (affine_gemm.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
-# The gathered nibbles go through affine_gemm.lut_lookup4_ptx, whose interleave here pairs the same code of the two
+# (layout.lut_byte_words; each input comes twice under pack 2); $22 $23 the scale pairs of codes 2j and 2j + 1.
+# The gathered nibbles go through layout.lut_lookup4_ptx, whose interleave here pairs the same code of the two
 # words (bytes 0 and 2, then 1 and 3) instead of two codes of one word. fp16 scales with mul.rn.f16x2; bf16 (no
 # bf16x2 mul before sm90) with fma.rn.bf16x2 and an addend of -0, which leaves every product as it is.
 _TABLE_LOOKUP = (".reg .b32 g, t, sel, m, lo, lo2, hi, hi2, e0, e1, z;\nprmt.b32 g, $2, $3, $4;\n"
@@ -115,7 +114,7 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
             tl.full(shape, FACTOR, tl.float32).to(DT), tl.full(shape, ADDEND, tl.float32).to(DT),
             tl.broadcast_to(s[:, None, None], shape), addend]
     # pack 2: a 32-bit input is two operands, a 16-bit one one; dtype a literal (Triton 3.6 refuses a constexpr DT)
-    w = tl.inline_asm_elementwise(_H2_F16 if F16 else (_H2_BF16_HIGH if SHIFTED else _H2_BF16),
+    w = tl.inline_asm_elementwise(H2_PAIR_F16 if F16 else (H2_PAIR_BF16_HIGH if SHIFTED else H2_PAIR_BF16),
                                   "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16 if F16 else tl.bfloat16,
                                   is_pure=True, pack=2)
     return tl.reshape(w, (BN, R))
@@ -306,9 +305,8 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
         if TILE_SCALE:
             s = s_next
             zb = zb_next
-    # the next kernel may launch once this one's programs are past their loops: at the start, the next call's
-    # programs launched the one after, and so on, and held the SMs waiting (H100, 8B gate_up M = 16: 49.1 us
-    # against 41.5 without PDL, 40.7 so; results/mma-pdl-h100-2026-11-25.json)
+    # the next kernel may launch once this one's programs are past their loops: launched at the start, the next
+    # call's programs would launch the one after, and so on, and hold the SMs waiting
     pdl_launch_dependents(PDL)
     # --- epilogue: bias once (with K tile 0), then store or accumulate the transposed partial sum
     if HAS_BIAS:
@@ -326,9 +324,9 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
 
 
 # The launch's tile / step counts take many values in a serving engine (prefill chunks of any length): a variant
-# compiled per value Triton would specialize on (1, multiples of 16), or per split count, showed up inside timed
-# runs; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added). M stays
-# specialized: unspecialized, M = 64 ran 15-30% slower on the H100 (results/mma-specialize-m-h100-2026-11-25.json)
+# compiled per value Triton would specialize on (1, multiples of 16), or per split count, would compile inside a
+# serving run; the split count reaches the kernel only as ATOMIC (split or streamed partial sums are added). M stays
+# specialized: its divisibility lets the loads of x vectorize, which is worth the variants (one per multiple of 16)
 @triton.jit(do_not_specialize=["tiles_per_split", "tile0", "stream_iters"])
 def _affine_mma_kernel(
     # pointers
@@ -371,42 +369,49 @@ def _affine_mma_kernel(
 
 # --- the launcher: check -> allocate -> launch ------------------------------------------------------
 
-# M bucket -> (BLOCK_M, num_stages, waves of programs per SM or None for whole_wave_split_k, least K tiles per
-# split, num_warps, weight rows a warp: 16, 32 or 64); H100 sweeps: up to M = 64, 64 rows a warp in 4 warps with
-# 2 waves (benchmarks/probes/mma_rows_sweep.py, results/mma-rows-configs-h100-2026-11-25.json, M = 4..64: within
-# 5% of the best of 12 configs on 33 of 40 shape x M points; slower than 16 rows a warp only on 8B o / qkv,
-# which default_config gives 16 rows a warp; 70B gate_up at M = 4, 8 is 14% faster streamed); from M = 65, 128-row
-# programs with 3 stages of 128 or 256 rows of x (results/mma-sweep-large-m-h100-2026-11-24{a,b}.json: 2 stages
-# were 20-30% slower at M = 256), K split or stream-K as triton_support.wave_steps / stream_k expect faster
-# (results/mma-sweep-stream-k-h100-2026-11-25.json: stream-K 8B qkv M = 256 33.8 us against 41.4 split in two)
-MMA_CONFIGS = ((16, (16, 3, 2.0, 2, 4, 64)), (32, (32, 3, 2.0, 2, 4, 64)), (64, (64, 3, 2.0, 4, 4, 64)),
-               (128, (128, 3, None, 4, 8, 16)), (1 << 62, (256, 3, None, 4, 8, 16)))
+class MmaConfig(NamedTuple):
+    """An MMA launch: BLOCK_M rows of x a program, the K loop split for about `waves` programs an SM (None: whole
+    waves of one an SM, whole_wave_split_k, and stream-K where it expects that faster), `warps` x `rows_a_warp`
+    weight rows a program."""
+    block_m: int
+    stages: int
+    waves: float | None
+    min_tiles: int              # least K tiles a split
+    warps: int
+    rows_a_warp: int            # 16, 32 or 64: 1, 2 or 4 m64 repetitions a warpgroup
 
 
-def default_config(m: int, st: AffineState, sms: int) -> tuple:
+# M bucket -> config, from sweeps on the H100 over the Llama-3 8B / 70B shapes: up to M = 64, 64 rows a warp in
+# 4 warps with 2 waves (within a few percent of the best of the configs tried on most shape x M points; slower than
+# 16 rows a warp only where the 256-row blocks are too few, which default_config gives 16 rows a warp); from M = 65,
+# 128-row programs with 3 stages of 128 or 256 rows of x (2 stages starve the MMA), K split or stream-K as
+# triton_support.wave_steps / stream_k expect faster
+MMA_CONFIGS = ((16, MmaConfig(16, 3, 2.0, 2, 4, 64)), (32, MmaConfig(32, 3, 2.0, 2, 4, 64)),
+               (64, MmaConfig(64, 3, 2.0, 4, 4, 64)), (128, MmaConfig(128, 3, None, 4, 8, 16)),
+               (1 << 62, MmaConfig(256, 3, None, 4, 8, 16)))
+
+
+def default_config(st: AffineState, caps: DeviceCaps, m: int) -> MmaConfig:
     """The config of M rows: MMA_CONFIGS' bucket, except where its blocks of 256 weight rows give fewer programs
     than 1.5 x the SMs or a program fewer than 3 K tiles (of the Llama shapes, 8B o up to M = 64 and 8B qkv at
-    M = 33..64): there blocks of 64 rows (16 a warp) run in 4 waves. H100, results/mma-small-n-configs-h100-
-    2026-11-25.json: 8B o 8.3-10.9 us against 9.2-14.6 at M = 4..64, 8B qkv 13.5 against 16.7 at M = 64.
-    Table codes at M = 33..64 take 32 rows a warp: the lookup's registers spill at 64 (328 bytes a thread); 1.4-1.5x
-    faster on 6 of the 8 shapes (8B gate_up 62.4 us against 93.5), 1.04-1.09x on 8B qkv and o
-    (results/mma-nf4-configs-h100-2026-11-25.json)."""
-    bm, stages, waves, min_tiles, warps, rows = config = next(c for top, c in MMA_CONFIGS if m <= top)
-    if waves is None:
+    M = 33..64): there blocks of 64 rows (16 a warp) run in 4 waves. Table codes at M = 33..64 take 32 rows a warp:
+    at 64 the lookup's registers spill."""
+    config = next(c for top, c in MMA_CONFIGS if m <= top)
+    if config.waves is None:
         return config
     if st.mode == LUT and m > 32:
-        return (bm, stages, waves, min_tiles, warps, 32)
-    tiles = cdiv(st.n, rows * warps) * cdiv(m, bm)
-    splits, per = split_k(tiles, st.num_tiles, sms, waves, min_tiles)
-    return (bm, stages, 4.0, min_tiles, 4, 16) if tiles * splits < 1.5 * sms or per < 3 else config
+        return config._replace(rows_a_warp=32)
+    tiles = cdiv(st.n, config.rows_a_warp * config.warps) * cdiv(m, config.block_m)
+    splits, per = split_k(tiles, st.num_tiles, caps.sm_count, config.waves, config.min_tiles)
+    if tiles * splits < 1.5 * caps.sm_count or per < 3:
+        return MmaConfig(config.block_m, config.stages, 4.0, config.min_tiles, 4, 16)
+    return config
 
 
-def applies(st: AffineState) -> bool:
-    """Whether plan() gives this path the weight: affine codes, or 4-bit table codes (looked up by byte permutes),
-    on sm90, where it was measured (the register operand is Hopper's wgmma; the M > 128 tiles want ~220 KB of
-    shared memory). fp8 weight-only was not measured."""
-    dev = st.packed.device
-    return (st.mode == AFFINE or st.table_lookup) and dev.type == "cuda" and capability(dev) == (9, 0)
+def weight_fits(st: AffineState) -> bool:
+    """Whether the kernel computes this weight: affine codes, or 4-bit table codes (looked up by byte permutes).
+    (fp8 weight-only codes are left to the split-K kernel.)"""
+    return st.mode == AFFINE or st.table_lookup
 
 
 def h2_applies(st: AffineState) -> bool:
@@ -416,17 +421,19 @@ def h2_applies(st: AffineState) -> bool:
     return (st.mode == AFFINE and (st.dtype == torch.float16 or st.bits == 4)) or st.table_lookup
 
 
-def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
-           config: tuple | None = None, h2: bool | None = None, stream: bool | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config`, `h2` (decode in
-    PTX, default where h2_applies) and `stream` (stream-K for the tiles past the whole waves, by default where
-    configs of whole waves expect it faster than splitting K: triton_support.stream_k; forced on a config of
-    `waves`, over that many programs an SM) are forced by tests and benchmarks."""
+def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
+           caps: DeviceCaps | None = None, h2: bool | None = None, stream: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias) with the weight as the MMA's register operand; `config` (MmaConfig's
+    fields), `h2` (decode in PTX, default where h2_applies) and `stream` (stream-K for the tiles past the whole
+    waves, by default where configs of whole waves expect it faster than splitting K: triton_support.stream_k;
+    forced on a config of `waves`, over that many programs an SM) are forced by tests and benchmarks; `caps`
+    defaults to the device's."""
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     assert not h2 or h2_applies(st)
-    sms = num_sms(x2.device)
-    bm, stages, waves, min_tiles, warps, rows = config or default_config(m, st, sms)
+    caps = caps or device_caps(x2.device)
+    sms = caps.sm_count
+    bm, stages, waves, min_tiles, warps, rows = config or default_config(st, caps, m)
     assert rows in (16, 32, 64), rows               # 1, 2 or 4 m64 repetitions: C = rows / 8 adjacent columns
     n_blocks = cdiv(st.n, rows * warps)
     tiles = n_blocks * cdiv(m, bm)
@@ -439,6 +446,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
     y = split_k_output(m, st, atomic, x2.device)
     h2 = h2_applies(st) if h2 is None else h2
     table = st.lut_arg(h2 and st.mode == LUT)
+    pdl = pdl_launch(caps)
 
     def launch(grid, tiles_per_split, tile0, stream_iters, add, streamed):
         _affine_mma_kernel[grid](
@@ -449,7 +457,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
             GS=st.group_size, BITS=st.bits, R=R, ZERO=st.zero, BLOCK_M=bm, HAS_ZB=st.has_zb,
             HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, ATOMIC=add, MODE=st.mode,
             H2=h2, BLOCK_N=rows * warps, WARPS=warps, STREAM_K=streamed,
-            num_warps=warps, num_stages=stages, **pdl_launch(x2.device))
+            num_warps=warps, num_stages=stages, **pdl)
 
     if not stream:
         launch((tiles, splits), per, 0, 0, splits > 1, False)

@@ -1,15 +1,14 @@
-"""W4A16 on Hopper from M = 2 to 1024, in Gluon: one asynchronous wgmma per code, decoded into its register operand.
+"""The wgmma path of the affine kernels, in Gluon (sm90): one asynchronous wgmma per code, decoded into its
+register operand.
 
-For 4-bit affine codes (AWQ, GPTQ without act-order, GGUF-requantized int4; fp16 or bf16) on sm90, plan() gives this
-kernel M = 2..16, up to 32 where its blocks fill the SMs, M = 33..1024 (bf16 where the K loop is not split), and
-bf16 M = 1 on the larger weights (takes): what the Triton MMA kernel (affine_mma.py) and, from M = 513, dequantize
-+ cuBLAS ran before. Both kernels compute yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A.
-Triton waits for every wgmma of a tl.dot before the next instruction, so affine_mma joins the 8 codes of a K tile
-into one [rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2 programs
-of 4 warps an SM, issue slots 32% busy (the profile of RESULTS.md, 2026-11-25, sixth session). Gluon gives the
-waits to the kernel: code i's [rows, 16] slice goes to its own wgmma while code i + 1 decodes, and a wait for all
-but the LAG newest frees the older slices (191 registers at 256 rows a program, 115 at 128). The words, scales and
-x come in by cp.async into a ring of STAGES shared-memory stages.
+For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ without act-order, RTN g128 or per channel; fp16 or
+bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A.
+Triton waits for every wgmma of a tl.dot before the next instruction, so the MMA kernel joins the 8 codes of a K
+tile into one [rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2
+programs of 4 warps an SM, the issue slots mostly idle. Gluon gives the waits to the kernel: code i's [rows, 16]
+slice goes to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest frees the older slices
+(191 registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
+STAGES shared-memory stages. Which M it takes is the plan's (plan.py).
 
 Up to M = 32 a program is one warpgroup (4 warps) with 16 or 32 rows of x, and refills the stage its own wgmmas
 just left, STAGES - 1 tiles ahead. Above, a program is two warpgroups sharing each stage's 64 or 128 rows of x
@@ -18,22 +17,15 @@ still read a stage the other has left, so the refill waits for the CTA barrier a
 takes the stage of two tiles ago (STAGES - 2 ahead). The programs of one weight block are adjacent (x's blocks
 vary fastest), so a block is read from DRAM once while x stays in L2.
 
-H100, W4A16 g128 fp16 against the MMA kernel (results/kernels-h100-2026-11-26a.json against the eighth session's
--25r.json): at M = 16 8B gate_up 27.4 us against 30.4, 8B down 14.9 against 16.8, 70B o 16.2 against 18.3, 70B
-gate_up 89.6 against 103.4; at M = 2..8 1.08-1.26x faster on all 8 Llama shapes (bf16 1.09-1.34x). Above M = 32:
-results/wgmma-large-m-*-h100-2026-11-26.json and RESULTS.md (2026-11-26, tenth session).
-
-No weight layout of its own: the kernel reads affine_gemm's packed words (word row r of a K tile holds columns
+No weight layout of its own: the kernel reads layout.py's packed words (word row r of a K tile holds columns
 16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
 layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word columns 2q, 2q + 1, 2q + 8,
 2q + 9), which is also the layout of every code's [rows, 16] weights: code i of those words is columns
-16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of affine_mma's H2 pairs
-(prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice
-along K of the x stage [BLOCK_M, 128], operand B, in wgmma's 128-byte swizzle (the 32-byte swizzle of an x stage
-laid out as 8 slices of [BLOCK_M, 16] was 1.10-1.40x slower at M = 256 and 1024, and at M = 2..32 slower on 29
-of 32 points, by up to 8%: results/wgmma-x-swizzle-h100-2026-11-26.json, -small-m-). A per-channel scale or
-a group of a multiple of 128 columns is one scale row a K tile; narrower groups and act-order stay with
-affine_mma.
+16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of the H2 pairs
+(layout.H2_PAIR_*: prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15: a
+[BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B, in wgmma's 128-byte swizzle (an x stage laid
+out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle was slower at every M). A per-channel scale or a group of
+a multiple of 128 columns is one scale row a K tile; narrower groups and act-order stay with the MMA kernel.
 
 Split-K over programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed
 output (fp16, or float32 for bf16). Under programmatic dependent launch the weight's first stages are issued
@@ -42,26 +34,41 @@ main loop is done.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from quanta.kernels.affine_gemm import AFFINE, R, AffineState, split_k_output
-from quanta.kernels.affine_mma import _H2_BF16, _H2_BF16_HIGH, _H2_F16
-from quanta.kernels.triton_support import (capability, cdiv, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
-                                           split_k, wave_steps, whole_wave_split_k)
+from quanta.kernels.affine.layout import (
+    AFFINE,
+    H2_PAIR_BF16,
+    H2_PAIR_BF16_HIGH,
+    H2_PAIR_F16,
+    AffineState,
+    R,
+    split_k_output,
+)
+from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.triton_support import (
+    cdiv,
+    gdc_launch_dependents,
+    gdc_wait,
+    pdl_launch,
+    split_k,
+    wave_steps,
+    whole_wave_split_k,
+)
 
-try:                                 # Gluon's Hopper API: Triton >= 3.6 (the version the H100 runs measured)
+ONE_WARPGROUP_MAX_M = 32     # the largest M of one warpgroup a program (16 or 32 rows of x); above, large_m_config
+try:                                 # Gluon's Hopper API: Triton >= 3.6
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     GLUON_ERROR: str | None = None
-except ImportError as exc:  # pragma: no cover - older Triton: plan() keeps affine_mma
+except ImportError as exc:  # pragma: no cover - older Triton: the plan keeps the MMA kernel
     GLUON_ERROR = f"Gluon's Hopper API is not importable ({exc})"
 
-WGMMA_MAX_M = 32             # the largest M of one warpgroup a program (16 or 32 rows of x); above, large_m_config
-WGMMA_LARGE_MAX_M = 1024     # above, dequantize + cuBLAS, whose dequantize costs the same at any M: H100 fp16,
-                             # this kernel faster on 6 of the 8 Llama shapes at M = 1024, slower on 7 at 2048
-LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32
+LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32 (two warpgroups a program)
 TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows
 
 if GLUON_ERROR is None:
@@ -73,7 +80,7 @@ if GLUON_ERROR is None:
     @gluon.jit
     def _decode_code(words, i: gl.constexpr, s, zb, ZERO: gl.constexpr, HAS_ZB: gl.constexpr, DT: gl.constexpr):
         """Weights [rows, 16] in DT of code i of the words [rows, 16] (operand A's layout): columns 16 i + r, two
-        an instruction by affine_mma's H2 PTX (its _h2_codes explains the constants)."""
+        an instruction by layout.H2_PAIR_* (mma._h2_codes explains the constants)."""
         BYTE: gl.constexpr = i // 2
         SEL: gl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
         HIGH: gl.constexpr = i % 2 == 1
@@ -92,7 +99,7 @@ if GLUON_ERROR is None:
                 gl.full(shape, FACTOR, gl.float32, layout).to(DT), gl.full(shape, ADDEND, gl.float32, layout).to(DT),
                 s, addend]
         # pack 2: columns 2q and 2q + 1 are one 32-bit register; dtype a literal (Triton 3.6 refuses a constexpr)
-        w = gl.inline_asm_elementwise(_H2_F16 if F16 else (_H2_BF16_HIGH if HIGH else _H2_BF16),
+        w = gl.inline_asm_elementwise(H2_PAIR_F16 if F16 else (H2_PAIR_BF16_HIGH if HIGH else H2_PAIR_BF16),
                                       "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=gl.float16 if F16 else gl.bfloat16,
                                       is_pure=True, pack=2)
         return w
@@ -156,8 +163,7 @@ if GLUON_ERROR is None:
         # the refill of a stage: one warpgroup refills the stage its own wgmmas just left, STAGES - 1 tiles ahead,
         # once the previous tile's wgmmas are done (after code LAG - 1). With two, the other may still read it, so
         # the refill takes the stage of two tiles ago (free since the CTA barrier), STAGES - 2 ahead, once code 0's
-        # wgmma is in flight (H100, results/wgmma-large-m-refill-h100-2026-11-26.json: faster than issuing it before
-        # code 0 on 14 of 16 points at M = 256 and 1024, by up to 10%; 3-4% slower on two)
+        # wgmma is in flight, so that the copies overlap code 0's wgmma rather than delay it
         AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
         REFILL_AFTER: gl.constexpr = LAG - 1 if WARPS == 4 else 0
         t_begin = gl.program_id(1) * tiles_per_split
@@ -237,6 +243,18 @@ if GLUON_ERROR is None:
             gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+class WgmmaConfig(NamedTuple):
+    """A wgmma launch: BLOCK_M rows of x and `rows` weight rows a program, the K loop split for about `waves`
+    programs an SM (None: whole waves of one an SM), `lag` wgmmas left in flight behind each code's."""
+    block_m: int
+    stages: int
+    waves: float | None
+    min_tiles: int              # least K tiles a split
+    rows: int
+    lag: int
+    warps: int                  # 4 (one warpgroup) or 8 (two sharing each stage of x)
+
+
 def weight_fits(st: AffineState) -> bool:
     """Whether the kernel computes this weight: 4-bit affine codes with one scale row a K tile (a group of a
     multiple of 128 columns, or per channel), no act-order, in fp16 or bf16."""
@@ -244,95 +262,59 @@ def weight_fits(st: AffineState) -> bool:
             and st.dtype in (torch.float16, torch.bfloat16))
 
 
-def applies(st: AffineState) -> bool:
-    """Whether the kernel runs this weight where it lies: weight_fits, on sm90 (wgmma), Gluon present (takes()
-    decides the M)."""
-    dev = st.packed.device
-    return GLUON_ERROR is None and weight_fits(st) and dev.type == "cuda" and capability(dev) == (9, 0)
-
-
-def _k_tiles_each(st: AffineState, sms: int) -> float:
-    """K tiles a program would take if two waves of programs (two an SM) shared the weight's blocks of 256 rows."""
+def k_tiles_each(st: AffineState, sms: int) -> float:
+    """K tiles a program would take if two waves of programs (two an SM) shared the weight's blocks of 256 rows:
+    how much work a program has when M is small, the measure of whether the wider programs fill the SMs."""
     return cdiv(st.n, 256) * st.num_tiles / (2 * sms)
 
 
-def takes(m: int, st: AffineState) -> bool:
-    """Whether plan() gives M rows of this weight to this kernel, where it applies: M = 2..16; M = 17..32 where two
-    waves of 256-row blocks would take 2.5 K tiles each or more; and bf16 at M = 1 where they would take 4 (the bf16
-    GEMV decodes in fp32, 3 instructions a code). H100 (results/kernels-h100-2026-11-26a.json against -25r.json,
-    the MMA kernel): faster at M = 2..32 on the 8 Llama shapes except 8B o at M = 32 (1.9 K tiles each: 8.8 us
-    against 8.2, bf16 11.4 against 10.3); bf16 at M = 1 (results/wgmma-bf16-m1-h100-2026-11-26.json) 1.11-1.34x
-    the GEMV from 8B down up (8B gate_up 26.1 us against 35.0), 0.89x on 8B qkv and o (2.9 and 1.9 K tiles).
-    Above M = 32 (large_m_config), fp16 up to WGMMA_LARGE_MAX_M, and bf16 where the K loop is not split: its
-    partial sums are added in float32 and converted after, which made 5 of the 8 split points of bf16 slower
-    than the MMA kernel or dequantize + cuBLAS (70B qkv at M = 1024 388 us against 302), none of the 7 whole
-    ones (results/wgmma-large-m-bf16-h100-2026-11-26.json)."""
-    if not applies(st) or m > WGMMA_LARGE_MAX_M:
-        return False
-    if m > WGMMA_MAX_M:
-        if st.dtype == torch.float16:
-            return True
-        sms = num_sms(st.packed.device)
-        return _grid(m, st, sms, large_m_config(m, st, sms))[1] == 1
-    each = _k_tiles_each(st, num_sms(st.packed.device))
-    if m == 1:
-        return st.dtype == torch.bfloat16 and each >= 4
-    return m <= 16 or each >= 2.5
-
-
-def default_config(m: int, st: AffineState, sms: int) -> tuple:
-    """(BLOCK_M, stages, waves of programs an SM or None for whole waves of one an SM, least K tiles a split, weight
-    rows a program, wgmmas in flight, warps) for M rows.
+def default_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
+    """The config of M rows.
 
     M <= 32: one warpgroup (4 warps); 256 weight rows a program where 2 waves of them would take enough K tiles
-    each (fp16: 4; bf16: 9, and a K of 64 tiles or more), else 128. H100 (results/wgmma-ms-h100-2026-11-25.json):
-    fp16 8B o at M = 16 6.6 us with 128 rows against 7.9 with 256, 8B down 14.7 with 256 against 15.5; bf16 takes
-    128 rows on all four 8B shapes and 70B o (8B gate_up 27.9 us against 30.9), 256 on 70B qkv, gate_up and down.
+    each (fp16: 4; bf16: 9, and a K of 64 tiles or more), else 128: fewer, wider programs leave SMs idle on the
+    smaller weights (8B o), and bf16's costlier decode wants 128 rows on all the 8B shapes.
 
     M > 32 (large_m_config): two warpgroups, 64 or 128 rows of x, one program an SM."""
-    if m > WGMMA_MAX_M:
-        return large_m_config(m, st, sms)
-    k_tiles_each = _k_tiles_each(st, sms)
+    if m > ONE_WARPGROUP_MAX_M:
+        return large_m_config(st, caps, m)
+    each = k_tiles_each(st, caps.sm_count)
     if st.dtype == torch.float16:
-        wide = m > 16 or k_tiles_each >= 4
+        wide = m > 16 or each >= 4
     else:
-        wide = k_tiles_each >= 9 and st.num_tiles >= 64
-    return (16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
+        wide = each >= 9 and st.num_tiles >= 64
+    return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
 
 
-ROW_STEP_COST = {256: 1.0, 128: 0.57}   # a K tile of a 128-row program against a 256-row one, both 128 rows of x
-                                        # (H100 M = 1024: 0.54-0.57 on 8B qkv, o, gate_up and 70B qkv). The high
-                                        # end: at 0.54, 70B qkv at M = 256 took 128 rows, K split in 4, 92.1 us
-                                        # against 80.3-80.7 with 256 split in 3 (results/wgmma-m256-splits-*,
-                                        # wgmma-large-m-configs-, -defaults-)
+ROW_STEP_COST = {256: 1.0, 128: 0.57}   # the time of a K tile of a 128-row program against a 256-row one, both at
+                                        # 128 rows of x (fit on the H100 at M = 1024; below it, 70B qkv at M = 256
+                                        # would take 128-row programs split in 4, slower than 256 split in 3)
 
 
-def _grid(m: int, st: AffineState, sms: int, config: tuple) -> tuple[int, int, int]:
-    """(output tiles, K splits, K tiles a split) of a launch of `config` (default_config's fields) for M rows: the
-    K loop split for about `waves` programs an SM (triton_support.split_k), or with waves None for whole waves of
-    one an SM (whole_wave_split_k)."""
-    bm, _, waves, min_tiles, rows = config[:5]
-    tiles = cdiv(st.n, rows) * cdiv(m, bm)
-    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, min_tiles) if waves is None
-                   else split_k(tiles, st.num_tiles, sms, waves, min_tiles))
+def grid(st: AffineState, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
+    """(output tiles, K splits, K tiles a split) of a launch of `config` for M rows: the K loop split for about
+    `waves` programs an SM (triton_support.split_k), or with waves None for whole waves of one an SM
+    (whole_wave_split_k)."""
+    tiles = cdiv(st.n, config.rows) * cdiv(m, config.block_m)
+    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, config.min_tiles) if config.waves is None
+                   else split_k(tiles, st.num_tiles, sms, config.waves, config.min_tiles))
     return tiles, splits, per
 
 
-def large_m_config(m: int, st: AffineState, sms: int) -> tuple:
+def large_m_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     """The config above M = 32: two warpgroups (8 warps, 251 registers: one program an SM) share each stage of
-    x, 64 rows of it up to M = 64 (256 weight rows a program; 128 were 1.4-1.6x slower on 8B o and down), else 128
-    (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
+    x, 64 rows of it up to M = 64 (256 weight rows a program: 128 leave the decode too little work to hide), else
+    128 (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
     triton_support.wave_steps, weighted by ROW_STEP_COST, expects the smaller programs to fill the waves better
-    (8B o at M = 128: 32 programs of 128 rows, K split in 4, 12.4-12.7 us against 15.0-15.3 for 16 of 256 split
-    in 8; 8B o at M = 256 and 512); the K loop split for whole waves (waves None)."""
+    (8B o at M = 128..512); the K loop split for whole waves (waves None)."""
     bm, lag = (64, 2) if m <= 64 else (128, 3)
 
-    def config(rows: int) -> tuple:
-        return (bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
+    def config(rows: int) -> WgmmaConfig:
+        return WgmmaConfig(bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
 
     def cost(rows: int) -> float:
-        tiles, splits, _ = _grid(m, st, sms, config(rows))
-        return wave_steps(tiles, st.num_tiles, sms, splits) * ROW_STEP_COST[rows]
+        tiles, splits, _ = grid(st, caps.sm_count, config(rows), m)
+        return wave_steps(tiles, st.num_tiles, caps.sm_count, splits) * ROW_STEP_COST[rows]
 
     return config(256 if bm == 64 else min(ROW_STEP_COST, key=cost))
 
@@ -349,18 +331,18 @@ def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
     return padded, k16
 
 
-def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None,
-           maxnreg: int | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (default_config's fields) and `maxnreg` (a register cap, so
-    that more programs fit an SM) are forced by tests and benchmarks."""
+def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
+           caps: DeviceCaps | None = None, maxnreg: int | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (WgmmaConfig's fields) and `maxnreg` (a register cap, so that
+    more programs fit an SM) are forced by tests and benchmarks; `caps` defaults to the device's."""
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
-    sms = num_sms(x2.device)
-    config = config or default_config(m, st, sms)
+    caps = caps or device_caps(x2.device)
+    config = WgmmaConfig(*config) if config else default_config(st, caps, m)
     bm, stages, _, _, bn, lag, warps = config
     assert bm in (16, 32, 64, 128, 256) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
         and stages >= (2 if warps == 4 else 3), config
-    tiles, splits, per = _grid(m, st, sms, config)
+    tiles, splits, per = grid(st, caps.sm_count, config, m)
     atomic = splits > 1
     y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
@@ -369,5 +351,5 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles,
         xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
-        **pdl_launch(x2.device))
+        **pdl_launch(caps))
     return y.to(st.dtype)

@@ -1,0 +1,46 @@
+"""Affine integer weights (AWQ, GPTQ, RTN, HQQ, bnb int8, GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0) times fp16/bf16
+activations, dequantized in registers: the registry's kernel module for affine weights on CUDA.
+
+    layout   the kernel layout (AffineState, prepare, pack) and the decoding every path shares
+    gemv     M = 1..2, no tensor cores                    mma     the decoded weight as the MMA's register operand
+    splitk   the split-K tl.dot GEMM                      wgmma   Gluon, one asynchronous wgmma per code (sm90)
+    cublas   dequantize + cuBLAS                          plan    which path runs M rows, from DeviceCaps
+The path modules import only `layout` and the Triton helpers; `plan` imports them.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.kernels.affine import layout, plan
+from quanta.kernels.affine.layout import AffineState
+from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path)
+from quanta.kernels.device_caps import device_caps
+from quanta.kernels.triton_support import why_not_device
+
+NAME = "triton_affine"
+
+
+def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if the weight has an exact affine form these kernels pack and the device computes in `dtype`."""
+    return layout.why_not(weight) or why_not_device(device, dtype)
+
+
+def prepare(weight, device: torch.device, dtype: torch.dtype) -> AffineState:
+    """The weight in kernel layout (layout.prepare): GGUF blocks converted losslessly, no 16-bit copy."""
+    return layout.prepare(weight, device, dtype)
+
+
+def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias by the path the plan gives x's rows."""
+    return plan.matmul(x, state, bias)
+
+
+def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for a weight stacking [gate; up], fused into the GEMV's epilogue where the GEMV runs."""
+    return plan.matmul_glu(x, state, bias)
+
+
+def path(state: AffineState, m: int) -> tuple[str, str]:
+    """(NAME/the path that runs an M-row input on the state's device, why)."""
+    name, reason = plan.explain(state, device_caps(state.packed.device), m)
+    return f"{NAME}/{name}", reason

@@ -1,0 +1,258 @@
+"""The affine kernels' weight layout, made once by `prepare()`, and the decoding every path shares.
+
+Marlin's lessons in Triton terms:
+  packed [K_pad / PACK, N] int32, PACK = 32 // bits codes per word, packed along K so that every load is
+  coalesced along N. Within each tile of TILE_K = PACK * R input columns (R = 16 rows of words), word
+  row r holds the columns k = i * R + r for i = 0..PACK-1 (code i in bits [bits*i, bits*(i+1))), so that
+  unpacking code i of a [R, BLOCK_N] tile is one shift and gives the contiguous K slice i of the tile.
+  scales as int32 words [rows, N] of two 16-bit floats in the compute dtype, so that a scale row loads in
+  the same register layout as a row of codes: with zero points, word g = (s_g | zbias_g << 16) where
+  zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
+  integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
+  Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
+Codes of up to 4 bits are held in 4-bit words and codes of 5 to 8 bits in 8-bit words: a wider field
+holds them exactly, and the kernels read the zero point as it is, not as the field's centre.
+The codebook (NF4 / FP4) and FP8 weight-only kernels pack their codes the same way (`pack`, MODE LUT / FP8_*).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from quanta.kernels.fp8_bits import fp8_to_f16
+from quanta.kernels.triton_support import cdiv, tl, triton, zero_
+from quanta.quant.errors import UnsupportedError
+from quanta.quant.kinds.affine import Affine
+from quanta.quant.qtensor import QTensor
+
+AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
+R = 16                      # word rows per tile: the K of one tensor-core step
+
+
+@dataclass(slots=True)
+class AffineState:
+    """An affine weight in kernel layout (see the module docstring)."""
+    packed: torch.Tensor            # int32 [K_pad // PACK, N]
+    sz: torch.Tensor                # int32 [G_pad or G_pad / 2, N]: scale words (see the module docstring)
+    has_zb: bool                    # words hold (scale, zbias) pairs; else pairs of symmetric scales
+    perm: torch.Tensor | None       # int32 [K]: column k of the sorted weight reads x[:, perm[k]]
+    n: int
+    k: int
+    k_pad: int
+    bits: int                       # bits a code field holds in the words: 4 or 8
+    group_size: int                 # group of column k is k // group_size (k_pad for per-channel)
+    zero: int                       # the symmetric zero point (unused when zbias is given)
+    dtype: torch.dtype
+    mode: int = AFFINE              # AFFINE, LUT (codebook_gemm) or FP8_* (fp8_gemm)
+    lut: torch.Tensor | None = None  # float32 [2**bits] for LUT
+    lut_bytes: torch.Tensor | None = None  # int32 [8]: the 16-bit table's low bytes, then high bytes
+    plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)   # plan.choose's cache
+
+    @property
+    def tile_k(self) -> int:
+        """Input columns of one K tile: PACK codes of R word rows."""
+        return (32 // self.bits) * R
+
+    @property
+    def num_tiles(self) -> int:
+        return self.k_pad // self.tile_k
+
+    @property
+    def tile_scale(self) -> bool:
+        """Whether every K tile lies inside one scale group (one scale row a tile)."""
+        return self.group_size % self.tile_k == 0
+
+    @property
+    def table_lookup(self) -> bool:
+        """Whether the codes can be looked up by byte permutes: a 16-entry table (4-bit codes), whose byte words
+        pack() made."""
+        return self.lut_bytes is not None
+
+    def lut_arg(self, lookup: bool) -> torch.Tensor:
+        """The kernels' lut_ptr: the table's byte words for the byte-permute lookup, else the float table, else (no
+        table) any tensor, never read."""
+        return self.lut_bytes if lookup else self.lut if self.lut is not None else self.sz
+
+
+# --- decoding in registers, shared by the paths ---------------------------------------------------
+
+@triton.jit
+def load_scales(sz_ptr, g, cols, mask, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, DT: tl.constexpr):
+    """(scale, zbias) in dtype DT of groups g at columns cols (broadcastable), from the int32 scale words."""
+    if HAS_ZB:
+        v = tl.load(sz_ptr + g * N + cols, mask=mask, other=0)
+        s = (v & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        zb = (v >> 16).to(tl.int16).to(DT, bitcast=True)
+    else:
+        v = tl.load(sz_ptr + (g // 2) * N + cols, mask=mask, other=0)
+        s = ((v >> ((g % 2) * 16)) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        zb = (s.to(tl.float32) * -ZERO).to(DT)
+    return s, zb
+
+
+@triton.jit
+def decode(code, s, zb, lut_ptr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr,
+           FP16_MAGIC: tl.constexpr, DT: tl.constexpr):
+    """Weights in dtype DT from codes and their groups' (scale, zbias), in registers.
+
+    MODE: AFFINE w = (code - zero) * s (+ zbias), the exact integer made through a magic-number float
+    (2**23 + code in fp32, or 1024 + code in fp16 when FP16_MAGIC, i.e. DT is fp16) then one FMA;
+    LUT w = lut[code] * s; FP8_* w = fp8(code) * s with the bytes converted by integer operations.
+    """
+    if MODE == 1:
+        w = (tl.load(lut_ptr + code) * s.to(tl.float32)).to(DT)
+    elif MODE >= 2:
+        if FP16_MAGIC:
+            w = (fp8_to_f16(code, MODE - 2) * s).to(DT)
+        else:                                 # (the same product, exact in fp32, rounded once)
+            w = (fp8_to_f16(code, MODE - 2).to(tl.float32) * s.to(tl.float32)).to(DT)
+    elif FP16_MAGIC:
+        q = (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)        # 1024 + code
+        if HAS_ZB:
+            w = (q - 1024.0) * s + zb
+        else:
+            w = (q - (1024.0 + ZERO)) * s
+    else:
+        q = (code | 0x4B000000).to(tl.float32, bitcast=True)                  # 2**23 + code
+        if HAS_ZB:
+            w = ((q - 8388608.0) * s.to(tl.float32) + zb.to(tl.float32)).to(DT)
+        else:
+            w = ((q - (8388608.0 + ZERO)) * s.to(tl.float32)).to(DT)
+    return w
+
+
+@triton.jit
+def load_lut_words(lut_ptr):
+    """The 8 int32 byte words of a 16-entry table (lut_byte_words), as scalars for the lookups' PTX operands."""
+    return (tl.load(lut_ptr), tl.load(lut_ptr + 1), tl.load(lut_ptr + 2), tl.load(lut_ptr + 3), tl.load(lut_ptr + 4),
+            tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
+
+
+def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23", step: int = 1,
+                    pairs: tuple[int, int] = (0x5140, 0x7362)) -> str:
+    """PTX of a 16-entry table lookup of 4 codes, the nibbles 0-3 of the word register `w`, into two pairs of 16-bit
+    entries `e01` (codes 0, 1) and `e23` (codes 2, 3) by byte permutes: the codes' low 3 bits select a byte from 8
+    (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes; each code's bit 3, spread to a
+    byte mask by a sign-replicating prmt, picks between the two; two more prmts interleave low and high bytes.
+    `table`: the operand number of the first of the 8 table words (lut_byte_words), $table, $table + step, ...
+    (step 2 under pack 2, where each input comes twice). `pairs`: the two interleaving selectors, (codes 0, 1) and
+    (codes 2, 3) by default. Uses the registers sel, t, m, lo, lo2, hi, hi2 (declared by the caller)."""
+    t = [f"${table + step * i}" for i in range(8)]
+    return (f"and.b32 sel, {w}, 0x7777;\nprmt.b32 lo, {t[0]}, {t[1]}, sel;\nprmt.b32 lo2, {t[2]}, {t[3]}, sel;\n"
+            f"prmt.b32 hi, {t[4]}, {t[5]}, sel;\nprmt.b32 hi2, {t[6]}, {t[7]}, sel;\nshl.b32 t, {w}, 4;\n"
+            f"prmt.b32 m, t, {w}, 0xD9C8;\nlop3.b32 lo, lo, lo2, m, 0xD8;\nlop3.b32 hi, hi, hi2, m, 0xD8;\n"
+            f"prmt.b32 {e01}, lo, hi, {pairs[0]:#06x};\nprmt.b32 {e23}, lo, hi, {pairs[1]:#06x};\n")
+
+
+# PTX of one pair of affine codes decoded together (H2), used by the MMA and wgmma kernels: $1 $2 words of columns
+# 2q, 2q+1; $3 $4 the prmt selector; $5 $6 the lop3 mask; $7 $8 the exact fma's factor and addend; $9 the scale
+# pair; $10 the zbias pair, or -0 without zero points (an fma with -0 leaves every product as it is; ptxas makes it
+# a multiply). fp16: the code, masked in place, ORs into 1024 (a high nibble into 1024 + 16 q, which the factor
+# 1/16 undoes). bf16 has 7 mantissa bits, so a high nibble is shifted down first and the code ORs into 128.
+def _h2_pair_ptx(bf16: bool, high: bool) -> tl.constexpr:
+    magic, dt = ("0x43004300", "bf16x2") if bf16 else ("0x64006400", "f16x2")
+    shift = "shr.u32 t, t, 4; " if high else ""
+    return tl.constexpr(f"{{ .reg .b32 t; prmt.b32 t, $1, $2, $3; {shift}lop3.b32 t, t, $5, {magic}, 0xea; "
+                        f"fma.rn.{dt} t, t, $7, $8; fma.rn.{dt} $0, t, $9, $10; }}")
+
+
+H2_PAIR_F16, H2_PAIR_BF16, H2_PAIR_BF16_HIGH = _h2_pair_ptx(False, False), _h2_pair_ptx(True, False), \
+    _h2_pair_ptx(True, True)
+
+
+def split_k_output(m: int, st: AffineState, added: bool, device: torch.device) -> torch.Tensor:
+    """y [M, N] for a launch of this weight: where programs add partial sums (split-K, stream-K) zeroed, in fp16 or,
+    for bf16, float32 (each bf16 addition would round at 8 bits); else uninitialised in the compute dtype. The
+    launcher returns y.to(st.dtype)."""
+    if not added:
+        return torch.empty(m, st.n, device=device, dtype=st.dtype)
+    sums = torch.float16 if st.dtype == torch.float16 else torch.float32
+    return zero_(torch.empty(m, st.n, device=device, dtype=sums))
+
+
+# --- making the layout ----------------------------------------------------------------------------
+
+def why_not(weight) -> str | None:
+    """None if the weight has an exact affine form these kernels pack (an Affine, or a GGUF Q4_0 / Q4_1 / Q5_0 /
+    Q5_1 / Q8_0 block weight), else why not."""
+    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
+    if scheme is None:
+        return f"{weight.describe() if isinstance(weight, QTensor) else 'a plain tensor'}: no exact affine form"
+    if scheme.num_groups > 1 and scheme.group_size % R:
+        return f"group size {scheme.group_size} is not a multiple of {R}"
+    return None
+
+
+def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> AffineState:
+    """Repack once: the weight's exact affine form (GGUF blocks converted losslessly), act-order columns sorted,
+    codes packed along K in 4- or 8-bit fields, zero points folded into the scale words."""
+    w: Affine = weight.to(device).to_affine()
+    n, k = w.shape
+    codes, perm = w.codes, None
+    if w.g_idx is not None:
+        order = torch.argsort(w.g_idx.long(), stable=True)
+        if not torch.equal(w.g_idx.long()[order], torch.arange(k, device=order.device) // w.group_size):
+            raise UnsupportedError(f"{w.describe()} {list(w.shape)}: g_idx groups are not "
+                                   f"{w.group_size} columns each once sorted")
+        if not torch.equal(order, torch.arange(k, device=order.device)):
+            codes, perm = codes[:, order], order.to(torch.int32)
+    bits = 4 if w.bits <= 4 else 8
+    group = w.group_size if w.num_groups > 1 else None
+    scales = w.effective_scales()           # bnb int8's post_scale (1/127) folded in
+    if w.mins is not None:
+        mins = w.mins.float() if w.post_scale is None else w.mins.float() * w.post_scale
+        return pack(codes, bits, group, scales, dtype, zbias=mins, perm=perm)
+    if isinstance(w.zeros, torch.Tensor):
+        return pack(codes, bits, group, scales, dtype, zbias=-scales * w.zeros.float(), perm=perm)
+    return pack(codes, bits, group, scales, dtype, zero=int(w.zeros), perm=perm)
+
+
+def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor, dtype: torch.dtype,
+         zbias: torch.Tensor | None = None, zero: int = 0, perm: torch.Tensor | None = None,
+         mode: int = AFFINE, lut: torch.Tensor | None = None) -> AffineState:
+    """Kernel layout of codes [N, K] (uint8, each below 2**bits, bits 4 or 8) with scales [N, G] over groups of
+    `group` columns (None: one group per row); shared by the affine, codebook and FP8 weight-only kernels."""
+    assert bits in (4, 8), bits
+    n, k = codes.shape
+    pack_n = 32 // bits
+    tile_k = pack_n * R
+    k_pad = cdiv(k, tile_k) * tile_k
+    group = group or k_pad
+    # codes [N, K_pad] -> [tiles, PACK, R, N] -> words [tiles * R, N]
+    c = F.pad(codes, (0, k_pad - k)).view(n, k_pad // tile_k, pack_n, R).permute(1, 2, 3, 0)
+    words = torch.zeros(k_pad // tile_k, R, n, dtype=torch.int64, device=codes.device)
+    for i in range(pack_n):
+        words |= c[:, i].to(torch.int64) << (bits * i)
+    packed = _int32(words).reshape(-1, n)
+    g_pad = cdiv(k_pad, group)
+
+    def by_group(t: torch.Tensor) -> torch.Tensor:       # [N, G] float -> 16-bit patterns [G_pad, N], int64
+        out = torch.zeros(g_pad, n, dtype=torch.float32, device=t.device)
+        out[: t.shape[1]] = t.float().t()
+        return out.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+
+    s = by_group(scales)
+    if zbias is not None:
+        sz = s | by_group(zbias) << 16
+    else:                                                # two groups' scales per word
+        s = F.pad(s, (0, 0, 0, g_pad % 2))
+        sz = s[0::2] | s[1::2] << 16
+    return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
+                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
+                       lut_byte_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
+
+
+def lut_byte_words(lut: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """A 16-entry table in a 16-bit float dtype, byte-sliced for PTX `prmt` lookups: int32 [8], words 0-3 holding
+    the low bytes of entries 0-3, 4-7, 8-11, 12-15 and words 4-7 their high bytes."""
+    h = lut.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+    planes = torch.stack([h & 0xFF, h >> 8]).view(2, 4, 4)                    # [byte, word, entry]
+    words = (planes << torch.tensor([0, 8, 16, 24], device=lut.device)).sum(-1).reshape(8)
+    return _int32(words).contiguous()
+
+
+def _int32(words: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit patterns held in int64 -> the same bits as int32."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)

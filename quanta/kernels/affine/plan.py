@@ -1,0 +1,222 @@
+"""Which affine path runs M rows of a weight: one ordered table of paths over a DeviceCaps value.
+
+The first path of PATHS whose `fits(state, caps, m)` returns None runs; each other's answer says why not:
+  wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile: M = 2..16, M = 17..32 where its
+          programs have work enough, M = 33..1024 (bf16 where its K loop is not split), bf16 M = 1 on the
+          larger weights
+  gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)
+  mma     sm90, affine or 4-bit table codes, M <= 512
+  cublas  table codes above the GEMV where the MMA kernel does not run, and every weight from M = 256
+  splitk  the rest: the split-K tl.dot GEMM
+Every choice is computed from the DeviceCaps passed in (QUANTA_DEVICE_CAPS=sm75 plans as a T4 on any GPU) and
+cached on the weight's state per M bucket (bucket_edge): within a bucket no rule or config changes. Reasons are
+built only when asked (`explain`), never on the hot path.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from quanta.kernels import activation
+from quanta.kernels.affine import cublas, gemv, mma, splitk, wgmma
+from quanta.kernels.affine.layout import LUT, AffineState
+from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.quant.errors import UnsupportedError
+
+# At M <= 2 the GEMV streams the weight with no tensor-core tile to fill. Where the MMA kernel decodes in PTX (sm90)
+# it is faster from M = 2, so the GEMV keeps M = 1; table codes the GEMV would gather from memory per code (bf16)
+# go to the MMA kernel from M = 1 there, and keep the GEMV for M = 1 only elsewhere.
+GEMV_MAX_M = gemv.MAX_ROWS
+# The register-operand MMA kernel is faster than the split-K GEMM at every M tried on the Llama shapes, and than
+# dequantize + cuBLAS up to M = 512; from M = 1024 cuBLAS is faster on all of them.
+MMA_MAX_M = 512
+MMA_CAPABILITY = (9, 0)          # where the MMA kernel runs: its register operand is Hopper's wgmma, its large-M
+                                 # tiles want sm90's shared memory
+# The wgmma kernel takes M = 2..16 from the MMA kernel outright, and M = 17..32 where two waves of its 256-row
+# programs would still take 2.5 K tiles each: below (8B o), the MMA kernel's smaller programs fill the SMs better.
+WGMMA_ALWAYS_MAX_M = 16
+WGMMA_MIN_TILES_EACH = 2.5
+# bf16 at M = 1: the GEMV decodes bf16 in fp32 (three instructions a code), so the wgmma kernel is faster where its
+# programs have 4 K tiles each or more (from 8B down up), not on the small weights (8B qkv, o).
+WGMMA_BF16_M1_MIN_TILES_EACH = 4
+# Above, dequantize + cuBLAS, whose decode costs the same at any M, is faster on most Llama shapes.
+WGMMA_MAX_M = 1024
+# Where the MMA kernel does not run the split-K GEMM takes M up to 255: at 256 the GEMM is compute-bound and its
+# 128x256 tiles lose to cuBLAS on the wider weights (qkv).
+CUBLAS_MIN_M = 256
+
+
+class Path(NamedTuple):
+    """One row of the plan: `fits` None where it runs M rows (else why not), `config` its launch config, `run`
+    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports."""
+    name: str
+    fits: Callable[[AffineState, DeviceCaps, int], str | None]
+    config: Callable[[AffineState, DeviceCaps, int], tuple]
+    run: Callable[..., torch.Tensor]
+    why: Callable[[AffineState, DeviceCaps, int], str]
+
+
+class Choice(NamedTuple):
+    """The path that runs an M bucket of a weight, with its named launch config."""
+    path: Path
+    config: tuple
+
+
+def _mma_runs(st: AffineState, caps: DeviceCaps) -> bool:
+    return caps.capability == MMA_CAPABILITY and mma.weight_fits(st)
+
+
+def _gemv_max_m(st: AffineState, caps: DeviceCaps) -> int:
+    """The most rows the GEMV takes (GEMV_MAX_M's rule)."""
+    table_gather = st.mode == LUT and not gemv.h2_applies(st)
+    if _mma_runs(st, caps) and mma.h2_applies(st):
+        return 0 if table_gather else 1
+    return 1 if table_gather else GEMV_MAX_M
+
+
+def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
+    if not caps.gluon or wgmma.GLUON_ERROR is not None:
+        return f"no Gluon wgmma on {caps.name}" + (f" ({wgmma.GLUON_ERROR})" if wgmma.GLUON_ERROR else "")
+    if not wgmma.weight_fits(st):
+        return "takes 4-bit affine codes with a scale row a K tile, without act-order"
+    if m > WGMMA_MAX_M:
+        return f"M={m} > {WGMMA_MAX_M}"
+    if m > wgmma.ONE_WARPGROUP_MAX_M:
+        if st.dtype == torch.float16:
+            return None
+        splits = wgmma.grid(st, caps.sm_count, wgmma.large_m_config(st, caps, m), m)[1]
+        return None if splits == 1 else f"bf16 M={m}: its K loop would be split in {splits} (float32 partial sums)"
+    each = wgmma.k_tiles_each(st, caps.sm_count)
+    if m == 1:
+        if st.dtype == torch.bfloat16 and each >= WGMMA_BF16_M1_MIN_TILES_EACH:
+            return None
+        return f"M=1: the GEMV's (fp16, or {each:.1f} K tiles a program)"
+    if m <= WGMMA_ALWAYS_MAX_M or each >= WGMMA_MIN_TILES_EACH:
+        return None
+    return f"M={m}: {each:.1f} K tiles a program, too few to fill the SMs"
+
+
+def _gemv_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
+    top = _gemv_max_m(st, caps)
+    return None if m <= top else f"M={m} > {top}"
+
+
+def _mma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
+    if caps.capability != MMA_CAPABILITY:
+        return f"runs on sm90, not {caps.name}"
+    if not mma.weight_fits(st):
+        return "takes affine or 4-bit table codes"
+    return None if m <= MMA_MAX_M else f"M={m} > {MMA_MAX_M}"
+
+
+def _cublas_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
+    return None if st.mode == LUT or m >= CUBLAS_MIN_M else f"M={m} < {CUBLAS_MIN_M}"
+
+
+def _why_wgmma(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    return (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register operand "
+            "while the previous ones run (Gluon)")
+
+
+def _why_gemv(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    inner = "packed-half FMAs" if gemv.use_h2(st, caps) else "fp32 FMAs"
+    return f"M={m} <= {_gemv_max_m(st, caps)}: bandwidth-bound GEMV without tensor cores ({inner})"
+
+
+def _why_mma(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    return (f"M={m} <= {MMA_MAX_M}: yT = W xT with the decoded weight as the MMA's register operand "
+            "(no shared-memory round trip)")
+
+
+def _why_cublas(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    dtype = str(st.dtype).removeprefix("torch.")
+    if st.mode == LUT and m < CUBLAS_MIN_M:
+        return f"M={m}, table codes: the split-K kernel would gather the table per code; dequantize to {dtype} + cuBLAS"
+    return f"M={m} >= {CUBLAS_MIN_M}: compute-bound; dequantize to {dtype} + cuBLAS"
+
+
+def _why_splitk(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    return f"M={m}: split-K tl.dot GEMM with in-register dequantization"
+
+
+PATHS: tuple[Path, ...] = (
+    Path("wgmma", _wgmma_fits, wgmma.default_config, wgmma.matmul, _why_wgmma),
+    Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
+    Path("mma", _mma_fits, mma.default_config, mma.matmul, _why_mma),
+    Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
+    Path("splitk", lambda st, caps, m: None, splitk.default_config, splitk.matmul, _why_splitk),
+)
+BY_NAME = {p.name: p for p in PATHS}
+
+# The M at which a rule or a launch config may change: the thresholds above, the row blocks of x up to 64 (16, 32,
+# 64: the configs' buckets) and the multiples of 128 above (the large-M programs' rows of x). The bucket of M is the
+# first edge >= M; every M of a bucket gets the plan of its edge. Above the last edge, one bucket.
+BUCKET_EDGES = tuple(sorted({0, 1, GEMV_MAX_M, WGMMA_ALWAYS_MAX_M, wgmma.ONE_WARPGROUP_MAX_M, 64,
+                             CUBLAS_MIN_M - 1, CUBLAS_MIN_M, MMA_MAX_M, *range(128, WGMMA_MAX_M + 1, 128)}))
+
+
+def bucket_edge(m: int) -> int:
+    """The M whose plan every M of m's bucket shares."""
+    i = bisect.bisect_left(BUCKET_EDGES, m)
+    return BUCKET_EDGES[i] if i < len(BUCKET_EDGES) else BUCKET_EDGES[-1] + 1
+
+
+def decide(st: AffineState, caps: DeviceCaps, m: int) -> Choice:
+    """The first path of PATHS that fits M rows, with its config (uncached)."""
+    if not caps.supports_dtype(st.dtype):
+        raise UnsupportedError(f"{caps.name} does not compute in {st.dtype}")
+    path = next(p for p in PATHS if p.fits(st, caps, m) is None)
+    return Choice(path, path.config(st, caps, m))
+
+
+def choose(st: AffineState, caps: DeviceCaps, m: int) -> Choice:
+    """decide() for M's bucket, cached on the state."""
+    key = (caps, bucket_edge(m))
+    choice = st.plans.get(key)
+    if choice is None:
+        choice = st.plans[key] = decide(st, caps, key[1])
+    return choice
+
+
+def explain(st: AffineState, caps: DeviceCaps, m: int) -> tuple[str, str]:
+    """(the path that runs M rows, why; and why each path before it does not)."""
+    chosen = choose(st, caps, m).path
+    passed = [f"not {p.name}: {p.fits(st, caps, m)}" for p in PATHS[: PATHS.index(chosen)]]
+    return chosen.name, "; ".join([chosen.why(st, caps, m)] + passed)
+
+
+def _rows(x: torch.Tensor, st: AffineState) -> torch.Tensor:
+    x2 = x.reshape(-1, st.k)
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
+def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, path: str | None = None,
+           caps: DeviceCaps | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias for x [..., K] by the planned path; `path` forces one (tests, benchmarks), `caps` plans
+    for other caps than the device's (tests)."""
+    x2 = _rows(x, st)
+    caps = caps or device_caps(x2.device)
+    if path is None:
+        choice = choose(st, caps, x2.shape[0])
+    else:
+        forced = BY_NAME[path]
+        choice = Choice(forced, forced.config(st, caps, x2.shape[0]))
+    y = choice.path.run(x2, st, bias, choice.config, caps=caps)
+    return y.reshape(*x.shape[:-1], st.n)
+
+
+def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: on the GEMV path its
+    epilogue makes it (one launch fewer a decode layer); else the planned path, then activation.silu_and_mul."""
+    x2 = _rows(x, st)
+    caps = device_caps(x2.device)
+    choice = choose(st, caps, x2.shape[0])
+    if choice.path.name == "gemv":
+        y = gemv.matmul(x2, st, bias, choice.config, caps=caps, glu=True)
+    else:
+        y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
+    return y.reshape(*x.shape[:-1], st.n // 2)
+

@@ -1,0 +1,36 @@
+"""What the CPU kernels of affine weights (cpu_int4, cpu_int8: torch's packed-integer GEMMs) share: the oracle,
+the checks before a weight's affine scheme, and the end of apply()."""
+from __future__ import annotations
+
+import torch
+
+from quanta.quant.qtensor import AffineScheme, QTensor
+
+DTYPES = (torch.bfloat16, torch.float32)        # the activations torch's CPU integer GEMMs take
+
+
+def reference(x: torch.Tensor, weight: QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What apply() computes, in float32 from the exact weight."""
+    return torch.nn.functional.linear(x.float(), weight.dequantize(), None if bias is None else bias.float())
+
+
+def cpu_scheme(weight, device: torch.device, dtype: torch.dtype) -> tuple[AffineScheme | None, str | None]:
+    """(the weight's exact affine scheme, None) where a CPU integer kernel may take it, else (None, why not)."""
+    if torch.device(device).type != "cpu":
+        return None, "CPU only"
+    if dtype not in DTYPES:
+        return None, f"computes in bfloat16 or float32, not {dtype}"
+    scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
+    return (scheme, None) if scheme is not None else (None, "no exact affine form")
+
+
+def finish(y: torch.Tensor, lead: torch.Size, n: int, dtype: torch.dtype,
+           bias: torch.Tensor | None) -> torch.Tensor:
+    """The GEMM's [rows, N] output as [*lead, N] in the activations' dtype, plus the bias."""
+    y = y.reshape(*lead, n).to(dtype)
+    return y if bias is None else y + bias
+
+
+def path(name: str, state_bits: int) -> tuple[str, str]:
+    """(name, why) of a CPU integer kernel at any M."""
+    return name, f"{state_bits}-bit codes kept packed: torch's CPU int{state_bits} GEMM"

@@ -1,0 +1,62 @@
+"""The CPU integer kernels (cpu_int4, cpu_int8: torch's packed int4 / int8 GEMMs) against the weights' own
+dequantize(), and what they refuse."""
+import pytest
+import torch
+
+from kernel_util import rel_err  # noqa: I001
+from quanta.kernels import cpu_int4, cpu_int8, dense, dequantized, registry
+from test_affine_gemm import make_affine
+from test_affine_gguf import make_gguf
+
+
+@pytest.mark.parametrize("zero", ["sym", "asym", "fmin"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_int4_matches_dequantize(zero, dtype):
+    w = make_affine(64, 256, 4, 64, zero, device="cpu")
+    assert cpu_int4.supports(w, torch.device("cpu"), dtype) is None
+    st = cpu_int4.prepare(w, torch.device("cpu"), dtype)
+    x = torch.randn(2, 3, 256).to(dtype)
+    bias = torch.randn(64).to(dtype)
+    y = cpu_int4.apply(x, st, bias)
+    ref = x.double() @ w.dequantize().double().T + bias.double()
+    assert y.shape == (2, 3, 64) and y.dtype == dtype
+    assert rel_err(y, ref) < 2e-2                      # the GEMM runs at bf16 input (compute_dtype)
+    assert cpu_int4.compute_dtype(dtype) == torch.bfloat16
+    assert cpu_int4.path(st, 3)[0] == "cpu_int4"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_int8_matches_dequantize(dtype):
+    w = make_affine(48, 160, 8, -1, "sym", device="cpu")
+    st = cpu_int8.prepare(w, torch.device("cpu"), dtype)
+    x = torch.randn(5, 160).to(dtype)
+    y = cpu_int8.apply(x, st)
+    assert y.shape == (5, 48) and y.dtype == dtype
+    assert rel_err(y, x.double() @ w.dequantize().double().T) < (2e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert cpu_int8.path(st, 5)[0] == "cpu_int8"
+
+
+def test_they_refuse_what_they_cannot_run():
+    cpu = torch.device("cpu")
+    w4 = make_affine(64, 256, 4, 64, "sym", device="cpu")
+    assert cpu_int4.supports(w4, torch.device("cuda"), torch.bfloat16) == "CPU only"
+    assert "float16" in cpu_int4.supports(w4, cpu, torch.float16)
+    assert "plain 4-bit" in cpu_int4.supports(make_affine(64, 256, 8, 64, "sym", device="cpu"), cpu, torch.float32)
+    assert "symmetric per-channel 8-bit" in cpu_int8.supports(w4, cpu, torch.float32)
+    assert cpu_int8.supports(torch.zeros(4, 4), cpu, torch.float32) == "no exact affine form"
+
+
+def test_gguf_q4_0_runs_packed_on_the_cpu():
+    """GGUF Q4_0 has an exact affine form: the registry picks cpu_int4 (not a dequantized copy)."""
+    w, ref_w = make_gguf(64, 256, "Q4_0", device="cpu")
+    module, reason = registry.select(w, torch.device("cpu"), torch.float32)
+    assert module is cpu_int4 and reason == "first choice"
+    x = torch.randn(3, 256)
+    assert rel_err(module.apply(x, module.prepare(w, torch.device("cpu"), torch.float32)), x @ ref_w.T) < 2e-2
+
+
+def test_single_path_modules_name_themselves():
+    w = make_affine(8, 64, 4, 32, "sym", device="cpu")
+    assert dense.path(torch.zeros(8, 64, dtype=torch.bfloat16), 1) == ("dense", "bfloat16 weight: torch's matmul")
+    name, reason = dequantized.path(dequantized.prepare(w, torch.device("cpu"), torch.float16), 7)
+    assert name == "dequantized" and "float16" in reason
