@@ -52,7 +52,8 @@ def test_gptq_symmetric_scales_take_half_the_words():
 
 @pytest.mark.parametrize("n, k, group", [(96, 320, 64), (48, 200, 32), (64, 256, None)])
 def test_layouts_agree_with_what_prepare_stores(n, k, group):
-    from quanta.kernels import affine_gemm, codebook_gemm, fp8_gemm
+    from quanta.kernels import affine as affine_gemm
+    from quanta.kernels import codebook_gemm, fp8_gemm
     from quanta.quant.kinds import Affine, Codebook
     from quanta.quant.kinds.codebook import NF4_TABLE
     from quanta.quant.kinds.fp8 import Fp8

@@ -31,7 +31,7 @@ from quanta.engine.weight_bytes import (
     tp_problem,
     weight_bytes,
 )
-from quanta.kernels.affine_gemm import CUBLAS_MIN_M
+from quanta.kernels.affine.plan import CUBLAS_MIN_M
 from quanta.kernels.device_caps import PRESETS
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.quant.errors import ConfigError, UnsupportedError
@@ -277,11 +277,11 @@ def _check_request(kv_cache_dtype, max_num_seqs, max_num_batched_tokens, utiliza
 
 
 def _notes(config: ModelConfig, fmt: WeightFormat, cards: Gpus, s, e: int) -> list[str]:
-    from quanta.engine.weight_bytes import GGUF_DEQUANTIZED_ON_GPU
+    from quanta.engine.weight_bytes import GGUF_AFFINE
     notes = []
-    if fmt.kind == "gguf" and GGUF_DEQUANTIZED_ON_GPU:
-        notes.append(f"GGUF linear weights are held dequantized ({8 * e}-bit) on CUDA: no GGUF GPU kernel is "
-                     "registered, so only the embedding keeps its GGML type")
+    if fmt.kind == "gguf" and set(fmt.gguf.types.values()) - set(GGUF_AFFINE):
+        notes.append(f"GGUF types without an affine form ({', '.join(sorted(set(fmt.gguf.types.values()) - set(GGUF_AFFINE)))}) "
+                     f"are held dequantized ({8 * e}-bit) on CUDA; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 run packed")
     if fmt.name in ("fp32", "float32") and e == 2:
         notes.append("fp32 weights are held in the 16-bit compute dtype (dtype auto); dtype float32 keeps them")
     if fmt.kind == "affine" and not fmt.packed(config.hidden_size):

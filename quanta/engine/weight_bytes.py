@@ -22,16 +22,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quanta.engine.gguf_mix import GgufTypes
-from quanta.kernels.affine_gemm import R
+from quanta.kernels.affine.layout import R
 from quanta.kernels.registry import CANDIDATES
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
 
-AFFINE_BITS = (4, 8)                      # what affine_gemm.supports packs; other widths are dequantized
+AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
 LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
-# No GGUF CUDA kernel before the dequantized fallback: the linears are held as 16-bit weights.
-GGUF_DEQUANTIZED_ON_GPU = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.dequantized"
+# GGUF types with an exact affine form run on the affine kernels (groups of 32; a float min is a zero
+# point, an integer offset a symmetric scale): type -> (code bits, symmetric). Other types are dequantized.
+GGUF_AFFINE = {"q4_0": (4, True), "q4_1": (4, False), "q5_0": (5, True), "q5_1": (5, False), "q8_0": (8, True)}
+GGUF_AFFINE_GROUP = 32
+GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affine"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,7 +79,7 @@ class WeightFormat:
 
 def pack_bytes(n: int, k: int, bits: int, group: int | None, symmetric: bool) -> int:
     """Bytes of affine_gemm.pack's state for codes [N, K]: packed int32 words plus int32 scale words."""
-    per_word = 32 // bits
+    per_word = 32 // (4 if bits <= 4 else 8)
     k_pad = cdiv(k, per_word * R) * per_word * R
     groups = cdiv(k_pad, group or k_pad)
     scale_rows = cdiv(groups, 2) if symmetric else groups
@@ -87,9 +90,7 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
     """Device bytes of one GEMM over input size k whose weight stacks `parts` [(N, GGML type or None)]."""
     n = sum(p for p, _ in parts)
     if fmt.kind == "gguf":
-        if GGUF_DEQUANTIZED_ON_GPU:
-            return n * k * e
-        return sum(p * GGML_TYPES_BY_NAME[t].row_bytes(k) for p, t in parts)
+        return sum(gguf_gemm_bytes(p, k, t, e) for p, t in parts)
     if fmt.kind == "dense" or not fmt.packed(k):
         return n * k * e
     if fmt.kind == "affine":
@@ -97,6 +98,15 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
     if fmt.kind == "codebook":
         return pack_bytes(n, k, 4, fmt.group_size, True) + LUT_BYTES
     return pack_bytes(n, k, 8, None, True)                      # fp8, per-channel
+
+
+def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
+    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, else the
+    dequantized 16-bit copy."""
+    if ggml_type in GGUF_AFFINE and GGUF_ON_AFFINE_KERNELS and k % GGUF_AFFINE_GROUP == 0:
+        bits, symmetric = GGUF_AFFINE[ggml_type]
+        return pack_bytes(n, k, bits, GGUF_AFFINE_GROUP, symmetric)
+    return n * k * e
 
 
 @dataclass(frozen=True)
