@@ -4,6 +4,7 @@
 # and batch-1 latency. No network. JSON lands in $OUT (default ./gpu_engine_out); a table is printed last.
 #   bash benchmarks/gpu_engine.sh            # N=1000 requests; N=200 for a quicker pass
 #   STAGES="tests latency" bash benchmarks/gpu_engine.sh     # a subset of: tests latency nopdl nosync profile throughput
+#   HF_BASELINE=0 bash benchmarks/gpu_engine.sh              # without the transformers generate baseline
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_engine_out}"; mkdir -p "$OUT"
@@ -47,7 +48,7 @@ fi
 if [[ $STAGES == *throughput* ]]; then
 echo "== throughput"
 timeout ${THROUGHPUT_TIMEOUT:-420} python benchmarks/throughput.py --model "$MODEL" --num-prompts "$N" --input-len 512 --output-len 128 \
-    --kv-cache-dtype auto fp8 --hf-baseline --hf-batch-sizes 16,32,64 --quiet \
+    --kv-cache-dtype auto fp8 $([ "${HF_BASELINE:-1}" = 1 ] && echo --hf-baseline --hf-batch-sizes 16,32,64) --quiet \
     --out "$OUT/throughput.json" 2>&1 | grep -v '^loading' | tail -8
 fi
 

@@ -75,7 +75,21 @@ class EngineConfig:
         return compute_dtype
 
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
-        """What the model's activations are in, for a checkpoint stored in `checkpoint_dtype`."""
+        """What the model's activations are in, for a checkpoint stored in `checkpoint_dtype`. On a GPU
+        without bfloat16 arithmetic (sm75, or QUANTA_DEVICE_CAPS=sm75) auto means float16, and asking
+        for bfloat16 is an error."""
+        chosen = self._chosen_dtype(checkpoint_dtype)
+        if chosen == torch.bfloat16 and torch.device(self.device).type == "cuda":
+            from quanta.kernels.device_caps import device_caps
+            caps = device_caps(self.device)
+            if not caps.bf16:
+                if self.dtype != "auto":
+                    raise ConfigError(f"dtype bfloat16 asked for, but a {caps.name} GPU has no bfloat16 "
+                                      "arithmetic: use float16")
+                return torch.float16
+        return chosen
+
+    def _chosen_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype != "auto":

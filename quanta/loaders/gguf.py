@@ -64,7 +64,8 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
     quant_config = {"quant_method": "gguf", "file_type": meta("general.file_type", None),
                     "tensor_types": dict(Counter(t.type.name for t in file.tensors))}
     return Checkpoint(path=path, format="gguf", config=config, tensors=tensors,
-                      tokenizer=load_tokenizer(path) if tokenizer else None, quant_config=quant_config,
+                      tokenizer=load_tokenizer(path) if tokenizer and "tokenizer.ggml.model" in file.metadata
+                      else None, quant_config=quant_config,
                       chat_template=meta("tokenizer.chat_template", None))
 
 

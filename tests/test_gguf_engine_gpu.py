@@ -1,0 +1,101 @@
+"""A GGUF model on the GPU: its Q4_1 / Q8_0 layers run on the affine kernels at the bytes they take on
+disk, as `quanta inspect` reports, and its logits match the same file dequantized once to 16 bits.
+
+The default model's file cannot travel to the GPU machine, so the test writes one of the same shape
+(SmolLM2-135M: Q4_1 linears, a tied Q8_0 embedding) from random weights with the `gguf` package.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter, quants
+
+SMOLLM2 = dict(vocab=49152, hidden=576, inter=1536, layers=30, heads=9, kv_heads=3)
+TINY = dict(vocab=256, hidden=128, inter=256, layers=2, heads=4, kv_heads=2)
+LINEARS = {"attn_q": ("hidden", "hidden"), "attn_k": ("kv", "hidden"), "attn_v": ("kv", "hidden"),
+           "attn_output": ("hidden", "hidden"), "ffn_gate": ("inter", "hidden"), "ffn_up": ("inter", "hidden"),
+           "ffn_down": ("hidden", "inter")}
+
+
+def write_model(path, shape: dict, linear_type=T.Q4_1, embed_type=T.Q8_0, seed: int = 0):
+    """A llama GGUF file of `shape` with random weights; no tokenizer (prompts are token ids)."""
+    rng = np.random.default_rng(seed)
+    dims = {"hidden": shape["hidden"], "inter": shape["inter"],
+            "kv": shape["kv_heads"] * shape["hidden"] // shape["heads"]}
+    w = GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", shape["layers"])
+    w.add_uint32("llama.embedding_length", shape["hidden"])
+    w.add_uint32("llama.feed_forward_length", shape["inter"])
+    w.add_uint32("llama.attention.head_count", shape["heads"])
+    w.add_uint32("llama.attention.head_count_kv", shape["kv_heads"])
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32("llama.rope.freq_base", 100000.0)
+    w.add_uint32("llama.context_length", 2048)
+    w.add_uint32("llama.vocab_size", shape["vocab"])
+
+    def add(name, rows, cols, t, scale):
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        w.add_tensor(name, quants.quantize(data, t), raw_dtype=t)
+
+    add("token_embd.weight", shape["vocab"], shape["hidden"], embed_type, 0.5)
+    for layer in range(shape["layers"]):
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(shape["hidden"], dtype=np.float32))
+        for name, (rows, cols) in LINEARS.items():
+            add(f"blk.{layer}.{name}.weight", dims[rows], dims[cols], linear_type, 0.5 / dims[cols] ** 0.5)
+    w.add_tensor("output_norm.weight", np.ones(shape["hidden"], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_gguf_without_tokenizer_loads_and_takes_token_ids(tmp_path):
+    from quanta.engine import LLM, SamplingParams
+    llm = LLM(model=str(write_model(tmp_path / "tiny.gguf", TINY)), device="cpu", quiet=True)
+    assert llm.tokenizer is None
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_default_model_shape_runs_packed_on_the_affine_kernels(tmp_path):
+    from quanta.engine import LLM
+    from quanta.engine.model_loader import build_model
+    from quanta.loaders import load
+    path = write_model(tmp_path / "smollm2-shape.gguf", SMOLLM2)
+    file_bytes = path.stat().st_size
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    held = build_model(load(str(path), tokenizer=False), torch.device("cuda"), torch.float16, triton=True, quiet=True)
+    weights = torch.cuda.memory_allocated() - before
+    del held
+    embed_bytes = SMOLLM2["vocab"] * SMOLLM2["hidden"] // 32 * 34        # Q8_0 rows, held as stored
+    # Held as stored: the file's bytes, plus the tied lm_head's packed second copy of the Q8_0 table
+    # (the same bytes again).
+    assert weights <= 1.03 * (file_bytes + embed_bytes), (weights, file_bytes, embed_bytes)
+
+    llm = LLM(model=str(path), dtype="float16", num_kv_blocks=64, max_model_len=512, enforce_eager=True, quiet=True)
+    kernels = {row["name"]: row for row in llm.kernels(m=(1, 16, 256))}
+    linears = [r for n, r in kernels.items() if n.startswith("model.layers.")]
+    assert len(linears) == 30 * 4 and all(r["kernel"] == "triton_affine" for r in linears)
+    assert kernels["lm_head"]["kernel"] == "triton_affine"              # the tied Q8_0 table, packed
+    exact = LLM(model=str(path), dtype="float16", kernel="dequantized", num_kv_blocks=64, max_model_len=512,
+                enforce_eager=True, quiet=True)
+    ids = torch.randint(3, SMOLLM2["vocab"], (48,), generator=torch.Generator().manual_seed(0)).tolist()
+    ours, ref = llm.prompt_logits(ids), exact.prompt_logits(ids)
+    assert (ours - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+
+    report = subprocess.run([sys.executable, "-m", "quanta.tools.cli", "-q", "inspect", str(path), "--json",
+                             "--device", "cuda"], capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr
+    info = json.loads(report.stdout)
+    assert info["kernels"] and all("triton_affine" in what for what in info["kernels"]), info["kernels"]
