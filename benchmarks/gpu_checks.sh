@@ -4,14 +4,7 @@
 # read by bit operations; no bf16, wgmma or PDL on sm75), with the affine plan's path at each M printed for
 # each chip. No network; the gguf package comes as a wheel in .whl/ when the machine lacks it.
 #   usage: bash benchmarks/gpu_checks.sh            (CAPS="sm80 sm75" TESTS=... to narrow)
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/quanta-gpu}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 echo "== every GPU test, device capabilities"

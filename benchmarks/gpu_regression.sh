@@ -3,14 +3,7 @@
 # the Llama-3 8B and 70B shapes, engine batch-1 decode and offline throughput (1000 x 512 / 128, KV in fp16),
 # then the GGUF GPU tests and the engine's GPU tests as an sm75 chip. Each stage has its own time limit, so
 # a slow one leaves the others' results in $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/quanta-gpu}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 echo "== kernels"
 timeout ${KERNELS_TIMEOUT:-230} python3 benchmarks/kernels.py --out "$OUT/kernels.json" --models 8b,70b --ms 1,16,256,1024 \
