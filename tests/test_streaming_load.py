@@ -44,7 +44,7 @@ def write_checkpoint(path, layers: int) -> dict[str, torch.Tensor]:
 
 
 def nbytes(x) -> int:
-    return x.nbytes() if isinstance(x, QTensor) else x.numel() * x.element_size()
+    return x.nbytes if isinstance(x, QTensor) else x.numel() * x.element_size()
 
 
 class LiveBytes(Mapping):
