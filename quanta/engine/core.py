@@ -9,10 +9,13 @@ and never rewired; the loop that every driver of the engine runs.
 The constructor works in this order: open the checkpoint (config, tokenizer, tensors read lazily);
 settle the compute dtype and max_model_len; where the KV pool's size follows from the config alone
 (num_kv_blocks, or kv_cache_memory on the CPU), refuse a pool that cannot hold one max_model_len
-sequence, before any weight is built; decide once whether the elementwise ops, the KV store and
-attention run as Triton kernels (device_caps.use_triton); build the model; on a GPU, size the pool from
-a dry run on a scratch runner and cache of its own; then build the cache, the runner (capturing CUDA
-graphs), the pool and the scheduler, each handed what it works with.
+sequence, before any weight is built; on a GPU, refuse with `quanta plan`'s verdict a configuration
+its memory plan says cannot fit (fit_check.check_fits; the budget capped at max_gpu_memory); decide
+once whether the elementwise ops, the KV store and attention run as Triton kernels
+(device_caps.use_triton); build the model (streamed, one module's tensors at a time), refusing weights
+over max_gpu_memory; on a GPU, size the pool from a dry run on a scratch runner and cache of its own;
+then build the cache, the runner (capturing CUDA graphs), the pool and the scheduler, each handed what
+it works with. memory() says what they hold; close() lets go of all of it.
 
 step() takes the step launched ahead, or schedules and launches one; advances its sequences; launches
 the next decode step at once where the scheduler's async rule allows (Scheduler.schedule_ahead); then

@@ -37,7 +37,8 @@ class LLM:
 
     @classmethod
     def from_core(cls, core: EngineCore) -> LLM:
-        """The offline API over a core built elsewhere (e.g. with EngineCore's triton_ops)."""
+        """The offline API over a core built elsewhere (e.g. with EngineCore's triton_ops); the LLM owns
+        it from then on: closing or deleting the LLM closes the core."""
         llm = cls.__new__(cls)
         llm.core = core
         return llm

@@ -5,7 +5,8 @@ repack). Every module must receive its tensor and every tensor must be used.
 Streaming (DESIGN, Memory): build_model reads the checkpoint's lazy mapping one module at a time, a
 merged q/k/v or gate/up group being one module, and holds no reference to a canonical tensor once its
 module's prepare() has returned; nothing holds the whole checkpoint. The loaders' mappings (TensorView,
-QuantView, the GGUF reader, SyntheticTensors) read on access and keep nothing they return. Hence:
+QuantView, the GGUF reader, SyntheticTensors) read on access and keep nothing they return (an opt-in
+pickle checkpoint is the exception: torch.load maps each file whole). Hence:
   - peak device memory during load ~ the final weights + the largest group's transient (its canonical
     form, their stacked copy and the kernel's repack of it);
   - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
