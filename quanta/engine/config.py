@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from quanta.engine.gpus import parse_size
 from quanta.engine.kv_cache import kv_format
 from quanta.quant.errors import ConfigError
 
@@ -35,6 +36,8 @@ class EngineConfig:
                                            # known (default: on CUDA); only where schedule() would pick it
     num_kv_blocks: int | None = None    # fix the KV pool size (overrides the memory sizing)
     kv_cache_memory: int | None = None  # CPU: bytes of KV cache (default 1 GiB)
+    max_gpu_memory: int | str | None = None   # cap on this process's GPU memory: bytes, "15GiB" or a card
+                                              # name ("t4"); held as bytes once validated
 
     def __post_init__(self):
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
@@ -50,6 +53,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_gpu_memory is not None:
+            self.max_gpu_memory = parse_size(self.max_gpu_memory, "max_gpu_memory")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.async_scheduling is None:

@@ -9,10 +9,13 @@ and never rewired; the loop that every driver of the engine runs.
 The constructor works in this order: open the checkpoint (config, tokenizer, tensors read lazily);
 settle the compute dtype and max_model_len; where the KV pool's size follows from the config alone
 (num_kv_blocks, or kv_cache_memory on the CPU), refuse a pool that cannot hold one max_model_len
-sequence, before any weight is built; decide once whether the elementwise ops, the KV store and
-attention run as Triton kernels (device_caps.use_triton); build the model; on a GPU, size the pool from
-a dry run on a scratch runner and cache of its own; then build the cache, the runner (capturing CUDA
-graphs), the pool and the scheduler, each handed what it works with.
+sequence, before any weight is built; on a GPU, refuse with `quanta plan`'s verdict a configuration
+its memory plan says cannot fit (fit_check.check_fits; the budget capped at max_gpu_memory); decide
+once whether the elementwise ops, the KV store and attention run as Triton kernels
+(device_caps.use_triton); build the model (streamed, one module's tensors at a time), refusing weights
+over max_gpu_memory; on a GPU, size the pool from a dry run on a scratch runner and cache of its own;
+then build the cache, the runner (capturing CUDA graphs), the pool and the scheduler, each handed what
+it works with. memory() says what they hold; close() lets go of all of it.
 
 step() takes the step launched ahead, or schedules and launches one; advances its sequences; launches
 the next decode step at once where the scheduler's async rule allows (Scheduler.schedule_ahead); then
@@ -33,16 +36,27 @@ The drivers are thin and never reach inside:
 """
 from __future__ import annotations
 
+import gc
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
 from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
-from quanta.engine.kv_sizing import blocks_from_config, blocks_from_gpu_memory, check_capacity
+from quanta.engine.fit_check import check_fits, device_total, plan_source
+from quanta.engine.kv_sizing import (
+    GRAPH_MEMORY_MARGIN,
+    blocks_from_config,
+    blocks_from_gpu_memory,
+    check_capacity,
+    check_weights_under_cap,
+)
 from quanta.engine.kernel_report import kernel_report
+from quanta.engine.memory_plan import activation_peak as plan_activation_peak
+from quanta.engine.memory_report import free_bytes, weight_memory
 from quanta.engine.model_loader import build_model, open_checkpoint
 from quanta.engine.outputs import Logprob, RequestOutput
 from quanta.engine.runner import LaunchedStep, ModelRunner, blocks_spanned, dummy_batch
@@ -52,7 +66,15 @@ from quanta.engine.scheduler import Scheduler
 from quanta.engine.sequence import Sequence
 from quanta.kernels.device_caps import use_triton
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.quant.errors import ConfigError
+from quanta.quant.errors import ConfigError, QuantaError
+
+# What close() lets go of: the weights, KV cache, runner (its buffers and CUDA graphs), pool, scheduler,
+# requests and the checkpoint (its open files).
+HELD = ("model", "kv_cache", "runner", "pool", "scheduler", "requests", "_in_flight", "checkpoint", "generator")
+
+
+class EngineClosedError(QuantaError, RuntimeError):
+    """An engine (or the LLM over it) was used after close()."""
 
 
 @dataclass(eq=False)
@@ -94,6 +116,8 @@ class EngineCore:
         num_blocks = blocks_from_config(cfg, block_bytes)
         if num_blocks is not None:
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)     # before any weight is built
+        total = device_total(self.device)                  # on a GPU: quanta plan's verdict, before loading
+        self.plan = None if total is None else check_fits(cfg, mc, plan_source(self.checkpoint), total)
         self.triton = use_triton(self.device, self.dtype) if triton_ops is None else triton_ops
         kv_scales = checkpoint_kv_scales(dict(self.checkpoint.kv_cache_scales), mc.num_hidden_layers,
                                          mc.num_key_value_heads)
@@ -101,15 +125,21 @@ class EngineCore:
         self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
                                  force_kernel=cfg.kernel, quiet=cfg.quiet, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
         self.weight_bytes = self._allocated() - allocated_before
+        check_weights_under_cap(cfg, self.weight_bytes)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:
-            num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self._activation_peak())
+            self.activation_peak = self._activation_peak()
+            num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self.activation_peak)
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)
         self.num_kv_blocks = num_blocks
         self.kv_cache = self._new_cache(num_blocks, kv_scales)
+        graphs = self.device.type == "cuda" and not cfg.enforce_eager
+        reserved_before = torch.cuda.memory_reserved(self.device) if graphs else 0
         self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
-                                  cfg.max_num_batched_tokens, self.generator,
-                                  cuda_graphs=self.device.type == "cuda" and not cfg.enforce_eager)
+                                  cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
+        # The graphs' pool and the runner's static buffers, as the allocator grew for them.
+        self.graph_bytes = torch.cuda.memory_reserved(self.device) - reserved_before if graphs else 0
         self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.async_scheduling)
         self.requests: dict[str, Request] = {}
@@ -179,6 +209,52 @@ class EngineCore:
         """Per GEMM as it runs (merged q/k/v and gate/up, the lm_head), the kernel and its path at each M
         (kernel_report)."""
         return kernel_report(self.model, m)
+
+    def memory(self) -> dict[str, Any]:
+        """Bytes this engine holds (see LLM.memory)."""
+        cfg, mc = self.config, self.checkpoint.config
+        if self.activation_peak is not None:
+            activation, activation_source = self.activation_peak, "profiled"
+        elif self.plan is not None:
+            activation, activation_source = self.plan.activation_peak, "plan estimate"
+        else:
+            e = torch.empty((), dtype=self.dtype).element_size()
+            tokens = cfg.max_num_batched_tokens
+            activation = plan_activation_peak(mc, mc.num_attention_heads * mc.head_dim, mc.num_key_value_heads * mc.head_dim,
+                                         mc.intermediate_size, tokens, min(tokens, cfg.max_num_seqs), e,
+                                         dequantized=self.device.type == "cuda")
+            activation_source = "plan estimate"
+        if self.device.type != "cuda":
+            graphs, graphs_source = 0, "none (no CUDA graphs off the GPU)"
+        elif cfg.enforce_eager:
+            graphs, graphs_source = 0, "none (enforce_eager)"
+        elif self.graph_bytes > 0:
+            graphs, graphs_source = self.graph_bytes, "measured (reserved while capturing)"
+        else:
+            graphs, graphs_source = GRAPH_MEMORY_MARGIN, "margin (the capture reserved nothing new)"
+        return {"device": str(self.device), "weights": weight_memory(self.model), "kv_cache": self.kv_cache.nbytes,
+                "kv_cache_blocks": self.num_kv_blocks, "activation_peak": activation,
+                "activation_source": activation_source, "cuda_graphs": graphs, "cuda_graphs_source": graphs_source,
+                "free": free_bytes(self.device)}
+
+    def close(self) -> None:
+        """Let go of the weights, KV cache, runner buffers, CUDA graphs and requests (then, on CUDA,
+        return the cached blocks to the driver). Idempotent; any later use raises EngineClosedError."""
+        if self.__dict__.get("_closed"):
+            return
+        self._closed = True
+        for name in HELD:
+            self.__dict__.pop(name, None)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __getattr__(self, name: str):
+        """Only reached for a missing attribute: after close(), what it let go of."""
+        if self.__dict__.get("_closed"):
+            raise EngineClosedError(f"{self.config.model}: the engine was closed (close(), a with block's end); "
+                                    "create a new LLM to use the model again")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # --- construction -------------------------------------------------------------------------------
     def _allocated(self) -> int:

@@ -71,3 +71,25 @@ def parse_gpus(spec: str | Gpus) -> Gpus:
     if memory < MIB:
         raise ConfigError(f"gpus {spec!r}: {match[2]} is too small for a GPU")
     return Gpus(match[2], count, memory)
+
+
+def parse_size(value: int | str, what: str = "size") -> int:
+    """Bytes of `value`: a positive int, a size string (15GiB, 16GB, 512MiB) or a card name (t4, l4: its
+    reported total); ConfigError naming `what` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{what} must be bytes (an int) or a size such as '15GiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"{what} must be positive, got {value}")
+        return value
+    text = value.strip().lower()
+    if text in CARDS:
+        return CARDS[text][0] * MIB
+    size = _SIZE.match(text)
+    if size is None:
+        raise ConfigError(f"{what} {value!r} is not a size (15GiB, 16GB, 512MiB) or a known card "
+                          f"({', '.join(CARDS)})")
+    memory = int(float(size[1]) * UNITS[size[2]])
+    if memory < 1:
+        raise ConfigError(f"{what} {value!r} must be positive")
+    return memory

@@ -2,7 +2,7 @@
 
 With num_kv_blocks given, or on the CPU (kv_cache_memory bytes), the count follows from the config
 alone, so an impossible configuration is refused before a weight is built. On a GPU the pool gets what
-is left of gpu_memory_utilization x total memory after the weights, the activation peak of a dry run,
+is left of the budget, gpu_memory_utilization x total memory (at most max_gpu_memory), after the weights, the activation peak of a dry run,
 memory held outside torch, and (unless enforce_eager) head-room for the CUDA graphs' memory pool.
 """
 from __future__ import annotations
@@ -30,14 +30,28 @@ def blocks_from_config(cfg: EngineConfig, block_bytes: int) -> int | None:
     return None
 
 
+def gpu_budget(cfg: EngineConfig, total: int) -> int:
+    """This engine's share of a GPU of `total` bytes: gpu_memory_utilization x total, capped at
+    max_gpu_memory (so one large GPU can stand for a smaller card)."""
+    budget = int(total * cfg.gpu_memory_utilization)
+    return budget if cfg.max_gpu_memory is None else min(budget, cfg.max_gpu_memory)
+
+
+def check_weights_under_cap(cfg: EngineConfig, weight_bytes: int) -> None:
+    """ConfigError when the weights alone exceed max_gpu_memory."""
+    if cfg.max_gpu_memory is not None and weight_bytes > cfg.max_gpu_memory:
+        raise ConfigError(f"the weights take {weight_bytes / 2**30:.2f} GiB, more than max_gpu_memory="
+                          f"{cfg.max_gpu_memory / 2**30:.2f} GiB")
+
+
 def blocks_from_gpu_memory(cfg: EngineConfig, block_bytes: int, weight_bytes: int, activation_peak: int) -> int:
-    """This engine's share of the GPU less its weights, the activation peak, memory used outside torch
-    and the graph margin, in blocks of `block_bytes`."""
+    """This engine's share of the GPU (gpu_budget) less its weights, the activation peak, memory used
+    outside torch and the graph margin, in blocks of `block_bytes`."""
     device = torch.device(cfg.device)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = total - free - torch.cuda.memory_reserved(device)
     margin = 0 if cfg.enforce_eager else GRAPH_MEMORY_MARGIN
-    budget = total * cfg.gpu_memory_utilization - weight_bytes - activation_peak - non_torch - margin
+    budget = gpu_budget(cfg, total) - weight_bytes - activation_peak - non_torch - margin
     blocks = int(budget) // block_bytes
     log.info("KV cache: %d blocks (%.2f GiB); weights %.2f GiB, activation peak %.2f GiB", blocks,
              blocks * block_bytes / 2**30, weight_bytes / 2**30, activation_peak / 2**30)

@@ -33,6 +33,7 @@ class QuantLinear(nn.Module):
         self.scheme = "unloaded"
         self.state = None
         self.bias: torch.Tensor | None = None
+        self.stored_bytes = 0                       # the canonical weight's bytes, as read from the checkpoint
 
     def load(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | None, device: torch.device,
              dtype: torch.dtype, name: str = "", force_kernel: str | None = None) -> None:
@@ -46,6 +47,7 @@ class QuantLinear(nn.Module):
         self.dtype = dtype
         self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel)
         self.scheme = weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"
+        self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         self.state = self.kernel.prepare(weight, device, dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
@@ -145,12 +147,14 @@ class Embedding(nn.Module):
         super().__init__()
         self.vocab_size, self.dim = vocab_size, dim
         self.table: torch.Tensor | QTensor | None = None
+        self.stored_bytes = 0                       # the table's bytes as read from the checkpoint
 
     def load(self, weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dtype) -> None:
         """Place the (plain or quantized) table on `device`; kinds without row access are decoded once."""
         if tuple(weight.shape) != (self.vocab_size, self.dim):
             raise ShapeError(f"model.embed_tokens.weight: shape {list(weight.shape)} != "
                              f"{[self.vocab_size, self.dim]}")
+        self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         if isinstance(weight, QTensor) and not hasattr(weight, "take_rows"):
             weight = weight.dequantize(dtype)   # kinds without row access: decode the table once
         self.table = weight.to(device) if isinstance(weight, QTensor) else weight.to(device, dtype)

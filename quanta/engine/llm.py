@@ -4,6 +4,8 @@
     llm.generate(prompts, SamplingParams(...))            # -> RequestOutputs, in prompt order
     llm.chat(messages, SamplingParams(...))               # the tokenizer's chat template, then generate
     rid = llm.add_request(prompt, params); llm.step() ... # incremental; llm.abort(rid)
+    llm.memory()                                          # bytes held: weights by kernel, KV cache, ...
+    with LLM(model=...) as llm: ...                       # close() at the end: weights and cache let go
 
 LLM only turns prompts into token ids and loops: scheduling, running, sampling and the request
 bookkeeping are the core's (core.py), which the server's asyncio loop and each tensor-parallel rank
@@ -35,7 +37,8 @@ class LLM:
 
     @classmethod
     def from_core(cls, core: EngineCore) -> LLM:
-        """The offline API over a core built elsewhere (e.g. with EngineCore's triton_ops)."""
+        """The offline API over a core built elsewhere (e.g. with EngineCore's triton_ops); the LLM owns
+        it from then on: closing or deleting the LLM closes the core."""
         llm = cls.__new__(cls)
         llm.core = core
         return llm
@@ -45,6 +48,33 @@ class LLM:
         if name == "core":               # not set yet: no recursion while unpickling or half-built
             raise AttributeError(name)
         return getattr(self.core, name)
+
+    # --- memory -------------------------------------------------------------------------------
+    def memory(self) -> dict[str, Any]:
+        """Bytes held, by part: "weights" ({"total", "<scheme> -> <kernel>": {"bytes", "stored_bytes",
+        "layers"}, "embedding ...", "norms"}; the dequantized fallback's entries add "expanded_by", held
+        over stored), "kv_cache" (and "kv_cache_blocks"), "activation_peak" (the dry run's on a GPU that
+        profiled, else the plan's estimate; "activation_source" says which), "cuda_graphs" (measured
+        where the capture grew the allocator, else the plan's margin; "cuda_graphs_source") and "free"
+        (on the device; the host's available memory on the CPU)."""
+        return self.core.memory()
+
+    def close(self) -> None:
+        """Free the weights, KV cache, runner buffers and CUDA graphs (on CUDA the cached blocks go back
+        to the driver). Idempotent; using the LLM afterwards raises EngineClosedError. Also run on
+        leaving a `with` block and when the LLM is deleted."""
+        core = self.__dict__.get("core")
+        if core is not None:
+            core.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
 
     # --- offline ------------------------------------------------------------------------------
     def generate(self, prompts: PromptType | Seq[PromptType],

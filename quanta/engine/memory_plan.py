@@ -101,7 +101,8 @@ def plan(model: str | ModelConfig, quantization: str = "auto", bits: int | None 
          group_size: int | None = None, gpus: str | Gpus = "1x80GiB", kv_cache_dtype: str = "auto",
          max_model_len: int | None = None, tensor_parallel_size: int | None = None, max_num_seqs: int = 256,
          max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9, dtype: str = "auto",
-         enforce_eager: bool = False, block_size: int = 16) -> MemoryPlan:
+         enforce_eager: bool = False, block_size: int = 16, source: dict[str, Any] | None = None,
+         name: str | None = None) -> MemoryPlan:
     """The memory plan of serving `model` (a known shape name, config.json, checkpoint directory, GGUF
     file or ModelConfig) as described, with suggestions when it does not fit (see the module docstring).
 
@@ -110,15 +111,18 @@ def plan(model: str | ModelConfig, quantization: str = "auto", bits: int | None 
     or gguf:TYPE (Q4_0 ... Q8_0, Q2_K ... Q6_K, Q3_K_M, Q4_K_M, Q5_K_M). gpus: NxSIZE, [Nx]NAME or a
     Gpus. tensor_parallel_size defaults to the number of GPUs; block_size is the KV cache's tokens per
     block. ConfigError for impossible requests (unknown model or GPU, a split that cuts heads or
-    quantization groups), naming what would work.
+    quantization groups), naming what would work. `source` (with a ModelConfig): what its checkpoint says
+    about its weights, as model_shapes.resolve's second value, so that quantization auto means the
+    checkpoint's format; `name`: how the verdict names the model (default: `model` as given).
     """
-    config, source = resolve(model)
+    config, found = resolve(model)
+    source = found if source is None else source
     request = dict(quantization=quantization, bits=bits, group_size=group_size, gpus=gpus,
                    kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                    tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
                    dtype=dtype, enforce_eager=enforce_eager, block_size=block_size)
-    name = config.model_type if isinstance(model, ModelConfig) else str(model)
+    name = name or (config.model_type if isinstance(model, ModelConfig) else str(model))
     result = _plan(name, config, source, **request)
     if result.fits:
         return result

@@ -1,6 +1,18 @@
 """Build the decoder on the meta device and fill it from a Checkpoint (gpt-fast's `_load_model`):
 plain tensors are materialized with assign, linear weights go to QuantLinear.load (kernel pick +
-repack). Every module must receive its tensor and every tensor must be used."""
+repack). Every module must receive its tensor and every tensor must be used.
+
+Streaming (DESIGN, Memory): build_model reads the checkpoint's lazy mapping one module at a time, a
+merged q/k/v or gate/up group being one module, and holds no reference to a canonical tensor once its
+module's prepare() has returned; nothing holds the whole checkpoint. The loaders' mappings (TensorView,
+QuantView, the GGUF reader, SyntheticTensors) read on access and keep nothing they return (an opt-in
+pickle checkpoint is the exception: torch.load maps each file whole). Hence:
+  - peak device memory during load ~ the final weights + the largest group's transient (its canonical
+    form, their stacked copy and the kernel's repack of it);
+  - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
+    once (mapped file pages aside, which the OS reclaims), and on the CPU device the final weights
+    themselves are added to that.
+"""
 from __future__ import annotations
 
 import torch
@@ -39,25 +51,27 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
     cfg = ckpt.config
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, device, triton)
-    tensors = dict(ckpt.tensors)
-    if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
-        tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
+    tensors = ckpt.tensors                                     # lazy: read one module's tensors at a time
+    names = set(tensors)
+    embed_as_head = "lm_head.weight" not in names                 # tied, or stored without one
     used: set[str] = set()
 
     def take(name: str, required: bool = True):
-        if name not in tensors or tensors[name] is None:
+        """Read `name` from the checkpoint now (the lm_head of a tied model reads the embedding again)."""
+        stored = "model.embed_tokens.weight" if name == "lm_head.weight" and embed_as_head else name
+        if stored not in names:
             if required:
                 raise CorruptFileError(f"{ckpt.path}: tensor {name!r} is missing from the checkpoint")
             return None
-        used.add(name)
-        return tensors[name]
+        used.add(stored)
+        return tensors[stored]
 
     modules = list(weight_modules(model))
     for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
         if isinstance(module, MergedQuantLinear):
-            names = module.part_names(name)
-            module.load([take(f"{n}.weight") for n in names], [take(f"{n}.bias", module.has_bias) for n in names],
-                        device, dtype, names=[f"{n}.weight" for n in names], force_kernel=force_kernel)
+            parts = module.part_names(name)
+            module.load([take(f"{n}.weight") for n in parts], [take(f"{n}.bias", module.has_bias) for n in parts],
+                        device, dtype, names=[f"{n}.weight" for n in parts], force_kernel=force_kernel)
         elif isinstance(module, QuantLinear):
             module_dtype = (lm_head_dtype or dtype) if module is model.lm_head else dtype
             module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, module_dtype,
@@ -69,7 +83,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
             if tuple(weight.shape) != tuple(module.weight.shape):
                 raise ShapeError(f"{name}.weight: shape {list(weight.shape)} != {list(module.weight.shape)}")
             module.weight = torch.nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
-    unused = sorted(set(tensors) - used - {"lm_head.weight"})
+            del weight                   # the canonical tensor dies with its module's load
+    unused = sorted(names - used - {"lm_head.weight"})
     unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
     if unused:
         raise CorruptFileError(f"{ckpt.path}: {len(unused)} tensors match no module of {cfg.model_type}, "
