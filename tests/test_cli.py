@@ -79,11 +79,12 @@ def test_engine_flags_map_to_llm_keywords():
     from quanta.tools.options import engine_kwargs
     args = build_parser().parse_args(["generate", "x", "--gpu-memory-utilization", "0.5", "--kv-cache-memory",
                                       "2GiB", "--kv-cache-dtype", "fp8", "--max-num-seqs", "8", "--tokenizer",
-                                      "tok", "--num-kv-blocks", "10", "--enforce-eager", "--no-prefix-caching"])
+                                      "tok", "--num-kv-blocks", "10", "--enforce-eager", "--no-prefix-caching",
+                                      "--max-gpu-memory", "15GiB"])
     assert engine_kwargs(args) == {"gpu_memory_utilization": 0.5, "kv_cache_memory": 2 << 30,
                                    "kv_cache_dtype": "fp8", "max_num_seqs": 8, "tokenizer": "tok",
                                    "num_kv_blocks": 10, "enforce_eager": True, "enable_prefix_caching": False,
-                                   "seed": 0}
+                                   "max_gpu_memory": "15GiB", "seed": 0}
 
 
 def test_sizes_and_token_ids_parse():

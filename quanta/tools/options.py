@@ -59,6 +59,8 @@ ENGINE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--gpu-memory-utilization", "gpu_memory_utilization",
      dict(type=float, help="share of GPU memory for weights, activations and KV cache (0..1]")),
     ("--kv-cache-memory", "kv_cache_memory", dict(type=byte_size, help="CPU: KV-cache size, e.g. 2GiB")),
+    ("--max-gpu-memory", "max_gpu_memory", dict(help="cap this process's GPU memory, e.g. 15GiB or a card name "
+                                                     "(t4): one large GPU stands for a smaller card")),
     ("--num-kv-blocks", "num_kv_blocks", dict(type=int, help="fix the number of KV-cache blocks")),
     ("--max-num-seqs", "max_num_seqs", dict(type=int, help="most sequences in one step")),
     ("--max-num-batched-tokens", "max_num_batched_tokens", dict(type=int, help="token budget of one step")),
