@@ -162,6 +162,15 @@ def test_inspect_says_what_dtype_runs(default_model_path):
     assert re.search(r"lm_head: gguf q8_0 -> dequantized in bfloat16", out), out
 
 
+def test_inspect_says_what_the_dequantized_fallback_costs(default_model_path):
+    """The tied Q8_0 lm_head is dequantized to bf16 on the CPU: 49152 x 576 x 2 bytes against its stored
+    49152 x 576 / 32 x 34."""
+    info = json.loads(_inspect(default_model_path, "--json", "-q").stdout)
+    entry = info["memory"]["weights"]["gguf q8_0 -> dequantized"]
+    assert entry["bytes"] == 49152 * 576 * 2 and entry["stored_bytes"] == 49152 * 576 // 32 * 34
+    assert "1.88x its 28.7 MiB stored" in _inspect(default_model_path, "-q").stdout
+
+
 def test_inspect_reports_a_fallback_once(default_model_path):
     out = _inspect(default_model_path)
     reason = "cpu_int8: needs symmetric per-channel 8-bit"

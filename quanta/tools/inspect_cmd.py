@@ -74,6 +74,8 @@ def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto"
             "schemes": dict(Counter(e["scheme"] for e in tensors)),
             "kernels": dict(Counter(_kernel_summary(k) for k in kernels)),
             "gemms": sorted(kernels, key=lambda k: natural_key(k["name"])),
+            "memory": {key: value for key, value in llm.memory().items()
+                       if key in ("device", "weights")},
             "tensors": tensors}
 
 
@@ -104,6 +106,14 @@ def print_report(info: dict, layers: bool) -> None:
     lm_head = [g for g in info["gemms"] if g["name"].startswith("lm_head")]
     for g in lm_head:
         print(f"  lm_head: {g['scheme']} -> {g['kernel']} in {g['compute_dtype']}")
+    weights = info["memory"]["weights"]
+    print(f"  held on {info['memory']['device']}: {weights['total'] / 2**20:.1f} MiB of weights")
+    for what, entry in weights.items():
+        if what == "total":
+            continue
+        grown = f", {entry['expanded_by']:.2f}x its {entry['stored_bytes'] / 2**20:.1f} MiB stored" \
+            if "expanded_by" in entry else ""
+        print(f"    {entry['bytes'] / 2**20:8.1f} MiB  {what} ({entry['layers']} tensors{grown})")
     if layers:
         for t in info["tensors"]:
             print(f"  {t['name']:50s} {str(t['shape']):16s} {t['scheme']:28s} {t['bits_per_weight']:7.3f} bpw")
