@@ -2,7 +2,7 @@
 torch._scaled_mm (row-wise scales) with and without fast accumulation, against bf16 cuBLAS; plus the error
 of each against an fp64 product of the same fp8 operands.
 
-    python benchmarks/fp8_probe.py [--ms 1024,2048] [--out probe.json]
+    python benchmarks/fp8_by_parts.py [--ms 1024,2048] [--out probe.json]
 """
 from __future__ import annotations
 
