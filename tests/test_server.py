@@ -343,3 +343,24 @@ def test_concurrent_streams_with_disconnects(server, oracle, clients):
     assert (clients - clients // 4) * max_tokens < generated < clients * max_tokens
     assert delta("quanta:e2e_request_latency_seconds_count") == clients
     assert delta("quanta:time_to_first_token_seconds_count") == clients
+
+
+# --- the command line ------------------------------------------------------------------------------
+def test_serve_command_line(tmp_path):
+    from quanta.quant.errors import ConfigError
+    from quanta.tools.cli import build_parser
+    from quanta.tools.serve_cmd import _chat_template
+    args = build_parser().parse_args(["serve", "m.gguf", "--port", "9001", "--api-key", "k", "--served-model-name",
+                                      "n", "--max-model-len", "256", "-q"])
+    assert (args.model_path, args.port, args.api_key, args.served_model_name, args.max_model_len, args.quiet) == \
+        ("m.gguf", 9001, "k", "n", 256, True)
+    for bad in (["serve", "a.gguf", "--model", "b.gguf"], ["serve", "--port", "70000"]):
+        with pytest.raises(ConfigError):
+            args = build_parser().parse_args(bad)
+            args.check(args)
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert _chat_template(str(template)) == template.read_text()
+    assert _chat_template("{{ messages }}") == "{{ messages }}"
+    with pytest.raises(ConfigError):
+        _chat_template("no-such-file.jinja")
