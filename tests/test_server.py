@@ -9,6 +9,7 @@ the oracle would depend on which requests ran before."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -39,20 +40,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    """Base URL of a running `quanta serve` (killed after the module)."""
+@contextlib.contextmanager
+def _serving(model, *flags: str):
+    """Run `quanta serve MODEL --device cpu FLAGS` on a free port; yields its base URL once healthy."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", str(default_model_path), "--port", str(port),
-           "--device", "cpu", "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", str(MAX_MODEL_LEN),
-           "--no-prefix-caching"]
-    log = open(ROOT / "tests" / ".server_test.log", "w") if os.environ.get("QUANTA_SERVER_LOG") else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", str(model), "--port", str(port),
+           "--device", "cpu", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):                       # bounded: up to a minute for the model to load
             if proc.poll() is not None:
-                pytest.fail(f"quanta serve exited with {proc.returncode}")
+                pytest.fail(f"quanta serve exited with {proc.returncode}: {' '.join(cmd)}")
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
@@ -69,6 +68,14 @@ def server(default_model_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path):
+    """Base URL of a running `quanta serve` with an API key (stopped after the module)."""
+    with _serving(default_model_path, "--api-key", KEY, "--served-model-name", NAME,
+                  "--max-model-len", str(MAX_MODEL_LEN), "--no-prefix-caching") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +309,7 @@ LOAD_64 = pytest.mark.skipif(not os.environ.get("QUANTA_SERVER_LOAD"),
 def test_concurrent_streams_with_disconnects(server, oracle, clients):
     """Streaming clients at once, every fourth hanging up after its first chunks: the rest equal the
     offline greedy result, the KV pool is all free afterwards and /metrics counted every request."""
-    max_tokens = 12
+    max_tokens = 8
     prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(clients)]
     expected = _greedy(oracle, prompts, max_tokens, ignore_eos=True)
     before = _metrics(server)
@@ -364,3 +371,23 @@ def test_serve_command_line(tmp_path):
     assert _chat_template("{{ messages }}") == "{{ messages }}"
     with pytest.raises(ConfigError):
         _chat_template("no-such-file.jinja")
+
+
+def test_preemption_under_a_small_kv_pool(default_model_path):
+    """A pool too small for every request at once: sequences are preempted and recomputed, every
+    request still completes in full, /metrics counts the preemptions and the pool ends all free."""
+    with _serving(default_model_path, "--max-model-len", "96", "--block-size", "16",
+                  "--num-kv-blocks", "6") as url:
+        body = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+        async def run():
+            async with httpx.AsyncClient(timeout=120) as http:
+                return await asyncio.gather(*(http.post(url + "/v1/completions", json=body | {"prompt": p})
+                                              for p in PROMPTS[:4]))
+        responses = [r.json() for r in asyncio.run(run())]
+        assert all(r["usage"]["completion_tokens"] == 40 for r in responses), responses
+        text = httpx.get(url + "/metrics", timeout=10).text
+        values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line and not line.startswith("#") and "_bucket" not in line}
+        assert values["quanta:num_preemptions_total"] > 0
+        assert values["quanta:kv_cache_free_blocks"] == values["quanta:kv_cache_total_blocks"] == 6
