@@ -74,14 +74,9 @@ def usage(outputs: list[RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def finish_reason(sample: CompletionOutput) -> str | None:
-    """OpenAI's finish reason ("stop" / "length"); an aborted sample reports "abort"."""
-    return sample.finish_reason
-
-
 def completion_choice(index: int, sample: CompletionOutput, k: int | None) -> dict:
     """One choice of a (non-streamed) completion."""
-    return {"index": index, "text": sample.text, "finish_reason": finish_reason(sample),
+    return {"index": index, "text": sample.text, "finish_reason": sample.finish_reason,
             "stop_reason": sample.stop_reason,
             "logprobs": completion_logprobs(sample, 0, k or 0, 0) if k is not None else None}
 
@@ -89,7 +84,7 @@ def completion_choice(index: int, sample: CompletionOutput, k: int | None) -> di
 def chat_choice(index: int, sample: CompletionOutput, k: int | None) -> dict:
     """One choice of a (non-streamed) chat completion."""
     return {"index": index, "message": {"role": "assistant", "content": sample.text},
-            "finish_reason": finish_reason(sample), "stop_reason": sample.stop_reason,
+            "finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason,
             "logprobs": chat_logprobs(sample, 0, k or 0) if k is not None else None}
 
 
@@ -98,7 +93,7 @@ def completion_delta(index: int, sample: CompletionOutput, cursor: ChoiceCursor,
     """The next streamed completion choice for a sample, or None when it has nothing new."""
     text = stable_text(sample, stops)
     new_text = text[cursor.chars:]
-    reason = finish_reason(sample)
+    reason = sample.finish_reason
     if not new_text and reason is None:
         return None
     logprobs = completion_logprobs(sample, cursor.tokens, k or 0, cursor.chars) if k is not None else None
@@ -112,7 +107,7 @@ def chat_delta(index: int, sample: CompletionOutput, cursor: ChoiceCursor, stops
     """The next streamed chat choice for a sample (the first carries the role), or None."""
     text = stable_text(sample, stops)
     new_text = text[cursor.chars:]
-    reason = finish_reason(sample)
+    reason = sample.finish_reason
     if not new_text and reason is None and cursor.started:
         return None
     delta = {"content": new_text}
