@@ -324,6 +324,6 @@ class EngineCore:
             self.requests.pop(req.request_id, None)
         for seq in req.seqs:
             if not seq.finished:
-                seq.decode_text(self.tokenizer)
+                seq.sync_text(self.tokenizer)         # incremental: O(1) per new token
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, [s.to_output() for s in req.seqs],
                              finished=done)

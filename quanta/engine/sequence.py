@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quanta.engine.detokenizer import IncrementalDetokenizer
 from quanta.engine.outputs import CompletionOutput, Logprob
 from quanta.engine.sampling_params import SamplingParams
 
@@ -28,6 +29,7 @@ class Sequence:
     num_computed_tokens: int = 0             # tokens whose K/V are in the cache
     num_cached_tokens: int = 0               # of those, how many came from the prefix cache
     num_hashed_blocks: int = 0               # leading full blocks registered in the prefix cache
+    detokenizer: IncrementalDetokenizer | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -51,8 +53,10 @@ class Sequence:
                 or (self.max_len is not None and self.num_tokens + pending >= self.max_len))
 
     def append(self, token: int, tokenizer, eos_ids: list[int]) -> None:
-        """Add a sampled token and decide whether the sample is finished. The text is re-decoded
-        every token only when stop strings need it, else once at the end (or by `decode_text`)."""
+        """Add a sampled token and decide whether the sample is finished. The text follows the tokens
+        incrementally only when stop strings need it (else it is caught up by `sync_text` or decoded
+        once at the end); a finished sample's text is one whole decode, so it never depends on how
+        the text was followed."""
         p = self.params
         self.output_ids.append(token)
         previous_len = len(self.text)
@@ -62,17 +66,29 @@ class Sequence:
             self.decode_text(tokenizer, self.output_ids[:-1] if drop else self.output_ids)
             return
         if p.stop:
-            self.decode_text(tokenizer)
+            self.sync_text(tokenizer)
         for stop in p.stop:
             # Only text reaching into the newly decoded tail can hold a new match.
-            at = self.text.find(stop, max(0, previous_len - len(stop) + 1))
-            if at >= 0:
+            start = max(0, previous_len - len(stop) + 1)
+            if self.text.find(stop, start) >= 0:
                 self.finish_reason, self.stop_reason = "stop", stop
+                self.decode_text(tokenizer)
+                at = self.text.find(stop, start)
                 self.text = self.text[: at + len(stop)] if p.include_stop_str_in_output else self.text[:at]
                 return
         if self.ends_by_length():
             self.finish_reason = "length"
             self.decode_text(tokenizer)
+
+    def sync_text(self, tokenizer) -> None:
+        """Bring `text` up to the output so far incrementally (detokenizer.py: a short decode per new
+        token, and never half a UTF-8 character); no-op without a tokenizer."""
+        if tokenizer is None:
+            return
+        if self.detokenizer is None:
+            self.detokenizer = IncrementalDetokenizer(tokenizer, self.params.skip_special_tokens)
+        self.detokenizer.extend(self.output_ids[len(self.detokenizer.ids):])
+        self.text = self.detokenizer.text
 
     def decode_text(self, tokenizer, ids: list[int] | None = None) -> None:
         """Set `text` to the detokenized output (or `ids`); no-op without a tokenizer."""

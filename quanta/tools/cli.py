@@ -10,7 +10,8 @@ from quanta.quant.errors import QuantaError
 from quanta.tools.options import sampling_params
 
 # Sub-commands, each a module with register(subparsers).
-COMMANDS: tuple[str, ...] = ("quanta.tools.generate_cmd", "quanta.tools.inspect_cmd", "quanta.tools.plan_cmd")
+COMMANDS: tuple[str, ...] = ("quanta.tools.generate_cmd", "quanta.tools.inspect_cmd", "quanta.tools.plan_cmd",
+                             "quanta.tools.serve_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

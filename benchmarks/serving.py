@@ -1,0 +1,140 @@
+"""Online serving latency and throughput, in the manner of vLLM's benchmark_serving: requests arrive at a
+fixed rate, as a Poisson process, or all at once, under a concurrency cap, against a running
+`quanta serve` (or any OpenAI-compatible /v1/completions); TTFT, TPOT, ITL and end-to-end latency
+(mean, median, p99), requests/s and output tokens/s, as JSON.
+
+    quanta serve synthetic:llama3-8b:w4g128 --port 8000 &
+    python benchmarks/serving.py --base-url http://127.0.0.1:8000 --num-prompts 500 \
+        --request-rate 8 --max-concurrency 256 --input-len 512 --output-len 128 --out result.json
+
+Prompts are random token ids (no tokenizer needed), streamed with ignore_eos so each request makes
+exactly its output length. --dataset sharegpt-like samples input/output lengths from log-normal laws
+with ShareGPT's means instead of the fixed --input-len / --output-len (± --range-ratio). TPOT is
+(latency - TTFT) / (output tokens - 1) per request; ITL is the gap between streamed chunks.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+
+import httpx
+
+SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 202, 179     # ShareGPT's mean prompt / output tokens (vLLM's blog)
+
+
+def lengths(args, rng: random.Random) -> list[tuple[int, int]]:
+    """(input, output) token counts of each request."""
+    def around(mean: int) -> int:
+        if args.dataset == "sharegpt-like":
+            return max(4, min(args.max_len, int(rng.lognormvariate(0, 0.8) * mean / 1.377)))   # e^(0.8²/2)
+        return rng.randint(max(1, int(mean * (1 - args.range_ratio))), int(mean * (1 + args.range_ratio)))
+    return [(around(args.input_len if args.dataset == "random" else SHAREGPT_MEAN_IN),
+             around(args.output_len if args.dataset == "random" else SHAREGPT_MEAN_OUT))
+            for _ in range(args.num_prompts)]
+
+
+async def one(http: httpx.AsyncClient, args, prompt: list[int], max_tokens: int) -> dict:
+    """Stream one completion; its TTFT, chunk gaps, latency and output tokens."""
+    body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    stamps, tokens = [], 0
+    async with http.stream("POST", args.base_url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"ok": False, "error": (await r.aread()).decode()[:200]}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any(c.get("text") for c in chunk.get("choices", [])):
+                stamps.append(time.perf_counter())
+    end = time.perf_counter()
+    if not stamps:
+        return {"ok": False, "error": "no output"}
+    return {"ok": True, "ttft": stamps[0] - start, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+            "latency": end - start, "output_tokens": tokens, "input_tokens": len(prompt)}
+
+
+def summary(values: list[float]) -> dict:
+    """Mean, median and p99 in milliseconds."""
+    if not values:
+        return {"mean_ms": None, "median_ms": None, "p99_ms": None}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"mean_ms": 1e3 * statistics.fmean(values), "median_ms": 1e3 * statistics.median(values),
+            "p99_ms": 1e3 * p99}
+
+
+async def run(args) -> dict:
+    rng = random.Random(args.seed)
+    work = [([rng.randrange(args.vocab_low, args.vocab_high) for _ in range(i)], o) for i, o in lengths(args, rng)]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=args.max_concurrency)
+    async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as http:
+        if args.model is None:
+            args.model = (await http.get(args.base_url + "/v1/models")).json()["data"][0]["id"]
+        await one(http, args, work[0][0], 4)                         # warm-up, not counted
+        gate = asyncio.Semaphore(args.max_concurrency)
+
+        async def capped(prompt, out):
+            async with gate:
+                return await one(http, args, prompt, out)
+
+        tasks, start = [], time.perf_counter()
+        for prompt, out in work:
+            tasks.append(asyncio.create_task(capped(prompt, out)))
+            if args.request_rate != float("inf"):
+                gap = rng.expovariate(args.request_rate) if args.arrivals == "poisson" else 1 / args.request_rate
+                await asyncio.sleep(gap)
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    ok = [r for r in results if r["ok"]]
+    out_tokens = sum(r["output_tokens"] for r in ok)
+    tpot = [(r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
+    return {"base_url": args.base_url, "model": args.model, "num_prompts": args.num_prompts,
+            "request_rate": args.request_rate, "arrivals": args.arrivals, "max_concurrency": args.max_concurrency,
+            "dataset": args.dataset, "completed": len(ok), "failed": len(results) - len(ok),
+            "errors": [r["error"] for r in results if not r["ok"]][:5],
+            "duration_s": duration, "total_input_tokens": sum(r["input_tokens"] for r in ok),
+            "total_output_tokens": out_tokens, "request_throughput": len(ok) / duration,
+            "output_throughput": out_tokens / duration,
+            "ttft": summary([r["ttft"] for r in ok]), "tpot": summary(tpot),
+            "itl": summary([g for r in ok for g in r["itl"]]), "e2el": summary([r["latency"] for r in ok])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="served model name (default: the server's first)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf: all at once")
+    p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    p.add_argument("--max-concurrency", type=int, default=256)
+    p.add_argument("--dataset", choices=("random", "sharegpt-like"), default="random")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--range-ratio", type=float, default=0.0)
+    p.add_argument("--max-len", type=int, default=2048, help="cap on sampled sharegpt-like lengths")
+    p.add_argument("--vocab-low", type=int, default=100)
+    p.add_argument("--vocab-high", type=int, default=20000, help="prompt ids are drawn from [low, high)")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the JSON here as well")
+    args = p.parse_args()
+    result = asyncio.run(run(args))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
