@@ -391,3 +391,31 @@ def test_preemption_under_a_small_kv_pool(default_model_path):
                   if line and not line.startswith("#") and "_bucket" not in line}
         assert values["quanta:num_preemptions_total"] > 0
         assert values["quanta:kv_cache_free_blocks"] == values["quanta:kv_cache_total_blocks"] == 6
+
+
+def test_generate_and_chat_talk_to_a_running_server(server, oracle, capsys, monkeypatch):
+    """`quanta generate --url` and `quanta chat --url` print what the offline engine gives, with --stats."""
+    import io
+
+    from quanta.engine import SamplingParams
+    from quanta.tools.cli import main
+    expected = _greedy(oracle, ["The capital of France is"], 12)[0].text
+    assert main(["-q", "generate", "--url", server, "--api-key", KEY, "The capital of France is",
+                 "--max-tokens", "12", "--stats"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"
+    assert re.search(r"prompt \d+ tokens, time to first token \d+ ms; 12 tokens", captured.err), captured.err
+    question = "What is the capital of France?"
+    reply = oracle.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=12),
+                        use_tqdm=False)[0].outputs[0].text
+    monkeypatch.setattr(sys, "stdin", io.StringIO(question + "\n"))
+    assert main(["-q", "chat", "--url", server + "/v1", "--api-key", KEY, "--model", NAME, "--max-tokens", "12"]) == 0
+    assert capsys.readouterr().out == reply + "\n"
+
+
+def test_generate_url_errors_are_clear(server, capsys):
+    from quanta.tools.cli import main
+    assert main(["-q", "generate", "--url", server, "--api-key", "wrong", "hi"]) == 2
+    assert "HTTP 401" in capsys.readouterr().err
+    assert main(["-q", "generate", "--url", "http://127.0.0.1:9", "hi"]) == 2
+    assert "cannot reach http://127.0.0.1:9/v1" in capsys.readouterr().err

@@ -72,7 +72,33 @@ def _text(llm, out) -> str:
     return sample.text if llm.tokenizer is not None else " ".join(map(str, sample.token_ids))
 
 
+def _remote_client(args: argparse.Namespace):
+    """The server behind --url, asked for its model once per command."""
+    if getattr(args, "remote", None) is None:
+        from quanta.tools.remote import Remote
+        args.remote = Remote(args.url, api_key=args.api_key, model=args.model)
+    return args.remote
+
+
+def _print_remote(args: argparse.Namespace, path: str, body: dict) -> str:
+    """Send one request to the server behind --url, print its text (and --stats), return the text."""
+    from quanta.tools.remote import sampling_body
+    text, timing = _remote_client(args).complete(path, {**body, **sampling_body(args)})
+    print(text, flush=True)
+    if args.stats:
+        print(timing.line(), file=sys.stderr)
+    return text
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
+    if args.url:
+        if args.prompt_token_ids is not None:
+            _print_remote(args, "/completions", {"prompt": args.prompt_token_ids})
+        elif args.chat_template:
+            _print_remote(args, "/chat/completions", {"messages": [{"role": "user", "content": args.prompt}]})
+        else:
+            _print_remote(args, "/completions", {"prompt": args.prompt})
+        return
     llm = load_llm(args)
     if args.prompt_token_ids is not None:
         prompt = {"prompt_token_ids": args.prompt_token_ids}
@@ -89,7 +115,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> None:
-    llm = load_llm(args)
+    llm = None if args.url else load_llm(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     while True:
@@ -101,12 +127,15 @@ def cmd_chat(args: argparse.Namespace) -> None:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line.strip()})
-        out, timing = complete(llm, chat_prompt(llm, messages), args.sampling)
-        reply = _text(llm, out)
+        if llm is None:
+            reply = _print_remote(args, "/chat/completions", {"messages": messages})
+        else:
+            out, timing = complete(llm, chat_prompt(llm, messages), args.sampling)
+            reply = _text(llm, out)
+            print(reply, flush=True)
+            if args.stats:
+                print(timing.line(), file=sys.stderr)
         messages.append({"role": "assistant", "content": reply})
-        print(reply, flush=True)
-        if args.stats:
-            print(timing.line(), file=sys.stderr)
 
 
 def check_generate(args: argparse.Namespace) -> None:
@@ -117,6 +146,12 @@ def check_generate(args: argparse.Namespace) -> None:
         raise ConfigError("--chat-template applies to a text prompt, not to --prompt-token-ids")
 
 
+def _add_remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="talk to a running OpenAI-compatible server (quanta serve) "
+                                               "instead of loading a model; --model names the served model")
+    p.add_argument("--api-key", default=None, help="the server's API key (with --url)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", help="complete one prompt", parents=[quiet_parent()])
     gen.add_argument("prompt", nargs="?", help="the prompt text")
@@ -125,10 +160,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user chat message")
     add_engine_args(gen)
     add_sampling_args(gen)
+    _add_remote_args(gen)
     gen.set_defaults(func=cmd_generate, check=check_generate)
     chat = sub.add_parser("chat", help="chat on stdin/stdout with the tokenizer's chat template",
                           parents=[quiet_parent()])
     chat.add_argument("--system", default=None, help="system prompt")
     add_engine_args(chat)
     add_sampling_args(chat)
+    _add_remote_args(chat)
     chat.set_defaults(func=cmd_chat)
