@@ -40,6 +40,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _healthy(url: str) -> bool:
+    """Whether the server at `url` answers /health with 200; a refused connection (still starting) is False."""
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 @contextlib.contextmanager
 def _serving(model, *flags: str):
     """Run `quanta serve MODEL --device cpu FLAGS` on a free port; yields its base URL once healthy."""
@@ -52,11 +60,8 @@ def _serving(model, *flags: str):
         for _ in range(240):                       # bounded: up to a minute for the model to load
             if proc.poll() is not None:
                 pytest.fail(f"quanta serve exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
+            if _healthy(url):
+                break
             time.sleep(0.25)
         else:
             pytest.fail("quanta serve did not become healthy")

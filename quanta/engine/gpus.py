@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 
 from quanta.quant.errors import ConfigError
+from quanta.sizes import parse_bytes
 
 MIB = 2**20
-UNITS = {"gib": 2**30, "gb": 10**9, "mib": MIB, "mb": 10**6, "tib": 2**40, "tb": 10**12, "b": 1}
 
 # name -> (MiB the driver reports as total, DeviceCaps preset of its compute capability)
 CARDS: dict[str, tuple[int, str]] = {
@@ -32,7 +32,6 @@ CARDS: dict[str, tuple[int, str]] = {
 }
 
 _SPEC = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([a-z0-9.-]+?)\s*$", re.IGNORECASE)
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(gib|gb|mib|mb|tib|tb|b)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -63,11 +62,10 @@ def parse_gpus(spec: str | Gpus) -> Gpus:
     if what in CARDS:
         mib, caps = CARDS[what]
         return Gpus(what, count, mib * MIB, caps)
-    size = _SIZE.match(what)
-    if size is None:
+    memory = parse_bytes(what, unit_required=True)
+    if memory is None:
         raise ConfigError(f"gpus {spec!r}: {match[2]!r} is neither a size (80GiB, 24GB) nor a known card "
                           f"({', '.join(CARDS)})")
-    memory = int(float(size[1]) * UNITS[size[2].lower()])
     if memory < MIB:
         raise ConfigError(f"gpus {spec!r}: {match[2]} is too small for a GPU")
     return Gpus(match[2], count, memory)
@@ -85,11 +83,10 @@ def parse_size(value: int | str, what: str = "size") -> int:
     text = value.strip().lower()
     if text in CARDS:
         return CARDS[text][0] * MIB
-    size = _SIZE.match(text)
-    if size is None:
+    memory = parse_bytes(text, unit_required=True)
+    if memory is None:
         raise ConfigError(f"{what} {value!r} is not a size (15GiB, 16GB, 512MiB) or a known card "
                           f"({', '.join(CARDS)})")
-    memory = int(float(size[1]) * UNITS[size[2]])
     if memory < 1:
         raise ConfigError(f"{what} {value!r} must be positive")
     return memory

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from quanta.engine.chat_template import chat_token_ids, token_ids
 from quanta.engine.config import EngineConfig
 from quanta.engine.core import EngineCore
 from quanta.engine.outputs import RequestOutput
@@ -108,9 +109,8 @@ class LLM:
         tokenizer = self.core.tokenizer
         if getattr(tokenizer, "chat_template", None) is None:
             raise QuantaError(f"{self.core.config.model}: the tokenizer has no chat template; use generate()")
-        prompts = [{"prompt_token_ids": _token_ids(tokenizer.apply_chat_template(
-            conv, add_generation_prompt=add_generation_prompt, tokenize=True, **template_kwargs))}
-            for conv in conversations]
+        prompts = [{"prompt_token_ids": chat_token_ids(tokenizer, conv, add_generation_prompt=add_generation_prompt,
+                                                       **template_kwargs)} for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     # --- incremental --------------------------------------------------------------------------
@@ -158,11 +158,5 @@ class LLM:
         if isinstance(prompt, str):
             if self.core.tokenizer is None:
                 raise QuantaError(f"{self.core.config.model}: no tokenizer; pass prompts as token ids or tokenizer=DIR")
-            return prompt, _token_ids(self.core.tokenizer(prompt)["input_ids"])
+            return prompt, token_ids(self.core.tokenizer(prompt)["input_ids"])
         return None, list(prompt)
-
-
-def _token_ids(encoded) -> list[int]:
-    """The ids of a tokenizer's output (a list, or a mapping with input_ids)."""
-    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
-    return list(ids)

@@ -35,6 +35,7 @@ from quanta.kernels.affine.plan import CUBLAS_MIN_M
 from quanta.kernels.device_caps import PRESETS
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.quant.errors import ConfigError, UnsupportedError
+from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
 
 GIB = 2**30
 # CUDA context (with lazily loaded modules), cuBLAS / cuBLASLt handles and workspaces and Triton's
@@ -281,10 +282,11 @@ def _check_request(kv_cache_dtype, max_num_seqs, max_num_batched_tokens, utiliza
 
 
 def _notes(config: ModelConfig, fmt: WeightFormat, cards: Gpus, s, e: int) -> list[str]:
-    from quanta.engine.weight_bytes import GGUF_AFFINE
     notes = []
-    if fmt.kind == "gguf" and set(fmt.gguf.types.values()) - set(GGUF_AFFINE):
-        notes.append(f"GGUF types without an affine form ({', '.join(sorted(set(fmt.gguf.types.values()) - set(GGUF_AFFINE)))}) "
+    unpacked = sorted(t for t in set(fmt.gguf.types.values()) if GGML_TYPES_BY_NAME[t].affine is None) \
+        if fmt.kind == "gguf" else []
+    if unpacked:
+        notes.append(f"GGUF types without an affine form ({', '.join(unpacked)}) "
                      f"are held dequantized ({8 * e}-bit) on CUDA; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 run packed")
     if fmt.name in ("fp32", "float32") and e == 2:
         notes.append("fp32 weights are held in the 16-bit compute dtype (dtype auto); dtype float32 keeps them")

@@ -30,10 +30,8 @@ from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
 
 AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
 LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
-# GGUF types with an exact affine form run on the affine kernels (groups of 32; a float min is a zero
-# point, an integer offset a symmetric scale): type -> (code bits, symmetric). Other types are dequantized.
-GGUF_AFFINE = {"q4_0": (4, True), "q4_1": (4, False), "q5_0": (5, True), "q5_1": (5, False), "q8_0": (8, True)}
-GGUF_AFFINE_GROUP = 32
+# GGUF types with an exact affine form (ggml_types' `affine`) run on the affine kernels, a group per ggml
+# block; an integer zero packs as a symmetric scale, a float min as a zero point. Other types are dequantized.
 GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affine"
 
 
@@ -103,9 +101,9 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
 def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
     """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, else the
     dequantized 16-bit copy."""
-    if ggml_type in GGUF_AFFINE and GGUF_ON_AFFINE_KERNELS and k % GGUF_AFFINE_GROUP == 0:
-        bits, symmetric = GGUF_AFFINE[ggml_type]
-        return pack_bytes(n, k, bits, GGUF_AFFINE_GROUP, symmetric)
+    t = GGML_TYPES_BY_NAME[ggml_type]
+    if t.affine is not None and GGUF_ON_AFFINE_KERNELS and k % t.block_size == 0:
+        return pack_bytes(n, k, t.affine.bits, t.block_size, symmetric=t.affine.zero is not None)
     return n * k * e
 
 

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from quanta.engine.async_engine import AsyncEngine
+from quanta.engine.chat_template import chat_token_ids
 from quanta.engine.outputs import RequestOutput
 from quanta.quant.errors import ConfigError
 from quanta.server import responses as R
@@ -82,9 +83,8 @@ class Serving:
         template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if self.tokenizer is None or template is None:
             raise APIError(400, "this model has no chat template: start the server with --chat-template", "messages")
-        encoded = self.tokenizer.apply_chat_template(req.conversation(), chat_template=template, tokenize=True,
-                                                     add_generation_prompt=req.add_generation_prompt)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        return chat_token_ids(self.tokenizer, req.conversation(), chat_template=template,
+                              add_generation_prompt=req.add_generation_prompt)
 
     # --- routes -------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request):

@@ -61,9 +61,8 @@ def chat_prompt(llm, messages: list[dict]) -> dict:
     """The conversation through the tokenizer's chat template, as token ids."""
     if llm.tokenizer is None or getattr(llm.tokenizer, "chat_template", None) is None:
         raise QuantaError("the model's tokenizer has no chat template: drop --chat-template, or pass --tokenizer")
-    encoded = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    return {"prompt_token_ids": list(ids)}
+    from quanta.engine.chat_template import chat_token_ids
+    return {"prompt_token_ids": chat_token_ids(llm.tokenizer, messages)}
 
 
 def _text(llm, out) -> str:

@@ -9,18 +9,13 @@ import argparse
 import re
 
 from quanta.quant.errors import ConfigError
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
+from quanta.sizes import parse_bytes
 
 def byte_size(text: str) -> int:
     """`4GiB`, `512MiB`, `2GB` or a plain number of bytes, as bytes."""
-    match = _SIZE.match(text)
-    if not match:
+    value = parse_bytes(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4GiB, 512MiB, 2GB, 1048576)")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "B").lower()]
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
     return int(value)
