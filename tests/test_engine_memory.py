@@ -119,3 +119,33 @@ def test_close_with_and_del_free_what_the_llm_held(how):
                 llm.memory()
             del llm
         gc.collect()
+
+
+# --- on a GPU ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_start_up_refuses_what_cannot_fit_before_loading_with_the_plans_words():
+    """A Llama-3-70B in fp16 on one GPU: the engine's start-up check refuses it with quanta plan's verdict
+    (naming a format that would fit) before a byte of weights reaches the device."""
+    from quanta.quant.errors import ConfigError
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ConfigError, match=r"^does not fit: synthetic:llama3-70b:fp16 \(fp16\) on 1x.*would fit with"):
+        LLM(model="synthetic:llama3-70b:fp16", quiet=True)
+    assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.gpu
+def test_close_returns_the_gpu_memory_each_time():
+    """Three engines made and closed in one process: after the first (whose GEMMs leave torch's own cuBLAS
+    workspace in the allocator for the process), each close gives back every byte it allocated, and the
+    memory report's load peak is at least its weights."""
+    baseline = None
+    for _ in range(3):
+        with LLM(model="synthetic:llama3-8b:w4g128", gpu_memory_utilization=0.3, max_model_len=2048,
+                 quiet=True) as llm:
+            mem = llm.memory()
+            assert mem["load_peak"] >= mem["weights"]["total"] > 4 * 2**30
+            assert llm.generate({"prompt_token_ids": [11, 12, 13]}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        gc.collect()
+        baseline = torch.cuda.memory_allocated() if baseline is None else baseline
+        assert torch.cuda.memory_allocated() == baseline
+        assert baseline < 64 * 2**20

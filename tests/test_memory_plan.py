@@ -13,6 +13,7 @@ from quanta.engine.gguf_mix import assign, use_more_bits
 from quanta.engine.gpus import parse_gpus
 from quanta.engine.memory_plan import RUNTIME_OVERHEAD, format_verdict, plan
 from quanta.engine.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config
+from quanta.loaders.checkpoint import ModelConfig
 from quanta.engine.weight_bytes import WeightFormat, gemm_bytes
 from quanta.quant.errors import ConfigError, QuantaError
 from quanta.tools import plan_cmd
@@ -255,3 +256,26 @@ def test_cli_json(capsys):
     info = json.loads(run_cli(["llama-3-8b", "--quantization", "awq", "--gpus", "t4", "--json"], capsys))
     assert info["fits"] and info["kv_capacity_tokens"] == 51_152
     assert info["weights"]["total"] == 5_809_643_520 and info["gpus"] == "1xt4"
+
+
+def test_load_peak_follows_the_load_order_by_hand():
+    """One Llama-3-8B-wide layer with a 1024-token vocabulary, AWQ w4g128: modules load in order, each holding
+    what loaded before, its canonical parts (a byte per code, fp16 scales and uint8 zeros per group; merged
+    groups twice, with their stacked copy) and its packed words (K/8 x N int32) with (scale, zero) words
+    (groups x N int32). The peak is at gate/up."""
+    config = ModelConfig(model_type="llama", vocab_size=1024, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8)
+    embedding = 1024 * 4096 * 2
+    qkv = 512 * 6144 * 4 + 32 * 6144 * 4
+    o_proj = 512 * 4096 * 4 + 32 * 4096 * 4
+    gate_up = 512 * 28672 * 4 + 32 * 28672 * 4
+    gate_up_canonical = 28672 * 4096 + 28672 * 32 * 3
+    p = plan(config, quantization="awq")
+    assert p.load_peak == embedding + qkv + o_proj + 2 * gate_up_canonical + gate_up == 333_447_168
+    assert json.loads(json.dumps(p.to_dict()))["load_peak"] == p.load_peak
+
+
+def test_load_peak_of_llama3_70b_is_its_weights_as_the_lm_head_loads_last():
+    """At 70B the last module, a dense 128256 x 8192 fp16 lm_head, outweighs any layer's transient."""
+    p = plan("llama-3-70b", quantization="awq")
+    assert p.load_peak == p.weights.total - p.weights.norms

@@ -70,6 +70,24 @@ def test_dequantize_matches_tool(path: Path, checkpoints):
             assert torch.equal(got, ref), f"{fixture_id(path)}: {name} differs from the tool's dequantization"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", FIXTURE_DIRS, ids=fixture_id)
+def test_read_on_cuda_unpacks_on_the_device_bit_exactly(path: Path, checkpoints):
+    """With read_on("cuda") every quantized weight comes out on the GPU (its stored words crossed as stored)
+    and equals, tensor for tensor, what the host read gives."""
+    host = checkpoints(path)
+    staged = load(path)
+    staged.read_on("cuda")
+    for name, ref in host.tensors.items():
+        if not isinstance(ref, QTensor):
+            continue
+        got = staged.tensors[name]
+        fields = got.tensors()
+        assert all(t.device.type == "cuda" for t in fields.values()), name
+        for field, t in ref.tensors().items():
+            assert torch.equal(fields[field].cpu(), t), f"{name}.{field}"
+
+
 @pytest.mark.parametrize("path", FIXTURE_DIRS, ids=fixture_id)
 def test_checkpoint_contents(path: Path, checkpoints):
     """Config matches config.json; every canonical tensor reads; exactly the reference weights are quantized."""

@@ -278,6 +278,8 @@ def test_other_errors(server, client):
         client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model=NAME, prompt=[1] * MAX_MODEL_LEN, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match=f"reduce max_tokens to at most {MAX_MODEL_LEN - 10}"):
+        client.completions.create(model=NAME, prompt=[1] * 10, max_tokens=MAX_MODEL_LEN)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=NAME, messages=[], max_tokens=2)
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

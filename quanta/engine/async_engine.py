@@ -73,13 +73,20 @@ class AsyncEngine:
         return self._task is not None and not self._task.done() and self.error is None
 
     # --- requests ---------------------------------------------------------------------------------
-    def check_prompt(self, prompt_ids: list[int]) -> None:
-        """Raise ConfigError for a prompt the core would refuse (empty, or no room under max_model_len)."""
+    def check_prompt(self, prompt_ids: list[int], max_tokens: int | None = None) -> None:
+        """Raise ConfigError for a prompt the core would refuse (empty, or no room under max_model_len), or
+        one whose explicit max_tokens would run past max_model_len (as vLLM's server refuses it, rather
+        than cut the output short unasked)."""
+        limit, length = self.core.max_model_len, len(prompt_ids)
         if not prompt_ids:
             raise ConfigError("the prompt is empty: it must have at least one token")
-        if len(prompt_ids) >= self.core.max_model_len:
-            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens, which leaves no room for output "
-                              f"under this model's maximum context length of {self.core.max_model_len} tokens")
+        if length >= limit:
+            raise ConfigError(f"the prompt has {length} tokens, which leaves no room for output "
+                              f"under this model's maximum context length of {limit} tokens")
+        if max_tokens is not None and length + max_tokens > limit:
+            raise ConfigError(f"this model's maximum context length is {limit} tokens, but {length + max_tokens} "
+                              f"were requested ({length} in the prompt, {max_tokens} in max_tokens); reduce "
+                              f"max_tokens to at most {limit - length}")
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:

@@ -122,9 +122,14 @@ class EngineCore:
         kv_scales = checkpoint_kv_scales(dict(self.checkpoint.kv_cache_scales), mc.num_hidden_layers,
                                          mc.num_key_value_heads)
         allocated_before = self._allocated()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
                                  force_kernel=cfg.kernel, quiet=cfg.quiet, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
         self.weight_bytes = self._allocated() - allocated_before
+        # What the load itself held at its height (weights so far + one module's transient), measured.
+        self.load_peak = (torch.cuda.max_memory_allocated(self.device) - allocated_before
+                          if self.device.type == "cuda" else None)
         check_weights_under_cap(cfg, self.weight_bytes)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
@@ -232,7 +237,8 @@ class EngineCore:
             graphs, graphs_source = self.graph_bytes, "measured (reserved while capturing)"
         else:
             graphs, graphs_source = GRAPH_MEMORY_MARGIN, "margin (the capture reserved nothing new)"
-        return {"device": str(self.device), "weights": weight_memory(self.model), "kv_cache": self.kv_cache.nbytes,
+        return {"device": str(self.device), "weights": weight_memory(self.model), "load_peak": self.load_peak,
+                "kv_cache": self.kv_cache.nbytes,
                 "kv_cache_blocks": self.num_kv_blocks, "activation_peak": activation,
                 "activation_source": activation_source, "cuda_graphs": graphs, "cuda_graphs_source": graphs_source,
                 "free": free_bytes(self.device)}

@@ -54,7 +54,8 @@ class LLM:
     def memory(self) -> dict[str, Any]:
         """Bytes held, by part: "weights" ({"total", "<scheme> -> <kernel>": {"bytes", "stored_bytes",
         "layers"}, "embedding ...", "norms"}; the dequantized fallback's entries add "expanded_by", held
-        over stored), "kv_cache" (and "kv_cache_blocks"), "activation_peak" (the dry run's on a GPU that
+        over stored), "load_peak" (on a GPU, the most the load held at once: weights so far plus one
+        module's transient; None elsewhere), "kv_cache" (and "kv_cache_blocks"), "activation_peak" (the dry run's on a GPU that
         profiled, else the plan's estimate; "activation_source" says which), "cuda_graphs" (measured
         where the capture grew the allocator, else the plan's margin; "cuda_graphs_source") and "free"
         (on the device; the host's available memory on the CPU)."""

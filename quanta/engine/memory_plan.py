@@ -28,6 +28,7 @@ from quanta.engine.weight_bytes import (
     check_gguf_rows,
     cdiv,
     shard,
+    load_peak,
     tp_problem,
     weight_bytes,
 )
@@ -84,6 +85,7 @@ class MemoryPlan:
     fits: bool
     notes: tuple[str, ...] = ()
     suggestions: tuple[Suggestion, ...] = ()
+    load_peak: int = 0              # device bytes at the height of the load (weight_bytes.load_peak)
 
     @property
     def fixed_bytes(self) -> int:
@@ -265,7 +267,7 @@ def _plan(name: str, config: ModelConfig, source: dict[str, Any], *, quantizatio
         budget=budget, weights=weights, activation_peak=peak, cuda_graphs=graphs, runtime_overhead=RUNTIME_OVERHEAD,
         kv_cache_dtype=kv_cache_dtype, kv_bytes_per_token=per_token, kv_cache_bytes=kv_bytes,
         kv_capacity_tokens=blocks * block_size, max_model_len=length, max_concurrent_seqs=min(seqs, max_num_seqs),
-        fits=seqs >= 1, notes=tuple(_notes(config, fmt, cards, s, e)))
+        fits=seqs >= 1, notes=tuple(_notes(config, fmt, cards, s, e)), load_peak=load_peak(config, fmt, s, e))
 
 
 def _check_request(kv_cache_dtype, max_num_seqs, max_num_batched_tokens, utilization, dtype, block_size) -> None:

@@ -11,7 +11,10 @@ pickle checkpoint is the exception: torch.load maps each file whole). Hence:
     form, their stacked copy and the kernel's repack of it);
   - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
     once (mapped file pages aside, which the OS reclaims), and on the CPU device the final weights
-    themselves are added to that.
+    themselves are added to that;
+  - on a GPU, the packed HF families (AWQ and GPTQ int32 words, bitsandbytes and compressed-tensors
+    bytes) are moved to the device as stored and unpacked there (Checkpoint.read_on), so no host copy
+    holds a byte per weight; GGUF blocks likewise cross as stored and are converted by prepare.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
     cfg = ckpt.config
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, device, triton)
+    ckpt.read_on(device)                                       # packed words are unpacked on the device
     tensors = ckpt.tensors                                     # lazy: read one module's tensors at a time
     names = set(tensors)
     embed_as_head = "lm_head.weight" not in names                 # tied, or stored without one

@@ -89,11 +89,13 @@ class SyntheticTensors(Mapping):
         dtype = torch.bfloat16 if self.fmt == "bf16" else torch.float16
         if role == "norm":
             return (1 + 0.1 * torch.rand(shape, generator=gen, device=self.device)).to(dtype)
+        # Dense tensors are drawn in their own dtype and scaled in place: no float32 copy of a 128k-row
+        # embedding exists, so a synthetic load's transient memory is a real checkpoint's.
         if role == "embed":
-            return torch.randn(shape, generator=gen, device=self.device).to(dtype)
+            return torch.randn(shape, generator=gen, device=self.device, dtype=dtype)
         std = shape[1] ** -0.5
         if role == "dense" or self.fmt in ("fp16", "bf16"):
-            return (torch.randn(shape, generator=gen, device=self.device) * std).to(dtype)
+            return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
         match = re.fullmatch(r"w(\d)(?:g(\d+))?", self.fmt)
         bits, group = int(match[1]), int(match[2] or shape[1])
         n, k = shape

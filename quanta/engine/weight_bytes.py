@@ -183,6 +183,47 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
     return WeightBytes(embedding, linears, lm_head, norms)
 
 
+def canonical_bytes(fmt: WeightFormat, n: int, k: int, e: int, gguf_type: str | None = None) -> int:
+    """Device bytes of a weight [n, k] in canonical form as a loader hands it to prepare: one byte per code
+    (affine, codebook, fp8) with its 16-bit scales, zero points or absmax; GGUF blocks plus the one-byte
+    codes of their affine form; dense weights at e bytes."""
+    if fmt.kind == "dense" or (fmt.kind != "gguf" and not fmt.packed(k)):
+        return n * k * e
+    if fmt.kind == "gguf":
+        return n * GGML_TYPES_BY_NAME[gguf_type].row_bytes(k) + n * k
+    if fmt.kind == "affine":
+        groups = cdiv(k, fmt.group_size or k)
+        return n * k + n * groups * (2 if fmt.symmetric else 3)
+    if fmt.kind == "codebook":
+        return n * k + cdiv(n * k, fmt.group_size) * 4
+    return n * k + n * 4                                          # fp8, per-channel float32 scales
+
+
+def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
+    """The most device memory one rank holds while loading, as model_loader loads: module by module in
+    model order (embedding; per layer q/k/v, o_proj, gate/up, down_proj; lm_head), each module holding the
+    weights loaded before it, its canonical parts (and, for a merged group, their stacked copy) and its
+    final layout at once. The repack's own temporaries are bounded by layout.PACK_ROWS and left out; norms
+    are too small to count. Dense parts are counted as if made on the device (an upper bound for host
+    checkpoints, whose parts are stacked on the host)."""
+    h, g = config.hidden_size, fmt.gguf
+    if g:
+        embedding = s.vocab * GGML_TYPES_BY_NAME[g.of("token_embd")].row_bytes(h)
+        lm_head = gemm_bytes(fmt, [(s.vocab, g.of("output"))], h, e)
+    else:
+        embedding = lm_head = s.vocab * h * e
+    held = peak = embedding
+    for i in range(config.num_hidden_layers):
+        t = (lambda role: g.of(role, i)) if g else (lambda role: None)
+        for roles, k in (((("attn_q", s.q), ("attn_k", s.kv), ("attn_v", s.kv)), h), ((("attn_output", h),), s.q),
+                         ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter)):
+            final = gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
+            canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
+            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final)
+            held += final
+    return max(peak, held + lm_head)
+
+
 def check_gguf_rows(config: ModelConfig, fmt: WeightFormat) -> None:
     """ConfigError if a GGUF type's blocks do not tile a weight's rows."""
     if not fmt.gguf:

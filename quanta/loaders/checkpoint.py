@@ -87,3 +87,11 @@ class Checkpoint:
     # Calibrated FP8 KV-cache scales by canonical name, "model.layers.{i}.self_attn.{k,v}_scale".
     kv_cache_scales: dict[str, torch.Tensor] = field(default_factory=dict)
     chat_template: str | None = None
+
+    def read_on(self, device: torch.device | str) -> None:
+        """Have quantized weights unpacked on `device` as they are read, where the loader can (the packed
+        HF families: AWQ, GPTQ, bitsandbytes, FP8, compressed-tensors); other loaders hand out host tensors
+        and the kernels' prepare moves them."""
+        read_on = getattr(self.tensors, "read_on", None)
+        if read_on is not None:
+            read_on(device)

@@ -78,7 +78,7 @@ def read_gptq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[s
     if g_idx is not None:
         if tuple(g_idx.shape) != (k,):
             raise ShapeError(f"{store.path}: {prefix}.g_idx has shape {list(g_idx.shape)}, expected [{k}]")
-        if torch.equal(g_idx.long(), torch.arange(k) // group):
+        if torch.equal(g_idx.long(), torch.arange(k, device=g_idx.device) // group):
             g_idx = None                                # the default order: plain groups
         elif int(g_idx.min()) < 0 or int(g_idx.max()) >= ngroups:
             raise ShapeError(f"{store.path}: {prefix}.g_idx holds groups outside 0..{ngroups - 1}")

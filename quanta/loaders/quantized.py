@@ -97,13 +97,38 @@ def check_shape(qt: QTensor, name: str, shape: tuple[int, int], store: TensorSto
     return qt
 
 
+class StagedStore:
+    """A TensorStore whose tensors are moved to `device` as they are read, so that a family's reader unpacks
+    the stored words there: a checkpoint's packed int32 words cross to the GPU as they are, and the one byte
+    per weight of the canonical codes exists only on the GPU, never on the host."""
+
+    def __init__(self, store: TensorStore, device: torch.device):
+        self.store, self.device = store, device
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.store[name].to(self.device)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.store
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
 class QuantView(Mapping[str, Any]):
-    """The canonical tensors of a quantized checkpoint, read (and unpacked) lazily on access."""
+    """The canonical tensors of a quantized checkpoint, read (and unpacked) lazily on access; on the device
+    given to `read_on`, the CPU by default."""
 
     def __init__(self, store: TensorStore, shapes: dict[str, tuple[int, ...]], read: Reader,
                  extra: dict[str, str]):
         self.store, self.shapes, self.read, self.extra = store, shapes, read, extra
         self.names = list(shapes) + list(extra)
+        self.staged: TensorStore | StagedStore = store
+
+    def read_on(self, device: torch.device | str) -> None:
+        """Unpack quantized weights on `device` from now on (their stored words are moved there first)."""
+        device = torch.device(device)
+        self.staged = self.store if device.type == "cpu" else StagedStore(self.store, device)
 
     def __getitem__(self, name: str):
         if name in self.extra:
@@ -113,7 +138,7 @@ class QuantView(Mapping[str, Any]):
         shape = self.shapes[name]
         if name.endswith(".weight") and len(shape) == 2 and name not in ("model.embed_tokens.weight",
                                                                         "lm_head.weight"):
-            qt = self.read(self.store, name.removesuffix(".weight"), shape)
+            qt = self.read(self.staged, name.removesuffix(".weight"), shape)
             if qt is not None:
                 return check_shape(qt, name, shape, self.store)
         t = need(self.store, name, "unquantized tensor")

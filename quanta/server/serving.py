@@ -107,7 +107,8 @@ class Serving:
     async def _respond(self, req, raw: Request, prompts, params, prefix: str, obj: str,
                        choice: Callable, delta: Callable, k: int | None):
         for _, ids in prompts:
-            _checked(lambda: self.engine.check_prompt(ids), "prompt" if prefix == "cmpl" else "messages")
+            _checked(lambda: self.engine.check_prompt(ids, params.max_tokens),
+                     "prompt" if prefix == "cmpl" else "messages")
         rid = f"{prefix}-{uuid.uuid4().hex}"
         streams = [self.engine.generate(ids, params, f"{rid}-{i}", text) for i, (text, ids) in enumerate(prompts)]
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name}

@@ -75,7 +75,7 @@ def inspect_checkpoint(path: str, device: str | None = None, dtype: str = "auto"
             "kernels": dict(Counter(_kernel_summary(k) for k in kernels)),
             "gemms": sorted(kernels, key=lambda k: natural_key(k["name"])),
             "memory": {key: value for key, value in llm.memory().items()
-                       if key in ("device", "weights")},
+                       if key in ("device", "weights", "load_peak")},
             "tensors": tensors}
 
 
@@ -107,7 +107,9 @@ def print_report(info: dict, layers: bool) -> None:
     for g in lm_head:
         print(f"  lm_head: {g['scheme']} -> {g['kernel']} in {g['compute_dtype']}")
     weights = info["memory"]["weights"]
-    print(f"  held on {info['memory']['device']}: {weights['total'] / 2**20:.1f} MiB of weights")
+    peak = info["memory"].get("load_peak")
+    peak = f" (at most {peak / 2**20:.1f} MiB while loading)" if peak else ""
+    print(f"  held on {info['memory']['device']}: {weights['total'] / 2**20:.1f} MiB of weights{peak}")
     for what, entry in weights.items():
         if what == "total":
             continue

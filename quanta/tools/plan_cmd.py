@@ -28,6 +28,7 @@ def print_report(p) -> None:
     print(f"  budget per GPU   {_gib(p.budget)} ({p.budget / p.gpu_memory:.2g} of {_gib(p.gpu_memory)})")
     print(f"  weights          {_gib(w.total)} (embedding {_gib(w.embedding)}, linears {_gib(w.linears)}, "
           f"lm_head {_gib(w.lm_head)}, norms {_gib(w.norms)})")
+    print(f"  load peak        {_gib(p.load_peak)} (while loading: the weights so far + one module's canonical form)")
     print(f"  activation peak  {_gib(p.activation_peak)}")
     print(f"  CUDA graphs      {_gib(p.cuda_graphs)}")
     print(f"  runtime          {_gib(p.runtime_overhead)}")

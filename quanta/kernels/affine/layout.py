@@ -29,6 +29,9 @@ from quanta.quant.qtensor import QTensor
 
 AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
 R = 16                      # word rows per tile: the K of one tensor-core step
+# Output rows packed per pass: the repack's int64 temporaries stay a few tens of MB whatever N is, so the
+# load's transient is the canonical codes alone (the memory plan's load_peak counts on it).
+PACK_ROWS = 2048
 
 
 @dataclass(slots=True)
@@ -220,12 +223,15 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
     tile_k = pack_n * R
     k_pad = cdiv(k, tile_k) * tile_k
     group = group or k_pad
-    # codes [N, K_pad] -> [tiles, PACK, R, N] -> words [tiles * R, N]
-    c = F.pad(codes, (0, k_pad - k)).view(n, k_pad // tile_k, pack_n, R).permute(1, 2, 3, 0)
-    words = torch.zeros(k_pad // tile_k, R, n, dtype=torch.int64, device=codes.device)
-    for i in range(pack_n):
-        words |= c[:, i].to(torch.int64) << (bits * i)
-    packed = _int32(words).reshape(-1, n)
+    packed = torch.empty(k_pad // pack_n, n, dtype=torch.int32, device=codes.device)
+    for n0 in range(0, n, PACK_ROWS):                   # rows at a time: bounded int64 temporaries
+        rows = codes[n0:n0 + PACK_ROWS]
+        # codes [rows, K_pad] -> [tiles, PACK, R, rows] -> words [tiles * R, rows]
+        c = F.pad(rows, (0, k_pad - k)).view(rows.shape[0], k_pad // tile_k, pack_n, R).permute(1, 2, 3, 0)
+        words = torch.zeros(k_pad // tile_k, R, rows.shape[0], dtype=torch.int64, device=codes.device)
+        for i in range(pack_n):
+            words |= c[:, i].to(torch.int64) << (bits * i)
+        packed[:, n0:n0 + PACK_ROWS] = _int32(words).reshape(-1, rows.shape[0])
     g_pad = cdiv(k_pad, group)
 
     def by_group(t: torch.Tensor) -> torch.Tensor:       # [N, G] float -> 16-bit patterns [G_pad, N], int64
