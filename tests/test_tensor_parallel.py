@@ -75,3 +75,18 @@ def test_tp4_equals_tp1(fmt):
 def test_unshardable_configurations_are_refused_before_loading(model, tp, match):
     with pytest.raises(ConfigError, match=match):
         LLM(model, **BASE, tensor_parallel_size=tp)
+
+
+def test_start_up_plan_is_per_rank():
+    # Llama-3-70B in 4-bit (~35 GiB of weights) cannot fit one 40 GiB card but fits two at TP = 2, each holding half
+    from quanta.engine.config import EngineConfig
+    from quanta.engine.fit_check import check_fits
+    from quanta.engine.synthetic import load_synthetic
+    model = "synthetic:llama3-70b:w4g128"
+    mc = load_synthetic(model, "cpu").config
+    source = {"family": "synthetic", "format": "w4g128"}
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_fits(EngineConfig(model, device="cpu", max_model_len=4096), mc, source, 40 * 2**30)
+    p = check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=2), mc, source,
+                   40 * 2**30)
+    assert p.fits and p.tensor_parallel_size == 2 and 15 * 2**30 < p.weights.total < 20 * 2**30
