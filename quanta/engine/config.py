@@ -37,7 +37,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None    # fix the KV pool size (overrides the memory sizing)
     kv_cache_memory: int | None = None  # CPU: bytes of KV cache (default 1 GiB)
     max_gpu_memory: int | str | None = None   # cap on this process's GPU memory: bytes, "15GiB" or a card
-                                              # name ("t4"); held as bytes once validated
+                                              # name ("t4"); held as bytes once validated; per rank under TP
+    tensor_parallel_size: int = 1       # ranks, one process and one GPU each (engine/parallel.py); torchrun's
+                                        # WORLD_SIZE when started by torchrun
 
     def __post_init__(self):
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
@@ -49,7 +51,8 @@ class EngineConfig:
             raise ConfigError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "kv_cache_memory"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "kv_cache_memory",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +60,13 @@ from quanta.engine.memory_plan import activation_peak as plan_activation_peak
 from quanta.engine.memory_report import free_bytes, weight_memory
 from quanta.engine.model_loader import build_model, open_checkpoint
 from quanta.engine.outputs import Logprob, RequestOutput
+from quanta.engine.parallel import TensorParallel, check_shardable, check_world, kv_head_range, rank_config
+from quanta.engine.parallel import start as start_group
 from quanta.engine.runner import LaunchedStep, ModelRunner, blocks_spanned, dummy_batch
 from quanta.engine.sampler import top_logprobs
 from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import Scheduler
+from quanta.engine.tp_step import send_stop
 from quanta.engine.sequence import Sequence
 from quanta.kernels.device_caps import use_triton
 from quanta.loaders.checkpoint import Checkpoint
@@ -99,8 +103,11 @@ class EngineCore:
     interpreter on the CPU. `checkpoint`: build from this opened checkpoint instead of opening
     config.model (a caller that has opened it already)."""
 
-    def __init__(self, config: EngineConfig, triton_ops: bool | None = None, checkpoint: Checkpoint | None = None):
-        self.config = cfg = config
+    def __init__(self, config: EngineConfig, triton_ops: bool | None = None, checkpoint: Checkpoint | None = None,
+                 tp: TensorParallel | None = None):
+        world, rank = (tp.world, tp.rank) if tp else (check_world(config), int(os.environ.get("RANK", "0")))
+        self.config = cfg = config if world == 1 else rank_config(config, rank, world)
+        self.tp = tp                                       # given to a spawned worker; rank 0 starts it below
         self.device = torch.device(cfg.device)
         self.checkpoint = checkpoint if checkpoint is not None else open_checkpoint(cfg)
         mc = self.checkpoint.config
@@ -111,31 +118,48 @@ class EngineCore:
         if self.max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
-        block_bytes = bytes_per_block(mc.num_hidden_layers, cfg.block_size, mc.num_key_value_heads, mc.head_dim,
-                                      self.dtype, cfg.kv_cache_dtype)
+        self.kv_heads = kv_head_range(mc.num_key_value_heads, rank, world)     # this rank's [start, stop)
+        block_bytes = bytes_per_block(mc.num_hidden_layers, cfg.block_size, self.kv_heads[1] - self.kv_heads[0],
+                                      mc.head_dim, self.dtype, cfg.kv_cache_dtype)
         num_blocks = blocks_from_config(cfg, block_bytes)
         if num_blocks is not None:
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)     # before any weight is built
+        if world > 1:                                     # which sizes split, before any process starts
+            check_shardable(mc, plan_source(self.checkpoint), world, str(cfg.model))
         total = device_total(self.device)                  # on a GPU: quanta plan's verdict, before loading
         self.plan = None if total is None else check_fits(cfg, mc, plan_source(self.checkpoint), total)
         self.triton = use_triton(self.device, self.dtype) if triton_ops is None else triton_ops
         kv_scales = checkpoint_kv_scales(dict(self.checkpoint.kv_cache_scales), mc.num_hidden_layers,
                                          mc.num_key_value_heads)
+        if kv_scales is not None:
+            kv_scales = tuple(s[:, self.kv_heads[0]:self.kv_heads[1]] for s in kv_scales)
+        if world > 1 and self.tp is None:
+            self.tp = start_group(cfg)
         allocated_before = self._allocated()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
-                                 force_kernel=cfg.kernel, quiet=cfg.quiet, lm_head_dtype=cfg.lm_head_dtype(self.dtype))
-        self.weight_bytes = self._allocated() - allocated_before
+        try:
+            self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
+                                     force_kernel=cfg.kernel, quiet=cfg.quiet,
+                                     lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
+            self.weight_bytes = self._allocated() - allocated_before
+            check_weights_under_cap(cfg, self.weight_bytes)
+        except BaseException as e:
+            if self.tp is not None:
+                self.tp.fail(e)                            # every rank raises, rank 0 the failing rank's error
+            raise
         # What the load itself held at its height (weights so far + one module's transient), measured.
         self.load_peak = (torch.cuda.max_memory_allocated(self.device) - allocated_before
                           if self.device.type == "cuda" else None)
-        check_weights_under_cap(cfg, self.weight_bytes)
+        if self.tp is not None:
+            self.tp.agree(None)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:
             self.activation_peak = self._activation_peak()
             num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self.activation_peak)
+            if self.tp is not None:
+                num_blocks = self.tp.min_int(num_blocks)  # rank 0 schedules for every rank's cache
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)
         self.num_kv_blocks = num_blocks
         self.kv_cache = self._new_cache(num_blocks, kv_scales)
@@ -150,6 +174,9 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._request_counter = itertools.count()
         self._in_flight: LaunchedStep | None = None    # launched ahead by async scheduling, not collected
+        if self.tp is not None and self.tp.torchrun and self.tp.is_worker:
+            self.serve()                                   # torchrun's other ranks serve rank 0, then exit
+            raise SystemExit(0)
 
     # --- the loop -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -243,12 +270,25 @@ class EngineCore:
                 "activation_source": activation_source, "cuda_graphs": graphs, "cuda_graphs_source": graphs_source,
                 "free": free_bytes(self.device)}
 
+    def serve(self) -> None:
+        """A tensor-parallel worker: run rank 0's steps until it closes, then close."""
+        try:
+            self.runner.serve()
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Let go of the weights, KV cache, runner buffers, CUDA graphs and requests (then, on CUDA,
-        return the cached blocks to the driver). Idempotent; any later use raises EngineClosedError."""
+        return the cached blocks to the driver); under tensor parallelism rank 0 first stops the other
+        ranks, and every rank leaves the process group. Idempotent; any later use raises EngineClosedError."""
         if self.__dict__.get("_closed"):
             return
         self._closed = True
+        tp = self.__dict__.get("tp")
+        if tp is not None and not tp.closed:
+            if not tp.is_worker and "runner" in self.__dict__:
+                send_stop(tp)
+            tp.close()
         for name in HELD:
             self.__dict__.pop(name, None)
         gc.collect()
@@ -268,8 +308,8 @@ class EngineCore:
 
     def _new_cache(self, num_blocks: int, scales=None) -> PagedKVCache:
         mc = self.checkpoint.config
-        return PagedKVCache(mc.num_hidden_layers, num_blocks, self.config.block_size, mc.num_key_value_heads,
-                            mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales, self.triton)
+        return PagedKVCache(mc.num_hidden_layers, num_blocks, self.config.block_size,
+                            self.kv_heads[1] - self.kv_heads[0], mc.head_dim, self.dtype, self.device, self.config.kv_cache_dtype, scales, self.triton)
 
     def _activation_peak(self) -> int:
         """Peak activation bytes of the largest step, from a dry run on a scratch runner and cache."""

@@ -38,15 +38,17 @@ def check_fits(cfg: EngineConfig, model_config: ModelConfig, source: dict[str, A
     fit. None when the plan cannot be made from the config (a format the plan does not model). Capped,
     the plan is made for a card of max_gpu_memory bytes used whole (`quanta plan --gpus 1xSIZE
     --gpu-memory-utilization 1` gives the same words); otherwise the card is named as `--gpus` names it.
-    `source`: what the checkpoint says about its weights (plan_source)."""
+    `source`: what the checkpoint says about its weights (plan_source). Under tensor parallelism the plan
+    is per rank: tensor_parallel_size cards of this one's size, each holding its shard."""
+    tp = cfg.tensor_parallel_size
     if cfg.max_gpu_memory is not None and cfg.max_gpu_memory < gpu_total_bytes * cfg.gpu_memory_utilization:
-        cards, utilization = Gpus(size_name(cfg.max_gpu_memory), 1, cfg.max_gpu_memory), 1.0
+        cards, utilization = Gpus(size_name(cfg.max_gpu_memory), tp, cfg.max_gpu_memory), 1.0
     else:
-        cards, utilization = Gpus(gpu_name(gpu_total_bytes), 1, gpu_total_bytes), cfg.gpu_memory_utilization
+        cards, utilization = Gpus(gpu_name(gpu_total_bytes), tp, gpu_total_bytes), cfg.gpu_memory_utilization
     dtype = str(cfg.dtype).removeprefix("torch.")
     try:
         p = plan(model_config, "auto", gpus=cards, kv_cache_dtype=cfg.kv_cache_dtype,
-                 max_model_len=cfg.max_model_len, tensor_parallel_size=1, max_num_seqs=cfg.max_num_seqs,
+                 max_model_len=cfg.max_model_len, tensor_parallel_size=tp, max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=utilization,
                  dtype=dtype, enforce_eager=cfg.enforce_eager, block_size=cfg.block_size, source=source,
                  name=str(cfg.model))

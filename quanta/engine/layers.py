@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,14 +20,43 @@ from torch import nn
 from quanta.kernels import activation, fused_norm, registry, rotary
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.qtensor import QTensor, cat_rows
+from quanta.quant.shard import cut
+
+
+@dataclass(frozen=True)
+class Cut:
+    """This rank's piece of a checkpoint weight under tensor parallelism: along `dim` (0: output rows,
+    column-parallel; 1: input columns, row-parallel) the range [start, stop) of `full`. A row-parallel
+    layer's bias is added once, by the rank with `keep_bias`."""
+    dim: int
+    start: int
+    stop: int
+    full: int
+    keep_bias: bool = True
+
+    def weight(self, w, name: str):
+        """The piece of `w` (read whole from the checkpoint), cut before anything else touches it."""
+        if w.shape[self.dim] != self.full:
+            raise ShapeError(f"{name}: weight shape {list(w.shape)} has {w.shape[self.dim]} "
+                             f"{'rows' if self.dim == 0 else 'columns'}, expected {self.full}")
+        return cut(w, self.dim, self.start, self.stop, name)
+
+    def bias(self, b: torch.Tensor | None) -> torch.Tensor | None:
+        if b is None or self.dim == 1:
+            return b if self.keep_bias else None
+        return b[self.start:self.stop]
 
 
 class QuantLinear(nn.Module):
-    """y = x @ W.T + b for W a plain tensor or any QTensor; the kernel is picked once at load."""
+    """y = x @ W.T + b for W a plain tensor or any QTensor; the kernel is picked once at load. Under
+    tensor parallelism `cut` says which piece of the checkpoint's weight this rank holds (in/out_features
+    are the piece's) and `reduce` sums a row-parallel layer's partial outputs over the ranks."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, cut: Cut | None = None,
+                 reduce: Callable | None = None):
         super().__init__()
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+        self.cut, self.reduce = cut, reduce
         self.kernel = None
         self.kernel_reason = ""
         self.dtype: torch.dtype | None = None      # what the kernel computes in, set at load
@@ -37,13 +67,15 @@ class QuantLinear(nn.Module):
 
     def load(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | None, device: torch.device,
              dtype: torch.dtype, name: str = "", force_kernel: str | None = None) -> None:
-        """Check the weight's shape, pick its kernel and repack it into the kernel's layout."""
+        """Check the weight's shape, cut this rank's piece, pick its kernel and repack it into its layout."""
+        if self.has_bias != (bias is not None):
+            raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
+        if self.cut is not None:
+            weight, bias = self.cut.weight(weight, name), self.cut.bias(bias)
         shape = tuple(weight.shape)
         if shape != (self.out_features, self.in_features):
             raise ShapeError(f"{name}: weight shape {list(shape)} != expected "
                              f"{[self.out_features, self.in_features]}")
-        if self.has_bias != (bias is not None):
-            raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
         self.dtype = dtype
         self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel)
         self.scheme = weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"
@@ -52,6 +84,8 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reduce is not None:
+            return self.reduce(self.kernel.apply(x, self.state, self.bias))
         return self.kernel.apply(x, self.state, self.bias)
 
     def extra_repr(self) -> str:
@@ -63,18 +97,28 @@ class MergedQuantLinear(nn.Module):
     """Linear layers over one input (q/k/v, gate/up) run as one GEMM on their stacked weight, so a decode
     step reads one larger weight with one launch; weights that cannot share a format (say, different
     act-order permutations) stay separate layers, their outputs concatenated. `triton`: whether SiLU-and-mul,
-    where the GEMM cannot fuse it, runs as the Triton kernel."""
+    where the GEMM cannot fuse it, runs as the Triton kernel. `cuts`: under tensor parallelism, each
+    part's rows this rank holds (`parts` then gives the pieces' sizes); each part is cut on its own."""
 
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False, triton: bool = False):
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False, triton: bool = False,
+                 cuts: list[Cut] | None = None):
         super().__init__()
         self.in_features, self.parts, self.has_bias, self.triton = in_features, dict(parts), bias, triton
+        self.cuts = cuts
         self.sizes = list(self.parts.values())
         self.fused = QuantLinear(in_features, sum(self.sizes), bias)
         self.separate: nn.ModuleList | None = None
 
     def load(self, weights: list, biases: list, device: torch.device, dtype: torch.dtype,
              names: list[str], force_kernel: str | None = None) -> None:
-        """Stack the parts' weights when cat_rows can (exactly), else load each part on its own."""
+        """Cut this rank's piece of each part, then stack them when cat_rows can (exactly), else load each
+        part on its own."""
+        if self.cuts is not None:
+            for b, name in zip(biases, names):
+                if self.has_bias != (b is not None):
+                    raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
+            weights = [c.weight(w, name) for c, w, name in zip(self.cuts, weights, names)]
+            biases = [c.bias(b) for c, b in zip(self.cuts, biases)]
         for w, b, n, name in zip(weights, biases, self.sizes, names):
             if tuple(w.shape) != (n, self.in_features):
                 raise ShapeError(f"{name}: weight shape {list(w.shape)} != expected {[n, self.in_features]}")
@@ -141,11 +185,13 @@ def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
 
 
 class Embedding(nn.Module):
-    """Token embedding over a plain or quantized table; quantized rows are decoded on lookup."""
+    """Token embedding over a plain or quantized table; quantized rows are decoded on lookup. Vocab-parallel
+    under tensor parallelism: this rank holds the rows of `cut`, looks up the ids that fall in them (zeros
+    for the others) and `reduce` sums the ranks' lookups."""
 
-    def __init__(self, vocab_size: int, dim: int):
+    def __init__(self, vocab_size: int, dim: int, cut: Cut | None = None, reduce: Callable | None = None):
         super().__init__()
-        self.vocab_size, self.dim = vocab_size, dim
+        self.vocab_size, self.dim, self.cut, self.reduce = vocab_size, dim, cut, reduce
         self.table: torch.Tensor | QTensor | None = None
         self.stored_bytes = 0                       # the table's bytes as read from the checkpoint
 
@@ -154,6 +200,8 @@ class Embedding(nn.Module):
         if tuple(weight.shape) != (self.vocab_size, self.dim):
             raise ShapeError(f"model.embed_tokens.weight: shape {list(weight.shape)} != "
                              f"{[self.vocab_size, self.dim]}")
+        if self.cut is not None:
+            weight = self.cut.weight(weight, "model.embed_tokens.weight")
         self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         if isinstance(weight, QTensor) and not hasattr(weight, "take_rows"):
             weight = weight.dequantize(dtype)   # kinds without row access: decode the table once
@@ -161,6 +209,13 @@ class Embedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.cut is None:
+            return self._lookup(ids)
+        inside = (ids >= self.cut.start) & (ids < self.cut.stop)
+        out = self._lookup(torch.where(inside, ids - self.cut.start, 0))
+        return self.reduce(out * inside.unsqueeze(-1).to(out.dtype))
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.table, QTensor):
             return self.table.take_rows(ids.reshape(-1)).dequantize(self.dtype).reshape(*ids.shape, self.dim)
         return F.embedding(ids, self.table)

@@ -174,9 +174,13 @@ def _source_format(config: ModelConfig, source: dict[str, Any], bits, group_size
         return parse_format(dense, bits, group_size, config, {})
     if family == "synthetic":
         fmt = source["format"]
-        if fmt in ("fp16", "bf16"):
+        if fmt in ("fp16", "bf16", "nf4"):
             return parse_format(fmt, None, None, config, {})
-        w = fmt[1:].split("g")
+        if fmt.startswith("fp8"):
+            return parse_format("fp8", None, None, config, {})
+        if fmt.startswith("gguf-"):
+            return parse_format(f"gguf:{fmt[5:]}", None, None, config, {})
+        w = fmt[1:].removesuffix("act").split("g")
         return parse_format("gptq", int(w[0]), int(w[1]) if len(w) > 1 else -1, config, {})
     qc = source.get("quant_config", {})
     if family == "awq":

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from quanta.engine.config import EngineConfig
 from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm
 from quanta.engine.models.llama import LlamaForCausalLM
+from quanta.engine.parallel import TensorParallel
 from quanta.engine.synthetic import is_synthetic, load_synthetic
 from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
@@ -47,13 +48,14 @@ def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, triton: bool = False,
                 force_kernel: str | None = None, quiet: bool = False,
-                lm_head_dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+                lm_head_dtype: torch.dtype | None = None, tp: TensorParallel | None = None) -> LlamaForCausalLM:
     """A ready-to-run model for `ckpt` on `device`, computing in `dtype` (the lm_head in `lm_head_dtype`,
     default `dtype`); logits come out in float32 either way. `triton`: the elementwise ops (norm, rotary,
-    SiLU-and-mul) run as Triton kernels; `quiet`: no progress bar."""
+    SiLU-and-mul) run as Triton kernels; `quiet`: no progress bar; `tp`: build this rank's shard (each
+    weight is read whole, cut at once by its module, and the rest dropped)."""
     cfg = ckpt.config
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, device, triton)
+        model = LlamaForCausalLM(cfg, device, triton, tp)
     ckpt.read_on(device)                                       # packed words are unpacked on the device
     tensors = ckpt.tensors                                     # lazy: read one module's tensors at a time
     names = set(tensors)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quanta.engine import tp_step
 from quanta.engine.forward_batch import ForwardBatch
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.engine.sampler import sample_batch
@@ -73,6 +74,7 @@ class ModelRunner:
         self.max_model_len, self.block_size = max_model_len, kv_cache.block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.generator = generator
+        self.tp = getattr(model, "tp", None)        # tensor parallelism: rank 0 sends each step, workers serve()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardBatch]] = {}
         self.pin = self.device.type == "cuda"
         if cuda_graphs:
@@ -141,18 +143,20 @@ class ModelRunner:
         bucket = self._graph_bucket(batch)
         if bucket:
             items, last = batch, list(range(len(batch)))
-            hidden = self._replay(batch, bucket, after)
         else:
             fb, input_ids, positions, items, last = self.prepare(batch, after=after)
-            hidden = self.model(input_ids, positions, fb)
         sampling = items if after else [it for it in items if it.samples]
+        rows = list(last) if after else [r for it, r in zip(items, last) if it.samples]
+        if bucket:
+            hidden = self._replay(batch, bucket, after, rows)
+        else:
+            if self.tp is not None:
+                tp_step.send_eager(self.tp, fb, input_ids, positions, rows)
+            hidden = self.model(input_ids, positions, fb)
         step = LaunchedStep(batch, [it.seq for it in sampling])
         if not sampling:
             return step
-        rows = list(last) if after else [r for it, r in zip(items, last) if it.samples]
-        if rows != list(range(hidden.shape[0])):
-            hidden = hidden[self._tensor(rows, torch.long)]
-        logits = self.model.compute_logits(hidden)
+        logits = self._logits(hidden, rows)
         seqs = step.seqs
         step.raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
         step.tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
@@ -166,11 +170,33 @@ class ModelRunner:
             step.host_tokens = step.tokens
         return step
 
+    def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Float32 logits of `rows` of the step's hidden states (every rank computes them together)."""
+        if rows != list(range(hidden.shape[0])):
+            hidden = hidden[self._tensor(rows, torch.long)]
+        return self.model.compute_logits(hidden)
+
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
         """Float32 next-token logits [T, V] at every position of `seq` (its blocks allocated, none computed)."""
         fb, input_ids, positions, _, _ = self.prepare([ScheduledSeq(seq, seq.num_tokens)])
+        if self.tp is not None:
+            tp_step.send_eager(self.tp, fb, input_ids, positions, list(range(seq.num_tokens)))
         return self.model.compute_logits(self.model(input_ids, positions, fb))
+
+    @torch.inference_mode()
+    def serve(self) -> None:
+        """A tensor-parallel worker's loop: run each step rank 0 sends, on this rank's shard and cache,
+        computing logits where rank 0 samples (their gather needs every rank); return at rank 0's stop."""
+        static = (self.static_i64, self.static_i32) if self.graphs else None
+        while (step := tp_step.receive(self.tp, self.kv_cache, self.sliding_window, self.device, static)) is not None:
+            if step.bucket:
+                self.graphs[step.bucket][0].replay()
+                hidden = self.static_out[:step.n]
+            else:
+                hidden = self.model(step.input_ids, step.positions, step.fb)
+            if step.rows:
+                self._logits(hidden, step.rows)
 
     @staticmethod
     def collect(step: LaunchedStep):
@@ -187,7 +213,8 @@ class ModelRunner:
             return None
         return min(b for b in self.graphs if b >= len(batch))
 
-    def _replay(self, batch: list[ScheduledSeq], bucket: int, after: LaunchedStep | None = None) -> torch.Tensor:
+    def _replay(self, batch: list[ScheduledSeq], bucket: int, after: LaunchedStep | None = None,
+                rows: list[int] | None = None) -> torch.Tensor:
         """A decode-only step through its CUDA graph. The step's integers are written straight into two
         pinned host buffers laid out as the graph's static inputs and moved with two copies, instead of a
         tensor per field and a device copy per static buffer (the host time of a small step)."""
@@ -213,6 +240,8 @@ class ModelRunner:
         self._inputs_copied.record()
         if after:
             self.static_ids[:n].copy_(self._pending_ids(batch, after))
+        if self.tp is not None:
+            tp_step.send_graph(self.tp, bucket, n, used, rows, self.static_i64, self.static_i32)
         self.graphs[bucket][0].replay()
         return self.static_out[:n]
 

@@ -4,7 +4,10 @@ for speed and memory work without downloads.
     LLM(model="synthetic:llama3-8b:w4g128")      # shape : weight format [: seed]
 
 Formats: fp16 | bf16 (dense), wNgG (affine N-bit, groups of G, symmetric, e.g. w4g128, w8g128),
-wN (per-channel). Embedding and lm_head stay fp16, as quantized checkpoints usually keep them.
+wN (per-channel), wNgGact (act-order: a random g_idx permutation, as GPTQ desc_act writes), nf4
+(bitsandbytes blocks of 64), fp8 (e4m3, per-channel scales), fp8bB (B x B block scales) and gguf-TYPE
+(ggml blocks of TYPE, e.g. gguf-q4_K, gguf-q8_0; random codes, sane scales) -- the kinds tensor
+parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them.
 Tensors are generated on first access, directly on the target device, so the full-precision model
 never exists. There is no tokenizer: prompts are token ids.
 """
@@ -19,7 +22,8 @@ import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.quant.errors import ConfigError
-from quanta.quant.kinds.affine import Affine
+from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
+from quanta.quant.kinds import NF4_TABLE, Affine, Codebook, Fp8, Gguf
 
 PREFIX = "synthetic:"
 SHAPES = {
@@ -29,9 +33,17 @@ SHAPES = {
     "llama3-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                        num_attention_heads=64, num_key_value_heads=8, rope_theta=500000.0,
                        max_position_embeddings=8192, rms_norm_eps=1e-5),
+    # big enough for tensor-parallel cuts of 4 on every kind (256-wide K-quant blocks at 2); 8 heads over
+    # 2 KV heads (replicated at 4 ranks); a vocabulary that 4 ranks pad
+    "tiny-tp": dict(vocab_size=510, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
 }
+# Byte offsets of the float16 scale fields in one block of each ggml type synthetic models make:
+# random bytes elsewhere are valid codes, random float16 scales could be inf / nan.
+GGUF_SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+                      "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,)}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -48,8 +60,10 @@ def parse(spec: str) -> tuple[str, str, int]:
     seed = int(parts[2]) if len(parts) > 2 else 0
     if shape not in SHAPES:
         raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join(SHAPES)})")
-    if fmt not in ("fp16", "bf16") and not re.fullmatch(r"w[2-8](g\d+)?", fmt):
-        raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w8, ...)")
+    if fmt not in ("fp16", "bf16", "nf4", "fp8") and not re.fullmatch(r"w[2-8](g\d+(act)?)?|fp8b\d+", fmt) \
+            and fmt.removeprefix("gguf-") not in GGUF_SCALE_OFFSETS:
+        raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w4g128act, w8, nf4, "
+                          f"fp8, fp8b128, gguf-TYPE with TYPE one of {', '.join(GGUF_SCALE_OFFSETS)})")
     return shape, fmt, seed
 
 
@@ -96,14 +110,53 @@ class SyntheticTensors(Mapping):
         std = shape[1] ** -0.5
         if role == "dense" or self.fmt in ("fp16", "bf16"):
             return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
-        match = re.fullmatch(r"w(\d)(?:g(\d+))?", self.fmt)
-        bits, group = int(match[1]), int(match[2] or shape[1])
-        n, k = shape
-        codes = torch.randint(0, 2 ** bits, shape, generator=gen, device=self.device, dtype=torch.uint8)
-        code_std = ((4 ** bits - 1) / 12) ** 0.5            # std of a uniform code
-        scales = (std / code_std) * (0.9 + 0.2 * torch.rand(n, -(-k // group), generator=gen, device=self.device))
-        return Affine(codes=codes, scales=scales.to(torch.float16), bits=bits, group_size=group,
-                      zeros=2 ** (bits - 1))
+        return quantized_weight(self.fmt, shape, std, gen, self.device)
+
+
+def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Generator, device: torch.device):
+    """A random weight [N, K] of about `std` in synthetic format `fmt` (not fp16 / bf16)."""
+    n, k = shape
+    if fmt.startswith("gguf-"):
+        return random_gguf(fmt[5:], shape, std, gen, device)
+    if fmt.startswith("fp8"):
+        data = (torch.randn(shape, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        if fmt == "fp8":
+            return Fp8(data=data, scale=torch.full((n,), std / 64, device=device))
+        b = int(fmt[4:])
+        blocks = (-(-n // b), -(-k // b))
+        scale = (std / 64) * (0.9 + 0.2 * torch.rand(blocks, generator=gen, device=device))
+        return Fp8(data=data, scale=scale, block_size=(b, b))
+    if fmt == "nf4":
+        codes = torch.randint(0, 16, shape, generator=gen, device=device, dtype=torch.uint8)
+        absmax = 2 * std * (0.9 + 0.2 * torch.rand(-(-n * k // 64), generator=gen, device=device))
+        return Codebook(codes=codes, table=torch.tensor(NF4_TABLE, device=device), blocksize=64, absmax=absmax)
+    match = re.fullmatch(r"w(\d)(?:g(\d+)(act)?)?", fmt)
+    bits, group = int(match[1]), int(match[2] or k)
+    codes = torch.randint(0, 2 ** bits, shape, generator=gen, device=device, dtype=torch.uint8)
+    code_std = ((4 ** bits - 1) / 12) ** 0.5            # std of a uniform code
+    scales = (std / code_std) * (0.9 + 0.2 * torch.rand(n, -(-k // group), generator=gen, device=device))
+    g_idx = None
+    if match[3]:
+        order = torch.randperm(k, generator=gen, device=device)
+        g_idx = torch.empty(k, dtype=torch.int32, device=device)
+        g_idx[order] = (torch.arange(k, device=device) // group).to(torch.int32)
+    return Affine(codes=codes, scales=scales.to(torch.float16), bits=bits, group_size=group,
+                  zeros=2 ** (bits - 1), g_idx=g_idx)
+
+
+def random_gguf(type_name: str, shape: tuple[int, int], std: float, gen: torch.Generator,
+                device: torch.device) -> Gguf:
+    """Random ggml blocks of `type_name` for a weight [N, K], their float16 scales set to keep values
+    near `std` (the codes' own spread is the type's)."""
+    t = GGML_TYPES_BY_NAME[type_name]
+    n, k = shape
+    blocks = torch.randint(0, 256, (n * k // t.block_size, t.type_size), generator=gen, device=device,
+                           dtype=torch.uint8)
+    step = std / (8 if t.block_size == 32 else 16)
+    for at in GGUF_SCALE_OFFSETS[type_name]:
+        scale = (step * (0.5 + torch.rand(blocks.shape[0], generator=gen, device=device))).to(torch.float16)
+        blocks[:, at:at + 2] = scale.view(torch.uint8).view(-1, 2)
+    return Gguf(data=blocks.view(n, -1), ggml_type=t.id, shape=shape)
 
 
 def load_synthetic(spec: str, device: torch.device | str) -> Checkpoint:

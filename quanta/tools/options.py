@@ -59,6 +59,8 @@ ENGINE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--num-kv-blocks", "num_kv_blocks", dict(type=int, help="fix the number of KV-cache blocks")),
     ("--max-num-seqs", "max_num_seqs", dict(type=int, help="most sequences in one step")),
     ("--max-num-batched-tokens", "max_num_batched_tokens", dict(type=int, help="token budget of one step")),
+    ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="ranks (one process and GPU each) "
+                                                                           "to split the model over")),
 ]
 
 

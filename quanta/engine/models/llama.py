@@ -8,6 +8,13 @@ SiLU-and-mul run as Triton kernels (the engine decides it once, with the KV cach
 forward() takes a flat list of a step's tokens and an attention context that owns the KV cache
 (engine/forward_batch.py). q/k/v and gate/up run as one GEMM each (MergedQuantLinear); the residual
 stream is carried beside the hidden state so that each RMSNorm adds it in the same pass (vLLM's layout).
+
+Tensor parallelism (`tp`, engine/parallel.py), as Megatron / vLLM split a llama: q/k/v and gate/up are
+column-parallel (each part cut by rows: this rank's query heads, its KV heads -- one replicated head when
+there are fewer KV heads than ranks -- and its share of the intermediate rows); o_proj and down_proj are
+row-parallel (cut by input columns, outputs summed over the ranks); the embedding and lm_head are
+vocab-parallel (rows in pieces of cdiv(vocab, world); the logits pieces gathered). Norms and rotary are
+replicated. Every cut happens as the weight is read (layers.Cut), before its kernel repacks it.
 """
 from __future__ import annotations
 
@@ -16,21 +23,44 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.layers import Cut, Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
+from quanta.engine.parallel import TensorParallel, kv_head_range, vocab_range
 from quanta.loaders.checkpoint import ModelConfig
 
 
+def _rows(full: int, start: int, stop: int) -> Cut:
+    return Cut(0, start, stop, full)
+
+
+def _split(full: int, tp: TensorParallel | None, dim: int) -> Cut | None:
+    """An equal piece per rank along `dim` (None without tensor parallelism)."""
+    if tp is None:
+        return None
+    per = full // tp.world
+    return Cut(dim, tp.rank * per, (tp.rank + 1) * per, full, keep_bias=tp.rank == 0)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, triton: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
         self.layer, self.head_dim = layer, cfg.head_dim
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.scale = cfg.head_dim ** -0.5
+        d = cfg.head_dim
+        world, rank = (tp.world, tp.rank) if tp else (1, 0)
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.num_heads = heads // world
+        kv0, kv1 = kv_head_range(kv_heads, rank, world)
+        self.num_kv_heads = kv1 - kv0
+        self.scale = d ** -0.5
         bias = cfg.attention_bias
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        cuts = None
+        if tp is not None:
+            q0 = rank * self.q_size
+            cuts = [_rows(heads * d, q0, q0 + self.q_size)] + [_rows(kv_heads * d, kv0 * d, kv1 * d)] * 2
         self.qkv_proj = MergedQuantLinear(cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size,
-                                                            "v_proj": self.kv_size}, bias, triton)
-        self.o_proj = QuantLinear(self.num_heads * self.head_dim, cfg.hidden_size, False)
+                                                            "v_proj": self.kv_size}, bias, triton, cuts)
+        self.o_proj = QuantLinear(self.q_size, cfg.hidden_size, False, cut=_split(heads * d, tp, 1),
+                                  reduce=tp.all_reduce if tp else None)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
 
@@ -47,21 +77,25 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, triton: bool):
+    def __init__(self, cfg: ModelConfig, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
-        size = cfg.intermediate_size
-        self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size}, triton=triton)
-        self.down_proj = QuantLinear(size, cfg.hidden_size)
+        full = cfg.intermediate_size
+        size = full // (tp.world if tp else 1)
+        rows = _split(full, tp, 0)
+        self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size}, triton=triton,
+                                              cuts=None if rows is None else [rows, rows])
+        self.down_proj = QuantLinear(size, cfg.hidden_size, cut=_split(full, tp, 1),
+                                     reduce=tp.all_reduce if tp else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.forward_glu(x))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, triton: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer, triton)
-        self.mlp = LlamaMLP(cfg, triton)
+        self.self_attn = LlamaAttention(cfg, layer, triton, tp)
+        self.mlp = LlamaMLP(cfg, triton, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
 
@@ -79,23 +113,30 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, device: torch.device, triton: bool):
+    def __init__(self, cfg: ModelConfig, device: torch.device, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, triton) for i in range(cfg.num_hidden_layers))
+        vocab = None if tp is None else _rows(cfg.vocab_size, *vocab_range(cfg.vocab_size, tp.rank, tp.world))
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, vocab, tp.all_reduce if tp else None)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, triton, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device, triton)
 
 
 class LlamaForCausalLM(nn.Module):
     """Decoder + lm_head. Tied embeddings share the embedding's (possibly quantized) table. `device`: where
-    the model will run; `triton`: whether its elementwise ops run as Triton kernels."""
+    the model will run; `triton`: whether its elementwise ops run as Triton kernels; `tp`: this rank's
+    tensor-parallel group (None: the whole model)."""
 
-    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu", triton: bool = False):
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu", triton: bool = False,
+                 tp: TensorParallel | None = None):
         super().__init__()
-        self.config = cfg
-        self.model = LlamaModel(cfg, torch.device(device), triton)
-        self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
+        self.config, self.tp = cfg, tp
+        self.model = LlamaModel(cfg, torch.device(device), triton, tp)
+        if tp is None:
+            self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
+        else:
+            start, stop = vocab_range(cfg.vocab_size, tp.rank, tp.world)
+            self.lm_head = QuantLinear(cfg.hidden_size, stop - start, cut=_rows(cfg.vocab_size, start, stop))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (after the last norm)."""
@@ -107,4 +148,5 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype)."""
-        return self.lm_head(hidden.to(self.lm_head.dtype)).float()
+        logits = self.lm_head(hidden.to(self.lm_head.dtype)).float()
+        return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -185,6 +185,10 @@ def why_not(weight) -> str | None:
         return f"{weight.describe() if isinstance(weight, QTensor) else 'a plain tensor'}: no exact affine form"
     if scheme.num_groups > 1 and scheme.group_size % R:
         return f"group size {scheme.group_size} is not a multiple of {R}"
+    if scheme.act_order:                  # a tensor-parallel piece of an act-order weight has uneven groups
+        g_idx = weight.to_affine().g_idx.long()
+        if not torch.equal(g_idx.sort().values, torch.arange(len(g_idx), device=g_idx.device) // scheme.group_size):
+            return f"act-order groups are not {scheme.group_size} columns each"
     return None
 
 

@@ -1,0 +1,258 @@
+"""Tensor parallelism's process plumbing: one process per rank over torch.distributed (NCCL on GPUs,
+rank r on cuda:r; gloo on the CPU), started by quanta itself (LLM(..., tensor_parallel_size=N) spawns
+ranks 1..N-1) or by torchrun (WORLD_SIZE / RANK / LOCAL_RANK in the environment).
+
+Every rank builds the same EngineCore over its shard (engine/models/llama.py says what each layer
+holds). Rank 0 alone schedules and samples: for each step it broadcasts what to run (tp_step.py) and
+the workers loop on it (ModelRunner.serve) until rank 0 closes, which broadcasts a stop. Collectives:
+  all_reduce      after the row-parallel o_proj and down_proj, and the vocab-parallel embedding
+                  (in place on the layer's output, so a CUDA graph captures it with NCCL);
+  gather_vocab    the lm_head's vocabulary pieces into full logits rows;
+  agree           every rank's start-up status, so that a rank that fails to load makes all of them
+                  raise (rank 0 re-raises the worker's own error) instead of waiting forever;
+  min_int         the KV block count, the smallest any rank can hold.
+Under torchrun, ranks > 0 serve rank 0 inside the engine's constructor and exit when it closes.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+
+from quanta.engine.config import EngineConfig
+from quanta.quant.errors import ConfigError
+
+TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(eq=False)
+class TensorParallel:
+    """This process's rank in a group of `world`, with the group's collectives."""
+    rank: int
+    world: int
+    device: torch.device
+    torchrun: bool = False
+    cpu_group: object = None                      # gloo: the step headers and start-up agreement
+    procs: list = field(default_factory=list)     # ranks 1.. that this process spawned (rank 0 only)
+    errors: str | None = None                     # folder where workers leave their start-up errors
+    closed: bool = False
+    agreed: bool = False
+
+    @property
+    def is_worker(self) -> bool:
+        return self.rank != 0
+
+    # --- collectives in the model --------------------------------------------------------------
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place (capturable in a CUDA graph on NCCL)."""
+        dist.all_reduce(x)
+        return x
+
+    def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[R, piece] logits of this rank's vocabulary rows -> [R, vocab_size], every rank's piece in order
+        (each piece padded to cdiv(vocab, world) columns, the padding cut off again)."""
+        per = -(-vocab_size // self.world)
+        if local.shape[-1] < per:
+            local = torch.nn.functional.pad(local, (0, per - local.shape[-1]))
+        pieces = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(pieces, local.contiguous())
+        return torch.cat(pieces, dim=-1)[..., :vocab_size]
+
+    # --- start-up --------------------------------------------------------------------------------
+    def min_int(self, value: int) -> int:
+        """The smallest `value` over the ranks."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t)
+
+    def agree(self, error: BaseException | None) -> None:
+        """Every rank reports whether it started; if any failed, every rank raises. Rank 0 raises the
+        failing worker's own error (a QuantaError keeps its type), a worker a short RuntimeError."""
+        self.agreed = True
+        t = torch.tensor([0 if error is None else 1 + self.rank], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        failed = int(t) - 1
+        if failed < 0:
+            return
+        if error is not None:
+            raise error
+        path = os.path.join(self.errors or "", f"rank{failed}")
+        if self.rank == 0 and os.path.exists(path):
+            with open(path, "rb") as f:
+                raise pickle.load(f)
+        raise RuntimeError(f"tensor-parallel rank {failed} failed to start")
+
+    def fail(self, error: BaseException) -> None:
+        """This rank could not start: tell the others (a worker hands rank 0 its error), leave, raise."""
+        if self.is_worker and self.errors is not None:
+            with contextlib.suppress(Exception), open(os.path.join(self.errors, f"rank{self.rank}"), "wb") as f:
+                pickle.dump(error, f)
+        try:
+            self.agree(error)
+        finally:
+            self.close()
+
+    # --- shut-down -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the process group (rank 0 first waits for the ranks it spawned to exit). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if self.rank == 0 and self.errors is not None:
+            shutil.rmtree(self.errors, ignore_errors=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def check_world(cfg: EngineConfig) -> int:
+    """The tensor-parallel size: the config's, or torchrun's WORLD_SIZE (they must agree)."""
+    env = int(os.environ.get("WORLD_SIZE", "1"))
+    world = cfg.tensor_parallel_size
+    if env > 1 and world not in (1, env):
+        raise ConfigError(f"tensor_parallel_size={world} but torchrun started {env} processes")
+    world = max(world, env)
+    if torch.device(cfg.device).type == "cuda" and world > torch.cuda.device_count():
+        raise ConfigError(f"tensor_parallel_size={world} needs {world} GPUs, {torch.cuda.device_count()} "
+                          "are visible")
+    return world
+
+
+def rank_config(cfg: EngineConfig, rank: int, world: int) -> EngineConfig:
+    """The config rank `rank` runs: its own GPU (cuda:rank, torchrun's LOCAL_RANK) and no async
+    scheduling (a step's inputs are broadcast only once rank 0 knows its tokens)."""
+    device = cfg.device
+    if torch.device(device).type == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+    return replace(cfg, device=device, async_scheduling=False, tensor_parallel_size=world)
+
+
+def start(cfg: EngineConfig) -> TensorParallel | None:
+    """Join (torchrun) or create (spawning ranks 1..N-1) the process group for `cfg`; None at size 1.
+    Called by rank 0's EngineCore (every rank's, under torchrun) after the configuration is checked."""
+    world = check_world(cfg)
+    if world == 1:
+        return None
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        rank = int(os.environ["RANK"])
+        return _join(cfg, rank, world, "env://", torchrun=True)
+    with socket.socket() as s:                    # a free port for the group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init = f"tcp://127.0.0.1:{port}"
+    errors = tempfile.mkdtemp(prefix="quanta-tp-")
+    # Plain interpreters, not multiprocessing's spawn: that would re-run the user's main module in each.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = []
+    for r in range(1, world):
+        p = subprocess.Popen([sys.executable, "-c", "from quanta.engine.parallel import worker_entry; worker_entry()"],
+                             stdin=subprocess.PIPE, env=env)
+        p.stdin.write(pickle.dumps((cfg, r, world, init, errors)))
+        p.stdin.close()
+        procs.append(p)
+    tp = _join(cfg, 0, world, init)
+    tp.procs, tp.errors = procs, errors
+    return tp
+
+
+def _join(cfg: EngineConfig, rank: int, world: int, init: str, torchrun: bool = False) -> TensorParallel:
+    device = torch.device(rank_config(cfg, rank, world).device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=TIMEOUT, **({"device_id": device} if cuda else {}))
+    cpu_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
+    return TensorParallel(rank, world, device, torchrun, cpu_group)
+
+
+def worker_entry() -> None:
+    """A spawned rank's process: its arguments come pickled on stdin (see start)."""
+    worker_main(*pickle.loads(sys.stdin.buffer.read()))
+
+
+def worker_main(cfg: EngineConfig, rank: int, world: int, init: str, errors: str) -> None:
+    """A spawned rank: join the group, build the core over this rank's shard, serve rank 0 until it closes.
+    A start-up error is left pickled in the folder `errors` for rank 0 to raise."""
+    from quanta.engine.core import EngineCore
+    if torch.device(cfg.device).type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    tp = _join(cfg, rank, world, init)
+    tp.errors = errors
+    try:
+        core = EngineCore(rank_config(cfg, rank, world), tp=tp)
+    except BaseException as e:                    # noqa: BLE001 -- handed to rank 0, which raises it
+        if not tp.agreed:
+            with contextlib.suppress(BaseException):
+                tp.fail(e)
+        tp.close()
+        return
+    core.serve()
+
+
+def kv_head_range(num_kv_heads: int, rank: int, world: int) -> tuple[int, int]:
+    """[start, stop) of the KV heads rank `rank` holds: an equal share, or one replicated head when
+    there are fewer heads than ranks (ranks r * world / heads ... share head r)."""
+    if num_kv_heads >= world:
+        per = num_kv_heads // world
+        return rank * per, (rank + 1) * per
+    head = rank // (world // num_kv_heads)
+    return head, head + 1
+
+
+def vocab_range(vocab_size: int, rank: int, world: int) -> tuple[int, int]:
+    """[start, stop) of the vocabulary rows rank `rank` holds: pieces of cdiv(vocab, world) rows."""
+    per = -(-vocab_size // world)
+    return min(vocab_size, rank * per), min(vocab_size, (rank + 1) * per)
+
+
+def shard_problem(num_heads: int, num_kv_heads: int, intermediate: int, vocab: int, world: int) -> str | None:
+    """Why a model of these sizes cannot be split over `world` ranks, or None."""
+    if num_heads % world:
+        return f"{num_heads} attention heads do not split over {world} ranks"
+    if num_kv_heads % world and world % num_kv_heads:
+        return f"{num_kv_heads} KV heads neither split over {world} ranks nor replicate evenly"
+    if intermediate % world:
+        return f"intermediate size {intermediate} does not split over {world} ranks"
+    if vocab_range(vocab, world - 1, world)[0] >= vocab:
+        return f"a vocabulary of {vocab} leaves rank {world - 1} no rows"
+    return None
+
+
+def check_shardable(config, source: dict, world: int, name: str) -> None:
+    """ConfigError, before anything is loaded, when the model cannot be split over `world` ranks: its
+    heads, KV heads, intermediate size or vocabulary, or (where memory_plan models the checkpoint's
+    format) a quantization group or block that o_proj's or down_proj's cut would split. It names the
+    sizes that would work. A cut the format check cannot foresee is refused at load (shard.ShardError)."""
+    from quanta.engine.memory_plan import TP_SIZES, parse_format
+    from quanta.engine.weight_bytes import tp_problem
+    from quanta.quant.errors import QuantaError
+
+    try:
+        fmt = parse_format("auto", None, None, config, source)
+    except QuantaError:
+        fmt = None
+
+    def problem(tp: int) -> str | None:
+        found = shard_problem(config.num_attention_heads, config.num_key_value_heads, config.intermediate_size,
+                              config.vocab_size, tp)
+        return found if found is not None or fmt is None else tp_problem(config, fmt, tp)
+    why = problem(world)
+    if why is not None:
+        works = [t for t in TP_SIZES if problem(t) is None]
+        raise ConfigError(f"{name} cannot run at tensor_parallel_size={world}: {why}; sizes that would: "
+                          f"{', '.join(map(str, works)) or 'none'}")

@@ -1,0 +1,140 @@
+"""Tensor-parallel cuts of a weight, for every canonical kind, returning the same kind.
+
+    shard_rows(w, rank, world)   rows (output features) of piece `rank` of `world` equal pieces:
+                                 column-parallel layers (q/k/v, gate/up, a vocab-parallel lm_head)
+    shard_cols(w, rank, world)   columns (input features): row-parallel layers (o_proj, down_proj)
+    take_rows(w, start, stop) / take_cols(w, start, stop)     the same for any range
+
+A cut never requantizes: it keeps whole scale groups and blocks, so the piece dequantizes exactly to
+the same slice of the full weight. Where a cut would split a group or block (an affine group along K,
+a bitsandbytes block of the row-major flattened weight, an fp8 scale block, a ggml block along K) it
+raises ShardError naming the weight, the cut and the unit it would split. `w` may also be a plain
+tensor (dense weights; biases and norms as 1-D tensors cut along their only dimension).
+
+Act-order affine weights (g_idx) cut along K keep, for their columns, only the groups those columns
+use, renumbered in order: the piece is exact, though its groups are no longer `group_size` columns each.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from quanta.quant.errors import ConfigError
+from quanta.quant.kinds import Affine, Codebook, Fp8, Gguf
+
+
+class ShardError(ConfigError):
+    """A weight cannot be cut where tensor parallelism needs it (a group or block would straddle ranks)."""
+
+
+def split_range(size: int, rank: int, world: int, what: str = "dimension") -> tuple[int, int]:
+    """[start, stop) of piece `rank` when `size` is cut into `world` equal pieces; ShardError otherwise."""
+    if size % world:
+        raise ShardError(f"{what} of {size} does not split into {world} equal pieces")
+    step = size // world
+    return rank * step, (rank + 1) * step
+
+
+def shard_rows(w, rank: int, world: int, name: str = "weight"):
+    """Rows of piece `rank` of `world` (see the module docstring)."""
+    start, stop = split_range(w.shape[0], rank, world, f"{name}: {w.shape[0]} rows")
+    return take_rows(w, start, stop, name)
+
+
+def shard_cols(w, rank: int, world: int, name: str = "weight"):
+    """Columns of piece `rank` of `world` (see the module docstring)."""
+    start, stop = split_range(w.shape[1], rank, world, f"{name}: {w.shape[1]} columns")
+    return take_cols(w, start, stop, name)
+
+
+def _check(name: str, what: str, start: int, stop: int, full: int, unit: int) -> None:
+    """ShardError unless [start, stop) begins on a unit boundary and ends on one (or at `full`)."""
+    if start % unit or (stop % unit and stop != full):
+        raise ShardError(f"{name}: cutting {what} [{start}, {stop}) of {full} would split its {unit}-wide "
+                         f"scale groups / blocks; a size that divides into whole groups would work")
+
+
+def take_rows(w, start: int, stop: int, name: str = "weight"):
+    """Rows [start, stop) of `w` (a tensor or any QTensor kind), as the same kind."""
+    if isinstance(w, torch.Tensor):
+        return w[start:stop]
+    n, k = w.shape
+    if isinstance(w, Affine):
+        rows = {f: getattr(w, f)[start:stop] for f in ("codes", "scales", "mins", "zeros")
+                if isinstance(getattr(w, f), torch.Tensor)}
+        return dataclasses.replace(w, **rows, shape=(stop - start, k))
+    if isinstance(w, Codebook):
+        # blocks run over the flattened weight: the rows must begin and end on a block boundary
+        _check(name, "rows (flattened)", start * k, stop * k, n * k, w.blocksize)
+        b0, b1 = start * k // w.blocksize, -(-stop * k // w.blocksize)
+        absmax = w.block_absmax()[b0:b1] if w.double_quant else w.absmax[b0:b1]
+        # double quantization is undone (its nested blocks need not align with the cut); values equal
+        return dataclasses.replace(w, codes=w.codes[start:stop], absmax=absmax, nested_table=None,
+                                   nested_absmax=None, nested_offset=0.0, shape=(stop - start, k))
+    if isinstance(w, Fp8):
+        if w.block_size is not None:
+            bn = w.block_size[0]
+            _check(name, "rows", start, stop, n, bn)
+            scale = w.scale[start // bn: -(-stop // bn)]
+        else:
+            scale = w.scale if w.scale.numel() == 1 else w.scale.reshape(-1)[start:stop].reshape(
+                (stop - start,) + tuple(w.scale.shape[1:]))
+        return dataclasses.replace(w, data=w.data[start:stop], scale=scale, shape=(stop - start, k))
+    if isinstance(w, Gguf):
+        return w.take_rows(slice(start, stop))
+    raise ShardError(f"{name}: {type(w).__name__} weights cannot be cut for tensor parallelism")
+
+
+def take_cols(w, start: int, stop: int, name: str = "weight"):
+    """Columns [start, stop) of `w` (a 2-D tensor or any QTensor kind), as the same kind."""
+    if isinstance(w, torch.Tensor):
+        return w[:, start:stop]
+    n, k = w.shape
+    if isinstance(w, Affine):
+        return _affine_cols(w, start, stop, name)
+    if isinstance(w, Codebook):
+        if k % w.blocksize:
+            raise ShardError(f"{name}: its {w.blocksize}-blocks run across rows of {k} columns, so no "
+                             "column cut keeps them whole")
+        _check(name, "columns", start, stop, k, w.blocksize)
+        per_row = k // w.blocksize
+        absmax = w.block_absmax().view(n, per_row)[:, start // w.blocksize: stop // w.blocksize]
+        return dataclasses.replace(w, codes=w.codes[:, start:stop], absmax=absmax.reshape(-1),
+                                   nested_table=None, nested_absmax=None, nested_offset=0.0,
+                                   shape=(n, stop - start))
+    if isinstance(w, Fp8):
+        scale = w.scale
+        if w.block_size is not None:
+            bk = w.block_size[1]
+            _check(name, "columns", start, stop, k, bk)
+            scale = w.scale[:, start // bk: -(-stop // bk)]
+        return dataclasses.replace(w, data=w.data[:, start:stop], scale=scale, shape=(n, stop - start))
+    if isinstance(w, Gguf):
+        t = w.type
+        _check(name, f"columns ({t.name} blocks)", start, stop, k, t.block_size)
+        b0, b1 = start // t.block_size * t.type_size, stop // t.block_size * t.type_size
+        return Gguf(data=w.data[:, b0:b1], ggml_type=w.ggml_type, shape=(n, stop - start))
+    raise ShardError(f"{name}: {type(w).__name__} weights cannot be cut for tensor parallelism")
+
+
+def _affine_cols(w: Affine, start: int, stop: int, name: str) -> Affine:
+    k = w.shape[1]
+    per_group = ("scales", "mins") + (("zeros",) if isinstance(w.zeros, torch.Tensor) else ())
+    if w.g_idx is None and w.num_groups == 1:          # per channel: one scale serves any columns
+        return dataclasses.replace(w, codes=w.codes[:, start:stop], shape=(w.shape[0], stop - start))
+    if w.g_idx is None:
+        _check(name, "columns", start, stop, k, w.group_size)
+        g0, g1 = start // w.group_size, -(-stop // w.group_size)
+        groups = {f: getattr(w, f)[:, g0:g1] for f in per_group if getattr(w, f) is not None}
+        return dataclasses.replace(w, codes=w.codes[:, start:stop], **groups, shape=(w.shape[0], stop - start))
+    used, g_idx = torch.unique(w.g_idx[start:stop].long(), sorted=True, return_inverse=True)
+    groups = {f: getattr(w, f)[:, used] for f in per_group if getattr(w, f) is not None}
+    return dataclasses.replace(w, codes=w.codes[:, start:stop], **groups, g_idx=g_idx.to(w.g_idx.dtype),
+                               shape=(w.shape[0], stop - start))
+
+
+def cut(w, dim: int, start: int, stop: int, name: str = "weight"):
+    """take_rows (dim 0) or take_cols (dim 1) of `w`."""
+    return take_rows(w, start, stop, name) if dim == 0 else take_cols(w, start, stop, name)
+

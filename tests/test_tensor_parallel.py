@@ -1,0 +1,92 @@
+"""Tensor parallelism on the CPU: real gloo process groups (ranks 1.. spawned by the engine), each rank
+holding its shard. The oracle is the same engine at TP = 1: greedy tokens equal, logits within float32
+reordering of the all-reduce (the dequantized kernel computes in float32). Models: synthetic ones in
+every canonical kind (affine with and without act-order, NF4, FP8 block scales, GGUF K-quant and legacy
+blocks) and checkpoints written by AutoAWQ and GPTQModel (tests/fixtures). Unshardable configurations
+are refused with ConfigError before any rank loads, or, where only the load can tell, by every rank."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quanta.engine import LLM, SamplingParams
+from quanta.quant.errors import ConfigError
+from quanta.quant.shard import ShardError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+BASE = dict(dtype="float32", device="cpu", kernel="dequantized", max_model_len=128, num_kv_blocks=24, quiet=True)
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (7, 3, 12)]
+
+
+def run(model: str, **kw):
+    """(greedy tokens of every prompt, logits of the first prompt, heads on rank 0) of one engine."""
+    with LLM(model, **BASE, **kw) as llm:
+        ps = prompts(llm.model.config.vocab_size)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], GREEDY, use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outs], llm.prompt_logits(ps[0]),
+                llm.model.model.layers[0].self_attn.num_heads)
+
+
+def assert_same_as_tp1(model: str, tp: int) -> None:
+    tokens, logits, heads = run(model)
+    tokens_tp, logits_tp, heads_tp = run(model, tensor_parallel_size=tp)
+    assert heads_tp * tp == heads                             # rank 0 holds its share of the heads only
+    torch.testing.assert_close(logits_tp, logits, atol=1e-4, rtol=1e-4)
+    assert tokens_tp == tokens
+
+
+def test_a_cut_found_at_load_stops_every_rank():
+    # fp8 block scales are not in the plan's format model: rows of 256 a rank cut the 512-row blocks of q_proj,
+    # which each rank finds as it loads; rank 0 raises, the spawned rank exits, and the group is gone (so a new
+    # one can start, as the next tests do)
+    with pytest.raises(ShardError, match="512-wide"):
+        LLM("synthetic:tiny-tp:fp8b512", **BASE, tensor_parallel_size=2)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("model", [
+    "synthetic:tiny-tp:nf4", "synthetic:tiny-tp:fp8b64", "synthetic:tiny-tp:gguf-q4_K",
+    str(FIXTURES / "awq/gemm_g32"), str(FIXTURES / "gptq/b4_g32_asym_descact"),
+], ids=lambda m: m.rsplit("/", 2)[-1] if "/" in m else m.split(":")[-1])
+def test_tp2_equals_tp1(model):
+    assert_same_as_tp1(model, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["w4g64act", "fp8", "gguf-q8_0"])
+def test_tp4_equals_tp1(fmt):
+    # 8 heads over 2 KV heads: at 4 ranks each KV head is replicated on two of them; 510 tokens padded to 512
+    assert_same_as_tp1(f"synthetic:tiny-tp:{fmt}", 4)
+
+
+@pytest.mark.parametrize("model, tp, match", [
+    ("synthetic:tiny-tp:w4g64", 3, r"8 attention heads do not split over 3 ranks; sizes that would: 1, 2, 4, 8"),
+    ("synthetic:tiny-tp:gguf-q4_K", 4, r"o_proj's 128 input columns per rank cut its q4_K blocks of 256; "
+                                       r"sizes that would: 1, 2$"),
+    (str(FIXTURES / "bnb/nf4"), 2, r"o_proj's 32 input columns per rank cut its groups of 64; sizes that would: 1$"),
+])
+def test_unshardable_configurations_are_refused_before_loading(model, tp, match):
+    with pytest.raises(ConfigError, match=match):
+        LLM(model, **BASE, tensor_parallel_size=tp)
+
+
+def test_start_up_plan_is_per_rank():
+    # Llama-3-70B in 4-bit (~35 GiB of weights) cannot fit one 40 GiB card but fits two at TP = 2, each holding half
+    from quanta.engine.config import EngineConfig
+    from quanta.engine.fit_check import check_fits
+    from quanta.engine.synthetic import load_synthetic
+    model = "synthetic:llama3-70b:w4g128"
+    mc = load_synthetic(model, "cpu").config
+    source = {"family": "synthetic", "format": "w4g128"}
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_fits(EngineConfig(model, device="cpu", max_model_len=4096), mc, source, 40 * 2**30)
+    p = check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=2), mc, source,
+                   40 * 2**30)
+    assert p.fits and p.tensor_parallel_size == 2 and 15 * 2**30 < p.weights.total < 20 * 2**30
