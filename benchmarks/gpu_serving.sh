@@ -12,7 +12,7 @@ timeout ${OFFLINE_TIMEOUT:-150} python3 benchmarks/throughput.py --model "$MODEL
 echo "== server"
 python3 -m quanta.tools.cli -q serve "$MODEL" --port 8000 > "$OUT/server.log" 2>&1 &
 server=$!
-for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
+for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 curl -sf http://127.0.0.1:8000/health >/dev/null || { echo "server did not start"; tail -n 20 "$OUT/server.log"; exit 1; }
 for spec in ${RATES:-8:160 16:320 32:640 48:960 inf:1000}; do
   rate=${spec%%:*} n=${spec##*:}

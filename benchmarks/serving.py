@@ -40,7 +40,8 @@ def lengths(args, rng: random.Random) -> list[tuple[int, int]]:
 async def one(http: httpx.AsyncClient, args, prompt: list[int], max_tokens: int) -> dict:
     """Stream one completion; its TTFT, chunk gaps, latency and output tokens."""
     body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}       # chunks carry their tokens, so a model without a tokenizer streams too
     start = time.perf_counter()
     stamps, tokens = [], 0
     async with http.stream("POST", args.base_url + "/v1/completions", json=body) as r:
@@ -52,7 +53,7 @@ async def one(http: httpx.AsyncClient, args, prompt: list[int], max_tokens: int)
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if any(c.get("text") for c in chunk.get("choices", [])):
+            if any(c.get("text") or c.get("token_ids") for c in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
     end = time.perf_counter()
     if not stamps:

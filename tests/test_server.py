@@ -290,6 +290,23 @@ def test_other_errors(server, client):
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).choices[0].text  # still serving
 
 
+def test_return_token_ids_streams_every_token(server, oracle):
+    """vLLM's return_token_ids: the streamed chunks carry the generated ids, which join to the offline greedy
+    ids (a model without a tokenizer streams this way); the whole response carries them as well."""
+    expected = _greedy(oracle, PROMPTS[5:6], 8)[0].token_ids
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": NAME, "prompt": PROMPTS[5], "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    whole = httpx.post(server + "/v1/completions", json=body, headers=headers, timeout=60).json()
+    assert whole["choices"][0]["token_ids"] == expected
+    ids = []
+    with httpx.stream("POST", server + "/v1/completions", json=body | {"stream": True}, headers=headers,
+                      timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                ids += [t for c in json.loads(line[6:])["choices"] for t in c.get("token_ids", [])]
+    assert ids == expected
+
+
 def test_plain_http_client(server, oracle):
     """A LangChain-style client: the OpenAI schema over plain HTTP, no SDK."""
     expected = _greedy(oracle, PROMPTS[6:7], 8)[0].text

@@ -69,6 +69,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    return_token_ids: bool = False       # vLLM's extension: each choice also carries its new token ids
 
     def sampling_params(self) -> SamplingParams:
         """SamplingParams of the request; ConfigError when a value is out of range or unsupported."""

@@ -74,11 +74,12 @@ def usage(outputs: list[RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def completion_choice(index: int, sample: CompletionOutput, k: int | None) -> dict:
-    """One choice of a (non-streamed) completion."""
-    return {"index": index, "text": sample.text, "finish_reason": sample.finish_reason,
-            "stop_reason": sample.stop_reason,
-            "logprobs": completion_logprobs(sample, 0, k or 0, 0) if k is not None else None}
+def completion_choice(index: int, sample: CompletionOutput, k: int | None, token_ids: bool = False) -> dict:
+    """One choice of a (non-streamed) completion; with `token_ids`, its generated token ids too."""
+    choice = {"index": index, "text": sample.text, "finish_reason": sample.finish_reason,
+              "stop_reason": sample.stop_reason,
+              "logprobs": completion_logprobs(sample, 0, k or 0, 0) if k is not None else None}
+    return choice | ({"token_ids": list(sample.token_ids)} if token_ids else {})
 
 
 def chat_choice(index: int, sample: CompletionOutput, k: int | None) -> dict:
@@ -89,17 +90,20 @@ def chat_choice(index: int, sample: CompletionOutput, k: int | None) -> dict:
 
 
 def completion_delta(index: int, sample: CompletionOutput, cursor: ChoiceCursor, stops: list[str],
-                     k: int | None) -> dict | None:
-    """The next streamed completion choice for a sample, or None when it has nothing new."""
+                     k: int | None, token_ids: bool = False) -> dict | None:
+    """The next streamed completion choice for a sample, or None when it has nothing new. With `token_ids`
+    every new token is news (and its ids are sent), even where it adds no text yet."""
     text = stable_text(sample, stops)
     new_text = text[cursor.chars:]
+    new_ids = list(sample.token_ids[cursor.tokens:])
     reason = sample.finish_reason
-    if not new_text and reason is None:
+    if not new_text and reason is None and not (token_ids and new_ids):
         return None
     logprobs = completion_logprobs(sample, cursor.tokens, k or 0, cursor.chars) if k is not None else None
     cursor.chars, cursor.tokens, cursor.done = len(text), len(sample.token_ids), reason is not None
-    return {"index": index, "text": new_text, "logprobs": logprobs, "finish_reason": reason,
-            "stop_reason": sample.stop_reason}
+    choice = {"index": index, "text": new_text, "logprobs": logprobs, "finish_reason": reason,
+              "stop_reason": sample.stop_reason}
+    return choice | ({"token_ids": new_ids} if token_ids else {})
 
 
 def chat_delta(index: int, sample: CompletionOutput, cursor: ChoiceCursor, stops: list[str],

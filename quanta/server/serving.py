@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -93,7 +94,8 @@ class Serving:
         params = _checked(req.sampling_params)
         prompts = [self._ids(p) for p in _checked(req.prompts)]
         return await self._respond(req, raw, prompts, params, "cmpl", "text_completion",
-                                   R.completion_choice, R.completion_delta, req.logprobs)
+                                   partial(R.completion_choice, token_ids=req.return_token_ids),
+                                   partial(R.completion_delta, token_ids=req.return_token_ids), req.logprobs)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request):
         """/v1/chat/completions."""
