@@ -33,7 +33,7 @@ def tiny(tmp_path_factory):
                 norm.weight[[3, 17, 40]] *= 8
     model.save_pretrained(path)
     ckpt = load(path)
-    calib = load_calibration(ckpt.tokenizer, n_samples=8, seqlen=64, max_chars=30_000)
+    calib = load_calibration(ckpt.tokenizer, n_samples=4, seqlen=64, max_chars=20_000)
     text = DEFAULT_TEXT.read_text()[200_000:203_000]
     held_out = torch.tensor(ckpt.tokenizer(text)["input_ids"][:96]).unsqueeze(0)
     with torch.no_grad():
@@ -61,17 +61,29 @@ def _errors(model, out, held_out, ref):
     return hidden, float((got.logits - ref.logits).norm() / ref.logits.norm())
 
 
-def test_layer_runner_matches_transformers_layers(tiny):
-    path, model, calib, held_out, ref = tiny
+@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+def test_layer_runner_matches_transformers(arch, tmp_path):
+    """Our layer-at-a-time run (qk-norm, sliding window) equals transformers' whole-model hidden states."""
+    path, model = build_tiny_hf(arch, tmp_path / arch)
     ckpt = load(path)
     runner = LayerRunner(ckpt.config)
-    x = model.model.embed_tokens(held_out)
-    for i in range(ckpt.config.num_hidden_layers):
-        prefix = f"model.layers.{i}."
-        layer = runner.build(i, {n[len(prefix):]: ckpt.tensors[n].float() for n in ckpt.tensors if n.startswith(prefix)})
-        x = runner.forward(layer, x)
-        torch.testing.assert_close(x, ref.hidden_states[i + 1] if i + 1 < len(ref.hidden_states) - 1 else x,
-                                   rtol=1e-4, atol=1e-5)
+    tokens = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(tokens, output_hidden_states=True).hidden_states
+        x = model.model.embed_tokens(tokens)
+        for i in range(ckpt.config.num_hidden_layers):
+            prefix = f"model.layers.{i}."
+            layer = runner.build(i, {n[len(prefix):]: ckpt.tensors[n].float()
+                                     for n in ckpt.tensors if n.startswith(prefix)})
+            x = runner.forward(layer, x)
+            if i + 1 < ckpt.config.num_hidden_layers:
+                torch.testing.assert_close(x, ref[i + 1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.model.norm(x), ref[-1], rtol=1e-4, atol=1e-5)
+    if arch != "qwen3":
+        return
+    run = quantize_checkpoint(ckpt, QuantSpec("gptq", group_size=32), load_calibration(
+        ckpt.tokenizer, n_samples=2, seqlen=32, max_chars=5_000), quiet=True)
+    assert sum(isinstance(t, Affine) for _, t in run) == 14
 
 
 def test_calibrated_methods_beat_rtn(tiny):
