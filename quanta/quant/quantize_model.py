@@ -1,0 +1,248 @@
+"""Quantize a whole checkpoint, layer by layer: the engine behind `quanta quantize`.
+
+    spec = QuantSpec("gptq", bits=4, group_size=128, act_order=True)
+    run = quantize_checkpoint(ckpt, spec, calibration=load_calibration(ckpt.tokenizer))
+    for name, tensor in run:            # canonical names in model order; torch.Tensor or QTensor
+        ...
+    run.report                          # [ReportRow(name, scheme, weight_error, output_error)]
+    run.kv_cache_scales                 # {"model.layers.{i}.self_attn.k_scale": float32 [], ...} (fp8 kv)
+
+Methods: "rtn" (Affine, AutoAWQ convention when asymmetric, GPTQ when symmetric), "awq", "gptq"
+(Affine), "fp8" (Fp8, dynamic activations unless fp8_activation="static"), "nf4" (Codebook, NF4 or FP4
+by quant_type). rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one
+decoder layer at a time (quant/calibration.py), quantize that layer's linears, and feed the quantized
+layer's output to the next. Embeddings, norms and lm_head stay in full precision (lm_head is
+quantized with the same scheme when `quantize_lm_head`, by RTN for AWQ). Every option and every
+linear's shape is checked before any work: ConfigError / UnsupportedError naming tensor and value.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from quanta.quant.calibration import CalibrationData, LayerRunner
+from quanta.quant.codebook_quant import BLOCKSIZES, TABLES, quantize_4bit
+from quanta.quant.errors import ConfigError
+from quanta.quant.fp8_quant import STRATEGIES, amax_scale, fp8_weight
+from quanta.quant.gptq import Hessian, gptq_quantize
+from quanta.quant.layer_quant import LINEARS, awq_layer, fp8_layer, gptq_layer
+from quanta.quant.qtensor import QTensor
+from quanta.quant.rtn import check_scheme, rtn_affine
+
+METHODS = ("rtn", "awq", "gptq", "fp8", "nf4")
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+@dataclass(slots=True)
+class QuantSpec:
+    """What to produce. `symmetric` None means the method's usual choice (GPTQ: True, RTN/AWQ: False)."""
+    method: str
+    bits: int = 4
+    group_size: int = 128
+    symmetric: bool | None = None
+    act_order: bool = False
+    static_groups: bool = False
+    damp: float = 0.01
+    awq_clip: bool = True
+    duo_scaling: bool = True
+    fp8_strategy: str = "channel"
+    fp8_activation: str = "dynamic"          # "dynamic" | "static"
+    kv_cache_scales: bool = False            # fp8: calibrate per-layer k_scale / v_scale
+    quant_type: str = "nf4"                  # nf4 method: "nf4" | "fp4"
+    blocksize: int = 64
+    double_quant: bool = False
+    quantize_lm_head: bool = False
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"quantize: method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.symmetric is None:
+            self.symmetric = self.method == "gptq"
+        affine = self.method in ("rtn", "awq", "gptq")
+        if affine and (not isinstance(self.bits, int) or not 2 <= self.bits <= 8):
+            raise ConfigError(f"quantize: {self.method} bits must be an integer 2..8, got {self.bits!r}")
+        if (self.act_order or self.static_groups) and self.method != "gptq":
+            raise ConfigError(f"quantize: act_order / static_groups are GPTQ options, not {self.method}")
+        if self.method == "gptq" and not 0 < self.damp < 1:
+            raise ConfigError(f"quantize: gptq damp must be in (0, 1), got {self.damp!r}")
+        if self.method == "fp8":
+            if self.fp8_strategy not in STRATEGIES:
+                raise ConfigError(f"quantize: fp8_strategy must be one of {STRATEGIES}, got {self.fp8_strategy!r}")
+            if self.fp8_activation not in ("dynamic", "static"):
+                raise ConfigError(f"quantize: fp8_activation must be 'dynamic' or 'static', got {self.fp8_activation!r}")
+        elif self.fp8_activation != "dynamic" or self.kv_cache_scales:
+            raise ConfigError(f"quantize: fp8_activation / kv_cache_scales are FP8 options, not {self.method}")
+        if self.method == "nf4" and (self.quant_type not in TABLES or self.blocksize not in BLOCKSIZES):
+            raise ConfigError(f"quantize: nf4 needs quant_type in {tuple(TABLES)} and blocksize in {BLOCKSIZES}, "
+                              f"got {self.quant_type!r} and {self.blocksize!r}")
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method in ("awq", "gptq") or (self.method == "fp8" and (
+            self.fp8_activation == "static" or self.kv_cache_scales))
+
+
+@dataclass
+class ReportRow:
+    """One quantized weight (or, with scheme "layer", one decoder layer's output) and its errors."""
+    name: str
+    scheme: str
+    weight_error: float | None       # ||W - Ŵ|| / ||W||
+    output_error: float | None       # ||XWᵀ - XŴᵀ|| / ||XWᵀ|| on calibration inputs (layer: of its update)
+
+
+def linear_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of every linear of a decoder layer, from the config alone."""
+    h, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+            "mlp.down_proj": (h, inter)}
+
+
+def _float(t) -> torch.Tensor:
+    return t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float()
+
+
+class QuantizeRun:
+    """The iterator `quantize_checkpoint` returns; `report` and `kv_cache_scales` fill as it runs."""
+
+    def __init__(self, ckpt, spec: QuantSpec, calibration: CalibrationData | None, quiet: bool):
+        self.ckpt, self.spec, self.calibration, self.quiet = ckpt, spec, calibration, quiet
+        self.report: list[ReportRow] = []
+        self.kv_cache_scales: dict[str, torch.Tensor] = {}
+        cfg = ckpt.config
+        names = list(ckpt.tensors)
+        if spec.needs_calibration and calibration is None:
+            raise ConfigError(f"quantize: {spec.method} needs calibration data (see load_calibration)")
+        if spec.quantize_lm_head and "lm_head.weight" not in names:
+            raise ConfigError("quantize: quantize_lm_head was asked for, but the checkpoint has no lm_head.weight "
+                              "(tie_word_embeddings: lm_head is the embedding)")
+        shapes = {f"model.layers.{i}.{n}.weight": s for i in range(cfg.num_hidden_layers)
+                  for n, s in linear_shapes(cfg).items()}
+        missing = [n for n in shapes if n not in set(names)]
+        if missing:
+            raise ConfigError(f"quantize: {ckpt.path}: no tensor {missing[0]} (and {len(missing) - 1} more)")
+        if spec.quantize_lm_head:
+            shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+        if spec.method in ("rtn", "awq", "gptq"):
+            for name, shape in shapes.items():
+                check_scheme(name, shape, spec.bits, spec.group_size)
+        self.targets = set(shapes)
+        self.names = sorted(names, key=self._order)
+
+    @staticmethod
+    def _order(name: str):
+        m = LAYER_NAME.fullmatch(name)
+        if name == "model.embed_tokens.weight":
+            return (0, 0)
+        return (1, int(m.group(1))) if m else (2, 0)
+
+    def _report(self, name: str, q, w: torch.Tensor, out_err: float | None) -> None:
+        werr = float((q.dequantize() - w).norm() / w.norm().clamp(min=1e-12))
+        self.report.append(ReportRow(name, q.describe(), werr, out_err))
+
+    def _weight_only(self, name: str, w: torch.Tensor):
+        spec = self.spec
+        if spec.method == "nf4":
+            return quantize_4bit(w, spec.quant_type, spec.blocksize, spec.double_quant, name=name)
+        if spec.method == "fp8":
+            return fp8_weight(w, spec.fp8_strategy, name=name)
+        return rtn_affine(w, spec.bits, spec.group_size, spec.symmetric, name=name)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor | QTensor]]:
+        from tqdm import tqdm
+
+        tensors = self.ckpt.tensors
+        if not self.spec.needs_calibration:
+            for name in tqdm(self.names, desc=f"quantize {self.spec.method}", disable=self.quiet):
+                t = tensors[name]
+                if name in self.targets:
+                    w = _float(t)
+                    q = self._weight_only(name, w)
+                    self._report(name, q, w, None)
+                    yield name, q
+                else:
+                    yield name, self._passthrough(t)
+            return
+        yield from self._calibrated(tensors)
+
+    def _passthrough(self, t):
+        return t.dequantize(self.ckpt.config.torch_dtype) if isinstance(t, QTensor) else t
+
+    def _calibrated(self, tensors):
+        from tqdm import tqdm
+
+        cfg, spec = self.ckpt.config, self.spec
+        runner = LayerRunner(cfg)
+        by_layer: dict[int, list[str]] = {}
+        for name in self.names:
+            if m := LAYER_NAME.fullmatch(name):
+                by_layer.setdefault(int(m.group(1)), []).append(name)
+        embed = tensors["model.embed_tokens.weight"]
+        x = _float(embed)[self.calibration.tokens]
+        yield "model.embed_tokens.weight", self._passthrough(embed)
+        for i in tqdm(range(cfg.num_hidden_layers), desc=f"quantize {spec.method}", disable=self.quiet):
+            names = by_layer.get(i, [])
+            originals = {n: tensors[n] for n in names}
+            weights = {LAYER_NAME.fullmatch(n).group(2): _float(t) for n, t in originals.items()}
+            layer = runner.build(i, weights)
+            method = {"awq": awq_layer, "gptq": gptq_layer, "fp8": fp8_layer}[spec.method]
+            quantized, float_out, errors, *kv = method(runner, layer, x, spec)
+            if kv:
+                for k, amax in kv[0].items():
+                    self.kv_cache_scales[f"model.layers.{i}.self_attn.{k}_scale"] = amax_scale(amax)
+            x_next = runner.forward(layer, x)
+            err = float((x_next - float_out).norm() / (float_out - x).norm().clamp(min=1e-12))
+            state = layer.state_dict()
+            for n in names:
+                rel = LAYER_NAME.fullmatch(n).group(2)
+                linear = rel.removesuffix(".weight")
+                if linear in quantized and rel.endswith(".weight"):
+                    self._report(n, quantized[linear], weights[rel], errors.get(linear))
+                    yield n, quantized[linear]
+                elif rel in state and not torch.equal(state[rel], weights[rel]):     # AWQ-folded norm / bias
+                    yield n, state[rel].to(originals[n].dtype if isinstance(originals[n], torch.Tensor)
+                                           else cfg.torch_dtype)
+                else:
+                    yield n, self._passthrough(originals[n])
+            self.report.append(ReportRow(f"model.layers.{i}", "layer", None, err))
+            x = x_next
+            del layer, state, weights, originals
+        for name in self.names:
+            if self._order(name)[0] == 2:
+                if name == "lm_head.weight" and spec.quantize_lm_head:
+                    yield name, self._lm_head(tensors, name, x)
+                else:
+                    yield name, self._passthrough(tensors[name])
+
+    def _lm_head(self, tensors, name: str, x: torch.Tensor):
+        """lm_head quantized with the spec; GPTQ and static FP8 see the final-norm hidden states."""
+        spec, w = self.spec, _float(tensors[name])
+        norm = _float(tensors["model.norm.weight"])
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.ckpt.config.rms_norm_eps) * norm
+        if spec.method == "gptq":
+            hess = Hessian(w.shape[1])
+            for c in range(0, h.shape[0], 8):
+                hess.add_batch(h[c:c + 8])
+            q, _ = gptq_quantize(w, hess, spec.bits, spec.group_size, spec.symmetric, spec.act_order,
+                                 spec.static_groups, spec.damp, name=name)
+        elif spec.method == "fp8":
+            static = amax_scale(h.abs().max()) if spec.fp8_activation == "static" else None
+            q = fp8_weight(w, spec.fp8_strategy, static, name=name)
+        else:
+            q = rtn_affine(w, spec.bits, spec.group_size, spec.symmetric, convention="awq", name=name)
+        self._report(name, q, w, None)
+        return q
+
+
+def quantize_checkpoint(ckpt, spec: QuantSpec, calibration: CalibrationData | None = None,
+                        quiet: bool = False) -> QuantizeRun:
+    """Check `spec` against `ckpt` now (ConfigError before any work) and return the run to iterate."""
+    return QuantizeRun(ckpt, spec, calibration, quiet)
+
+
+__all__ = ["QuantSpec", "QuantizeRun", "ReportRow", "quantize_checkpoint", "LINEARS"]
