@@ -254,3 +254,16 @@ def test_result_json_and_table(live):
     assert data["layers_summary"]["tensors"] == len(live.layers)
     table = live.table(layers=True)
     assert "KL divergence" in table and "same top-1 token" in table and "model.layers.0.mlp.up_proj.weight" in table
+
+
+def test_cli_against_reference(pair, text, capsys):
+    """`quanta validate MODEL --reference REF` prints the table; bad input exits 2 with the message."""
+    from quanta.tools.cli import main
+    ref_path, test_path, _, _ = pair
+    args = ["-q", "validate", str(test_path), "--reference", str(ref_path), "--text", str(text), "--windows", "2",
+            "--device", "cpu", "--dtype", "float32"]
+    assert main(args + ["--ctx", str(CTX), "--layers"]) == 0
+    out = capsys.readouterr().out
+    assert "KL divergence (full vocabulary)" in out and "model.layers.1.mlp.down_proj.weight" in out
+    assert main(args + ["--ctx", "4096"]) == 2
+    assert "ctx=4096 is longer than the model" in capsys.readouterr().err
