@@ -18,7 +18,7 @@ from quanta.engine import LLM  # noqa: E402
 from quanta.eval.layer_error import weight_errors  # noqa: E402
 from quanta.eval.windows import DEFAULT_TEXT, WindowSpec, tokenize  # noqa: E402
 from quanta.loaders import load  # noqa: E402
-from quanta.quant.errors import ConfigError  # noqa: E402
+from quanta.quant.errors import ConfigError, CorruptFileError  # noqa: E402
 
 CTX, WINDOWS = 64, 6
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -155,7 +155,11 @@ def test_stored_reference(llms, text, live, tmp_path):
     other.write_text(text.read_text()[::-1])
     with pytest.raises(ConfigError, match="window 0 holds other tokens"):
         quanta.validate(test, full, text=other, ctx=CTX, n_windows=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ref", "other.txt", "small.ref"]   # no temp left
+    bad = tmp_path / "bad.ref"
+    bad.write_bytes(full.read_bytes()[:-10])
+    with pytest.raises(CorruptFileError, match="truncated"):
+        quanta.validate(test, bad, text=text, ctx=CTX, n_windows=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ref", "full.ref", "other.txt", "small.ref"]
 
 
 def test_weight_error_against_autoawq_dequantization(tmp_path):
@@ -245,6 +249,19 @@ def test_reference_with_another_vocabulary_refused(pair, text, tmp_path, no_mode
     other = make_tiny_hf("llama", tmp_path / "other", vocab_size=50000)
     with pytest.raises(ConfigError, match="vocabulary of 50000 tokens"):
         quanta.validate(str(pair[1]), str(other), text=text, ctx=CTX)
+
+
+def test_reference_with_another_tokenizer_refused(pair, text, tmp_path, no_model_built):
+    """Same vocabulary size, but two tokens' ids swapped in the reference's tokenizer."""
+    import json
+    swapped = tmp_path / "swapped"
+    shutil.copytree(pair[0], swapped)
+    spec = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["\u0120the"], vocab["\u0120of"] = vocab["\u0120of"], vocab["\u0120the"]
+    (swapped / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match="tokenizes the text differently"):
+        quanta.validate(str(pair[1]), str(swapped), text=text, ctx=CTX)
 
 
 def test_result_json_and_table(live):

@@ -76,6 +76,7 @@ def test_perplexity_matches_transformers(ours, theirs, head):
     want = transformers_perplexity(theirs, head.read_text(encoding="utf-8"), ctx=128, windows=4)
     got = quanta.validate(ours, text=head, ctx=128, n_windows=4, progress=False)
     assert (got.windows, got.scored_tokens, got.bos_token_id) == (4, 256, None)
+    assert got.engine == {"device": "cpu", "dtype": "float32", "kernel": "dequantized"}
     assert got.perplexity == pytest.approx(want, rel=1e-4)
 
 
@@ -103,4 +104,16 @@ def test_cli_json(default_model_path, capsys):
     assert (data["windows"], data["ctx"], data["stride"], data["score"], data["scored_tokens"]) == \
         (2, 128, 128, "second-half", 128)
     assert 1 < data["perplexity"] < 1000 and data["perplexity_stderr"] > 0
+    assert data["engine"]["device"] == "cpu"
     assert data["reference"] is None and data["kl"] is None and data["layers"] is None
+
+
+@pytest.mark.slow
+def test_weight_error_of_identical_gguf_is_zero(default_model_path, slow_selected):
+    """Every matrix of the GGUF dequantized twice (about half a minute on two cores)."""
+    from quanta.eval.layer_error import weight_errors
+    from quanta.loaders import load
+    errors, unmatched = weight_errors(load(default_model_path), load(default_model_path))
+    assert len(errors) == 1 + 30 * 7 and not unmatched            # the (tied) embedding and 7 per layer
+    assert all(e.rel_frobenius == 0 and e.max_abs == 0 for e in errors)
+    assert any("q4_1" in e.scheme for e in errors)

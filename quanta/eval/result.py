@@ -58,6 +58,7 @@ class ValidationResult:
     kl: KLStats | None = None
     layers: list[LayerError] | None = None
     unmatched_tensors: list[str] = field(default_factory=list)   # in one checkpoint only, not compared
+    engine: dict = field(default_factory=dict)   # how the model ran: device, dtype, kernel
     seconds: float = 0.0
 
     @property
@@ -78,7 +79,8 @@ class ValidationResult:
 
     def table(self, layers: bool = False) -> str:
         """The human-readable report; `layers`: one line per weight matrix as well as the summary."""
-        lines = [f"{self.model}",
+        how = ", ".join(f"{k} {v}" for k, v in self.engine.items())
+        lines = [f"{self.model}" + (f" ({how})" if how else ""),
                  f"  text {self.text}: {self.windows} windows of {self.ctx} tokens (stride {self.stride}), "
                  f"{self.score} scored, {self.scored_tokens} tokens"
                  + ("" if self.bos_token_id is None else f", each window starting with BOS {self.bos_token_id}"),

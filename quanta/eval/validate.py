@@ -64,7 +64,7 @@ def validate(model: Any, reference: Any = None, *, text: str | Path | None = Non
         save_reference, windows, model=ours.name, top_k=top_k, vocab_size=ours.vocab_size, text=str(text_path))
     show = progress if progress is not None else not _quiet(ours)
     try:
-        acc = _run(ours, ref, windows, writer, show)
+        acc, engine = _run(ours, ref, windows, writer, show)
         if writer is not None:
             writer.close()
     except BaseException:
@@ -75,7 +75,10 @@ def validate(model: Any, reference: Any = None, *, text: str | Path | None = Non
         ours.close()
         if ref is not None:
             ref.close()
-    return _result(ours, ref, windows, text_path, acc, layer_errors, show, start)
+    result = _result(ours, ref, windows, text_path, acc, layer_errors, show)
+    result.engine = engine
+    result.seconds = time.perf_counter() - start
+    return result
 
 
 def _quiet(side: Side) -> bool:
@@ -84,8 +87,9 @@ def _quiet(side: Side) -> bool:
 
 
 def _run(ours: Side, ref: Side | None, windows: TokenWindows, writer: ReferenceWriter | None,
-         show: bool) -> Accumulator:
-    """Score every window: the reference's logits (or stored record) first, then the model's."""
+         show: bool) -> tuple[Accumulator, dict]:
+    """Score every window: the reference's logits (or stored record) first, then the model's.
+    Returns the figures and how the model ran (device, dtype, forced kernel)."""
     first = windows.spec.first_scored
     acc = Accumulator()
     ref_llm = ref.llm() if ref is not None and ref.stored is None else None
@@ -102,11 +106,13 @@ def _run(ours: Side, ref: Side | None, windows: TokenWindows, writer: ReferenceW
         if writer is not None:
             writer.add(top_k_record(logits, window, first, writer.header["top_k"]))
         del logits, ref_logits
-    return acc
+    engine = {"device": str(llm.device), "dtype": str(llm.dtype).removeprefix("torch."),
+              "kernel": llm.config.kernel or "auto"}
+    return acc, engine
 
 
 def _result(ours: Side, ref: Side | None, windows: TokenWindows, text_path: Path, acc: Accumulator,
-            layer_errors: bool, show: bool, start: float) -> ValidationResult:
+            layer_errors: bool, show: bool) -> ValidationResult:
     spec = windows.spec
     ppl, ppl_err = acc.perplexity()
     result = ValidationResult(model=ours.name, text=str(text_path), ctx=spec.ctx, stride=spec.stride,
@@ -118,5 +124,4 @@ def _result(ours: Side, ref: Side | None, windows: TokenWindows, text_path: Path
         result.kl = acc.kl_stats(None if ref.stored is None else ref.stored.top_k)
         if layer_errors and ours.path is not None and ref.path is not None:
             result.layers, result.unmatched_tensors = weight_errors(load(ours.path), load(ref.path), progress=show)
-    result.seconds = time.perf_counter() - start
     return result
