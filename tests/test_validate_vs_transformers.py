@@ -108,9 +108,8 @@ def test_cli_json(default_model_path, capsys):
     assert data["reference"] is None and data["kl"] is None and data["layers"] is None
 
 
-@pytest.mark.slow
-def test_weight_error_of_identical_gguf_is_zero(default_model_path, slow_selected):
-    """Every matrix of the GGUF dequantized twice (about half a minute on two cores)."""
+def test_weight_error_of_identical_gguf_is_zero(default_model_path):
+    """Every matrix of the GGUF dequantized twice."""
     from quanta.eval.layer_error import weight_errors
     from quanta.loaders import load
     errors, unmatched = weight_errors(load(default_model_path), load(default_model_path))
