@@ -74,8 +74,7 @@ def score_alone(logits: torch.Tensor, window: list[int], first: int) -> Position
 def score_against_logits(logits: torch.Tensor, ref_logits: torch.Tensor, window: list[int],
                          first: int) -> Positions:
     """Figures on one window against the reference's full logits (same window, same shape)."""
-    if ref_logits.shape != logits.shape:
-        raise ValueError(f"reference logits {tuple(ref_logits.shape)} against {tuple(logits.shape)}")
+    assert ref_logits.shape == logits.shape, (ref_logits.shape, logits.shape)   # vocabularies checked up front
     rows, targets = scored(logits, window, first)
     ref_rows, _ = scored(ref_logits.to(logits.device), window, first)
     out: list[tuple] = []
