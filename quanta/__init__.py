@@ -12,7 +12,10 @@ def __getattr__(name):
     if name == "plan":
         from quanta.engine.memory_plan import plan
         return plan
+    if name == "validate":
+        from quanta.eval import validate
+        return validate
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "validate"]
