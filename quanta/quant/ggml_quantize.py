@@ -20,6 +20,7 @@ from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml_kquantize import f16_bytes, pack
 from quanta.quant.ggml_qsearch import make_qkx_quants, make_qx_quants, seq_sum
 from quanta.quant.ggml_types import GGML_TYPES_BY_NAME
+from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf
 
 # float32 blocks [nb, block_size] (+ weights) -> uint8 blocks [nb, type_size]
@@ -170,3 +171,33 @@ class Imatrix:
         if self.count == 0:
             raise ShapeError("imatrix: no activations were added")
         return (self.sums / self.count).float()
+
+
+# Affine forms that are exactly a legacy GGML type: (bits, integer zero or None for float mins) -> type.
+_AFFINE_TYPES = {(4, 8): "q4_0", (4, None): "q4_1", (5, 16): "q5_0", (5, None): "q5_1", (8, 128): "q8_0"}
+
+
+def _exact_f16(t: torch.Tensor) -> bool:
+    return bool(torch.equal(t.half().float(), t.float()))
+
+
+def affine_to_gguf(a: Affine) -> Gguf | None:
+    """The legacy GGML blocks (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0) exactly equal to Affine `a`, or None
+    when `a` has no such form (group other than 32, act-order, per-group zeros, scales or mins that are
+    not float16 values, a post_scale)."""
+    zero = a.zeros if isinstance(a.zeros, int) or a.zeros is None else False
+    name = _AFFINE_TYPES.get((a.bits, zero)) if zero is not False else None
+    if (name is None or a.group_size != 32 or a.g_idx is not None or a.post_scale is not None
+            or a.shape[1] % 32 or not _exact_f16(a.scales) or (a.mins is not None and not _exact_f16(a.mins))):
+        return None
+    n, k = a.shape
+    q = a.codes.to(torch.int32).reshape(-1, 32)
+    d = f16_bytes(a.scales.float().reshape(-1))
+    if name == "q8_0":
+        blocks = torch.cat([d, (q - 128).to(torch.int8).view(torch.uint8)], dim=1)
+    else:
+        parts = [d] + ([f16_bytes(a.mins.float().reshape(-1))] if a.mins is not None else [])
+        parts += [_qh(q)] if a.bits == 5 else []
+        blocks = torch.cat([*parts, _nibbles(q)], dim=1)
+    t = GGML_TYPES_BY_NAME[name]
+    return Gguf(data=blocks.reshape(n, t.row_bytes(k)), ggml_type=t.id, shape=(n, k))
