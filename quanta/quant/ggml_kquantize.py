@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from quanta.quant.ggml_qsearch import (make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants,
-                                      nearest_int, seq_sum)
+                                      nearest_int, rdiv, seq_sum)
 
 
 # --- packing --------------------------------------------------------------------------------------
@@ -56,8 +56,9 @@ def _requant(x: torch.Tensor, L: torch.Tensor, d: torch.Tensor, dm: torch.Tensor
 def _scale_levels(v: torch.Tensor, top: int, bits_max: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The _ref quantizers' super-block scale: levels round(v * top / max) (stored in uint8, at most
     bits_max) and the float scale max / top; all-zero when max <= 0."""
-    vmax = v.max(1).values.clamp(min=0.0)
-    inv = torch.where(vmax > 0, top / torch.where(vmax > 0, vmax, 1.0), 0.0)
+    vmax = v.max(1).values
+    vmax = torch.where(vmax > 0, vmax, 0.0)                  # C starts from +0: never -0 or negative
+    inv = torch.where(vmax > 0, rdiv(float(top), torch.where(vmax > 0, vmax, 1.0)), 0.0)
     lv = (nearest_int(inv.unsqueeze(1) * v) & 0xFF).clamp(max=bits_max)
     return lv, vmax / top
 
@@ -119,7 +120,7 @@ def q3_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
         scales = scales.view(nb, 16)
         smax = scales.gather(1, scales.abs().argmax(1, keepdim=True)).squeeze(1)
         nz = smax != 0
-        iscale = torch.where(nz, -32.0 / torch.where(nz, smax, 1.0), 0.0)
+        iscale = torch.where(nz, rdiv(-32.0, torch.where(nz, smax, 1.0)), 0.0)
         ls = (nearest_int(iscale.unsqueeze(1) * scales).to(torch.int8).clamp(-32, 31) + 32).to(torch.int32)
         ls = torch.where(nz.unsqueeze(1), ls, 0)
         d = torch.where(nz, 1 / torch.where(nz, iscale, 1.0), 0.0)
@@ -141,7 +142,7 @@ def q6_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     scales = scales.view(nb, 16)
     smax = scales.gather(1, scales.abs().argmax(1, keepdim=True)).squeeze(1)
     live = smax.abs() >= 1e-15
-    iscale = -128.0 / torch.where(live, smax, 1.0)
+    iscale = rdiv(-128.0, torch.where(live, smax, 1.0))
     d = torch.where(live, 1 / iscale, 0.0)
     sc = nearest_int(iscale.unsqueeze(1) * scales).clamp(max=127)
     sc = torch.where(live.unsqueeze(1), sc.to(torch.int8).to(torch.int32), 0)

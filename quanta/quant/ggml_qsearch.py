@@ -35,6 +35,11 @@ def seq_sum(t: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
+    """c / t rounded once, as C does (torch computes `c / tensor` as c * (1 / tensor): two roundings)."""
+    return torch.full_like(t, c) / t
+
+
 def _first_absmax(x: torch.Tensor) -> torch.Tensor:
     """The signed value of the first element of largest |x| per group (C: `if (ax > amax)`)."""
     return x.gather(1, x.abs().argmax(1, keepdim=True)).squeeze(1)
@@ -58,14 +63,14 @@ def make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None = None) -
         l = nearest_int(iscale * x).clamp(-nmax, nmax - 1).float()
         return l, seq_sum(wx * l), seq_sum(w * l * l)
 
-    l, sumlx, suml2 = trial(-float(nmax) / mx)
+    l, sumlx, suml2 = trial(rdiv(-float(nmax), mx))
     L = l
     scale = torch.where(suml2 != 0, sumlx / _safe(suml2), torch.zeros_like(suml2))
     best = scale * sumlx
     for i in range(-9, 10):
         if i == 0:
             continue
-        l, sumlx, suml2 = trial(-trial_scale(0.0, 0.1, i, nmax) / mx)
+        l, sumlx, suml2 = trial(rdiv(-trial_scale(0.0, 0.1, i, nmax), mx))
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         L = torch.where(better.unsqueeze(1), l, L)
         scale = torch.where(better, sumlx / _safe(suml2), scale)
@@ -82,7 +87,7 @@ def make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tens
     mx = _safe(torch.where(zero, torch.zeros_like(mx), mx)).unsqueeze(1)
     w = x * x
     wx = w * x
-    L = nearest_int(-float(nmax) / mx * x).clamp(-nmax, nmax - 1).float()
+    L = nearest_int(rdiv(-float(nmax), mx) * x).clamp(-nmax, nmax - 1).float()
     sumlx, suml2 = seq_sum(wx * L), seq_sum(w * L * L)
     for _ in range(5):          # a pass that changes nothing leaves the next one nothing to change
         for i in range(x.shape[1]):
@@ -112,19 +117,21 @@ def make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rd
     flat = mx == mn
     sum_w, sum_x = seq_sum(w), seq_sum(w * x)
     rng = _safe(torch.where(flat, torch.zeros_like(mx), mx - mn)).unsqueeze(1)
-    mn1 = mn.unsqueeze(1)
-    xm = x - mn1
+    xm = x - mn.unsqueeze(1)
 
     def err(scale, m, l):
         diff = scale.unsqueeze(1) * l + m.unsqueeze(1) - x
         return seq_sum(w * (diff.abs() if use_mad else diff * diff))
 
-    iscale = float(nmax) / rng
+    iscale = rdiv(float(nmax), rng)
     L = nearest_int(iscale * xm).clamp(0, nmax).float()
     scale = (1 / iscale).squeeze(1)
     best, mn_best = err(scale, mn, L), mn
     for i in range(nstep + 1):
-        l = nearest_int(trial_scale(rmin, rdelta, i, nmax) / rng * xm).clamp(0, nmax).float()
+        # the C loop reads `min` after each improvement: later trials start from the best min so far
+        cur = mn_best.unsqueeze(1)
+        l = nearest_int(rdiv(trial_scale(rmin, rdelta, i, nmax), _safe(mx.unsqueeze(1) - cur)) * (x - cur))
+        l = l.clamp(0, nmax).float()
         wl = w * l
         sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * l), seq_sum(wl * x)
         D = sum_w * sum_l2 - sum_l * sum_l
@@ -133,10 +140,10 @@ def make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rd
         pos = this_min > 0
         this_min = torch.where(pos, 0.0, this_min)
         this_scale = torch.where(pos, sum_xl / _safe(sum_l2), this_scale)
-        cur = err(this_scale, this_min, l)
-        better = (D > 0) & (cur < best)
+        cur_err = err(this_scale, this_min, l)
+        better = (D > 0) & (cur_err < best)
         L = torch.where(better.unsqueeze(1), l, L)
-        best = torch.where(better, cur, best)
+        best = torch.where(better, cur_err, best)
         scale = torch.where(better, this_scale, scale)
         mn_best = torch.where(better, this_min, mn_best)
     L = torch.where(flat.unsqueeze(1), 0, L.to(torch.int32))
@@ -154,12 +161,12 @@ def make_qp_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor) -> tuple[torch.
         diff = x - scale * l
         return seq_sum(qw * diff * diff)
 
-    iscale = float(nmax) / mx
+    iscale = rdiv(float(nmax), mx)
     best = mse(nearest_int(iscale * x).float(), 1 / iscale)
     for i in range(-4, 5):
         if i == 0:
             continue
-        iscale_i = trial_scale(0.0, 0.1, i, nmax) / mx
+        iscale_i = rdiv(trial_scale(0.0, 0.1, i, nmax), mx)
         cur = mse(nearest_int(iscale_i * x).clamp(max=nmax).float(), 1 / iscale_i)
         better = cur < best
         best = torch.where(better, cur, best)
