@@ -11,6 +11,7 @@ gguf = pytest.importorskip("gguf")
 from quanta.quant.errors import ShapeError, UnsupportedError  # noqa: E402
 from quanta.quant.ggml_quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
 from quanta.quant.kinds.affine import Affine  # noqa: E402
+from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 
 GOLDENS = Path(__file__).parent / "fixtures" / "ggml_quant" / "goldens.npz"
 LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
@@ -60,7 +61,6 @@ def test_affine_round_trip_is_exact(goldens):
     x = goldens["x"][:, :256]
     for name in LEGACY:
         blocks = gguf.quants.quantize(x, _qtype(name))
-        from quanta.quant.kinds.gguf import Gguf
         src = Gguf(torch.from_numpy(blocks), int(_qtype(name)), x.shape)
         back = affine_to_gguf(src.to_affine())
         assert back is not None and back.ggml_type == src.ggml_type

@@ -14,7 +14,7 @@ from quanta.loaders.gguf_mix import assign  # noqa: E402
 from quanta.loaders.gguf_write import write_gguf  # noqa: E402
 from quanta.quant.errors import ConfigError, UnsupportedError  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
-from tests.tiny_models import build_tiny_hf  # noqa: E402
+from tiny_models import build_tiny_hf  # noqa: E402
 
 TEXT = "Hello world, <|im_start|>user\nquanta's GGUF writer: ünïcode 🦙 3.14\n<|im_end|>"
 
