@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from quanta.engine.gguf_mix import assign, use_more_bits
+from quanta.loaders.gguf_mix import assign, use_more_bits
 from quanta.engine.gpus import parse_gpus
 from quanta.engine.memory_plan import RUNTIME_OVERHEAD, format_verdict, plan
 from quanta.engine.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config

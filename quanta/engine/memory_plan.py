@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from quanta.engine.gguf_mix import assign, from_file
+from quanta.loaders.gguf_mix import assign, from_file
 from quanta.engine.gpus import Gpus, parse_gpus
 from quanta.engine.kv_cache import KV_CACHE_DTYPES
 from quanta.engine.kv_sizing import GRAPH_MEMORY_MARGIN

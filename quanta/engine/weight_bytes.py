@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quanta.engine.gguf_mix import GgufTypes
+from quanta.loaders.gguf_mix import GgufTypes
 from quanta.kernels.affine.layout import R
 from quanta.kernels.registry import CANDIDATES
 from quanta.loaders.checkpoint import ModelConfig

@@ -10,7 +10,8 @@ The mixes follow llama-quantize's rules for Llama-style models:
     the first sixteenth of the layers and Q4_K after;
   80-layer models (70B) take attn_v at Q5_K where the rules say Q3_K or Q4_K.
 A K-quant whose 256-element blocks do not tile a row falls back as llama-quantize does
-(Q2_K / Q3_K -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+(Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and a type whose 32-element blocks
+do not tile it either becomes F16.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from quanta.quant.ggml_types import GGML_TYPES_BY_NAME, QK_K
 
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 MIXES = {"q3_k_m": "q3_K", "q4_k_m": "q4_K", "q5_k_m": "q5_K"}
-K_FALLBACK = {"q2_K": "iq4_nl", "q3_K": "iq4_nl", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0"}
+K_FALLBACK = {"q2_K": "q4_0", "q3_K": "q4_0", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0"}
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
 
@@ -41,6 +42,19 @@ class GgufTypes:
 
     def roles(self) -> set[str]:
         return {r for r, _ in self.types}
+
+    def of_tensor(self, gguf_name: str) -> str | None:
+        """The type of GGUF tensor `gguf_name` ("blk.3.attn_v.weight", "output.weight"), or None for a
+        tensor the mix does not assign (norms, biases: llama-quantize keeps those as they are)."""
+        base, _, suffix = gguf_name.rpartition(".")
+        parts = base.split(".")
+        if suffix != "weight":
+            return None
+        if len(parts) == 1:
+            return self.types.get((parts[0], None))
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+            return self.types.get((parts[2], int(parts[1])))
+        return None
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -68,6 +82,8 @@ def _fits(t: str, k: int) -> str:
     """t, or llama-quantize's fallback when its blocks do not tile rows of k."""
     if t in K_FALLBACK and k % QK_K:
         t = K_FALLBACK[t]
+    if k % GGML_TYPES_BY_NAME[t].block_size:
+        t = "f16"
     return t
 
 

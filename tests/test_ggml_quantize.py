@@ -1,0 +1,92 @@
+"""GGML quantizers against foreign oracles: gguf-py's quantizers (legacy types) and golden blocks made
+by llama.cpp's own ggml_quantize_chunk (tests/fixtures/make_gguf_quant_fixtures.py)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from quanta.quant.errors import ShapeError, UnsupportedError  # noqa: E402
+from quanta.quant.ggml_quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
+from quanta.quant.kinds.affine import Affine  # noqa: E402
+from quanta.quant.kinds.gguf import Gguf  # noqa: E402
+
+GOLDENS = Path(__file__).parent / "fixtures" / "ggml_quant" / "goldens.npz"
+LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
+K_QUANTS = ["q2_K", "q3_K", "q4_K", "q5_K", "q6_K"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The searches are thousands of small ops: extra threads only contend on a shared machine.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def goldens():
+    return dict(np.load(GOLDENS))
+
+
+def _qtype(name):
+    return getattr(gguf.GGMLQuantizationType, name.upper())
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_bit_exact_with_gguf_py(goldens, name):
+    x = goldens["x"]
+    ours = quantize(torch.from_numpy(x), name)
+    assert np.array_equal(ours.data.numpy(), gguf.quants.quantize(x, _qtype(name)))
+
+
+@pytest.mark.parametrize("suffix", ["", "_imatrix"])
+@pytest.mark.parametrize("name", LEGACY + K_QUANTS)
+def test_bit_exact_with_llama_cpp(goldens, name, suffix):
+    x = torch.from_numpy(goldens["x"])
+    imatrix = torch.from_numpy(goldens["imatrix"]) if suffix else None
+    ours = quantize(x, name, imatrix=imatrix)
+    want = goldens[name + suffix]
+    same_blocks = (ours.data.numpy().reshape(-1, ours.type.type_size)
+                   == want.reshape(-1, ours.type.type_size)).all(1)
+    assert same_blocks.all(), f"{name}{suffix}: {int((~same_blocks).sum())} of {same_blocks.size} blocks differ"
+    ref = gguf.quants.dequantize(want, _qtype(name))
+    assert np.array_equal(ours.dequantize().numpy(), ref)
+
+
+def test_affine_round_trip_is_exact(goldens):
+    x = goldens["x"][:, :256]
+    for name in LEGACY:
+        blocks = gguf.quants.quantize(x, _qtype(name))
+        src = Gguf(torch.from_numpy(blocks), int(_qtype(name)), x.shape)
+        back = affine_to_gguf(src.to_affine())
+        assert back is not None and back.ggml_type == src.ggml_type
+        assert np.array_equal(back.data.numpy(), blocks), name
+
+
+def test_affine_without_a_legacy_form():
+    codes = torch.randint(0, 16, (4, 64), dtype=torch.uint8)
+    assert affine_to_gguf(Affine(codes, torch.rand(4, 1), 4, 64, zeros=8)) is None           # group 64
+    assert affine_to_gguf(Affine(codes, torch.rand(4, 2) + 0.1, 4, 32, zeros=8)) is None     # not f16 values
+    assert affine_to_gguf(Affine(codes, torch.rand(4, 2).half(), 4, 32, zeros=8)) is not None
+
+
+def test_imatrix_is_mean_square_per_column():
+    m = Imatrix(3)
+    m.add(torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 1.0]]))
+    m.add(torch.tensor([[[1.0, 1.0, 1.0]]]))
+    assert torch.equal(m.weights(), torch.tensor([11 / 3, 5 / 3, 2 / 3]))
+    with pytest.raises(ShapeError, match="2 columns, expected 3"):
+        m.add(torch.zeros(1, 2))
+
+
+def test_bad_requests_are_typed():
+    with pytest.raises(ShapeError, match="not a whole number of q4_K blocks of 256"):
+        quantize(torch.zeros(2, 576), "q4_K", what="blk.0.attn_q")
+    with pytest.raises(UnsupportedError, match="iq2_xxs"):
+        quantize(torch.zeros(2, 256), "iq2_xxs")
+    with pytest.raises(ShapeError, match="imatrix must have shape"):
+        quantize(torch.zeros(2, 256), "q4_K", imatrix=torch.ones(3))
