@@ -2,7 +2,7 @@
 
 - `pack-quantized` (Affine): weight_packed int32 [N, ceil(K*b/32)] (codes, already offset by 2**(b-1)),
   weight_scale [N, G] in the scales' dtype, weight_zero_point packed along N [ceil(N*b/32), G] (asymmetric
-  only), weight_shape int64 [2], weight_g_idx int32 [K] (actorder "group").
+  only), weight_shape int64 [2]. No act-order g_idx: compressed-tensors dropped actorder "group".
 - `float-quantized` (Fp8 e4m3): weight float8_e4m3fn [N, K], weight_scale [1] (tensor) / [N, 1] (channel) /
   [N/bn, K/bk] (block), input_scale [1] for static activations (dynamic ones: per-token, no tensor).
 - KV-cache scales: model.layers.{i}.self_attn.{k,v}_scale [1] with a `kv_cache_scheme`.
@@ -30,10 +30,10 @@ KV_SCALE = "model.layers.{}.self_attn.{}_scale"
 
 
 def args(num_bits: int, type_: str, strategy: str, *, symmetric: bool = True, group_size: int | None = None,
-         block: list[int] | None = None, actorder: str | None = None, dynamic: bool | str = False,
+         block: list[int] | None = None, dynamic: bool | str = False,
          observer: str | None = "memoryless_minmax") -> dict[str, Any]:
     """A QuantizationArgs dict with every field compressed-tensors serializes."""
-    return {"actorder": actorder, "block_structure": block, "dynamic": dynamic, "group_size": group_size,
+    return {"actorder": None, "block_structure": block, "dynamic": dynamic, "group_size": group_size,
             "num_bits": num_bits, "observer": observer, "observer_kwargs": {}, "scale_dtype": None,
             "strategy": strategy, "symmetric": symmetric, "type": type_,
             "zp_dtype": None if symmetric or type_ == "float" else "torch.int8"}
@@ -65,6 +65,10 @@ class CtLayout(Layout):
 
     def _int(self, name: str, a) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         n, k = a.shape
+        if a.g_idx is not None:
+            raise UnsupportedError(f"{name}: {a.describe()} has an act-order g_idx; compressed-tensors removed "
+                                   "actorder='group' (weight_g_idx) from its config schema, so current readers "
+                                   "refuse it (write it as GPTQ)")
         mid = 1 << (a.bits - 1)
         symmetric = not isinstance(a.zeros, torch.Tensor) and int(a.zeros) == mid
         group = k if a.num_groups == 1 else a.group_size
@@ -74,11 +78,9 @@ class CtLayout(Layout):
                   "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
         if not symmetric:
             stored["weight_zero_point"] = pack_bits(zeros_of(a), a.bits, dim=0)
-        if a.g_idx is not None:
-            stored["weight_g_idx"] = a.g_idx.to(torch.int32)
-        channel = a.num_groups == 1 and a.g_idx is None
+        channel = a.num_groups == 1
         weights = args(a.bits, "int", "channel" if channel else "group", symmetric=symmetric,
-                       group_size=None if channel else group, actorder="group" if a.g_idx is not None else None)
+                       group_size=None if channel else group)
         return {"format": "pack-quantized", "weights": weights, "input_activations": None}, stored
 
     def _fp8(self, name: str, f: Fp8) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -128,7 +130,7 @@ def write_compressed_tensors(dst: str | Path, ckpt: Checkpoint,
                              max_shard_size: int | str = DEFAULT_SHARD_SIZE) -> Path:
     """Write a compressed-tensors checkpoint (pack-quantized ints, float-quantized FP8, or both).
 
-    Quantized linear weights: Affine with integer zero points (any group size, g_idx kept) or Fp8 e4m3
+    Quantized linear weights: Affine with integer zero points (plain groups, no g_idx) or Fp8 e4m3
     (tensor / channel / block scales, optional static input_scale). kv_cache_scales defaults to
     `ckpt.kv_cache_scales`. Unquantized decoder linears go to `ignore`. Peak memory: one shard plus one layer.
     """
