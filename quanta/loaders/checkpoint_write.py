@@ -179,16 +179,19 @@ def atomic_directory(dst: Path, overwrite: bool = False) -> Iterator[Path]:
     dst = check_destination(dst, overwrite)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
+    old = None
     try:
         yield tmp
-        old = None
         if dst.exists() or dst.is_symlink():
             check_destination(dst, overwrite)             # it may have appeared while we wrote
-            old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-")) / "x"
+            old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-")) / dst.name
             os.replace(dst, old)
         os.replace(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not dst.exists():
+            os.replace(old, dst)                          # the new one never landed: put the old one back
+            shutil.rmtree(old.parent, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old.parent, ignore_errors=True)
@@ -203,6 +206,7 @@ class ShardWriter:
         self.buffer: dict[str, torch.Tensor] = {}
         self.buffered = 0
         self.files: list[tuple[Path, list[str]]] = []
+        self.names: set[str] = set()
         self.total = 0
 
     def add(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -211,8 +215,9 @@ class ShardWriter:
         if self.buffer and self.buffered + size > self.max_bytes:
             self.flush()
         for name, t in tensors.items():
-            if name in self.buffer or any(name in names for _, names in self.files):
+            if name in self.names:
                 raise ConfigError(f"tensor {name!r} is written twice")
+            self.names.add(name)
             self.buffer[name] = t.detach().to("cpu").contiguous()
         self.buffered += size
         self.total += size
