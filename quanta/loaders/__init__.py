@@ -1,4 +1,5 @@
-"""Checkpoint loaders, one module per family; `load(path)` picks the family with `detect(path)`."""
+"""Checkpoint loaders, one module per family; `load(path)` picks the family with `detect(path)`.
+`write(dst, ckpt, fmt)` is the way back: one writer module beside each HF-family reader (WRITERS)."""
 from __future__ import annotations
 
 import importlib
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint_write import WRITERS, write
 from quanta.loaders.detect import detect, gguf_files_in
 from quanta.quant.errors import UnsupportedError
 
@@ -38,4 +40,4 @@ def load(path: str | Path, **kw: Any) -> Checkpoint:
     return getattr(importlib.import_module(module), function)(path, **kw)
 
 
-__all__ = ["Checkpoint", "LOADERS", "detect", "load"]
+__all__ = ["Checkpoint", "LOADERS", "WRITERS", "detect", "load", "write"]

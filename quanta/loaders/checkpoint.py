@@ -68,6 +68,36 @@ class ModelConfig:
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """This config as a transformers config.json dict, the inverse of `hf.model_config_from_hf`.
+
+        The rope settings go out in transformers-5 `rope_parameters` and also in the v4 keys `rope_theta` /
+        `rope_scaling`, so older readers (vLLM, transformers 4) do not fall back to their default theta.
+        """
+        arch = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.model_type]
+        scaling = dict(self.rope_scaling) if self.rope_scaling else None
+        out: dict[str, Any] = {
+            "architectures": [arch], "model_type": self.model_type, "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position_embeddings,
+            "rope_parameters": {"rope_type": "default", **(scaling or {}), "rope_theta": self.rope_theta},
+            "rope_theta": self.rope_theta, "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+            "dtype": str(self.torch_dtype).removeprefix("torch."), "use_cache": True,
+        }
+        if scaling:
+            out["rope_scaling"] = scaling
+        if self.model_type != "qwen2":              # Qwen2's q/k/v bias is implied by its architecture
+            out["attention_bias"] = False
+        if self.model_type in ("qwen2", "qwen3"):   # one window for every layer, or none
+            out |= {"use_sliding_window": self.sliding_window is not None, "sliding_window": self.sliding_window,
+                    "max_window_layers": 0 if self.sliding_window is not None else self.num_hidden_layers}
+        else:
+            out["sliding_window"] = self.sliding_window
+        return out
+
 
 @dataclass
 class Checkpoint:

@@ -1,0 +1,35 @@
+"""Bit packing for the checkpoint writers: the exact inverse of `quantized.unpack_bits`.
+
+Values are laid out as a dense little-endian bit stream along one dimension: value i occupies bits
+[i*b, (i+1)*b) of the concatenated int32 words, straddling a word boundary when 32 % b != 0 (GPTQ and
+compressed-tensors 3-bit). For b in {2, 4, 8} this is the plain sequential nibble/byte order.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.quant.errors import ShapeError
+
+
+def as_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 words holding unsigned 32-bit values -> the same bits as int32 (two's complement)."""
+    return ((words.to(torch.int64) + (1 << 31)) % (1 << 32) - (1 << 31)).to(torch.int32)
+
+
+def pack_bits(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Pack unsigned `bits`-bit `values` (any int dtype, each < 2**bits) along `dim` into int32 words.
+
+    The result has ceil(count * bits / 32) words along `dim`; the padding bits of the last word are zero.
+    """
+    v = values.movedim(dim, -1).to(torch.int64)
+    if v.numel() and (int(v.min()) < 0 or int(v.max()) >= 1 << bits):
+        raise ShapeError(f"cannot pack values outside 0..{(1 << bits) - 1} into {bits} bits")
+    count = v.shape[-1]
+    nwords = -(-count * bits // 32)
+    offsets = torch.arange(count, device=v.device) * bits
+    idx, shift = offsets // 32, offsets % 32
+    shifted = v << shift                                     # < 2**39: fits int64, may spill into idx + 1
+    words = torch.zeros(*v.shape[:-1], nwords + 1, dtype=torch.int64, device=v.device)
+    words.index_add_(-1, idx, shifted & 0xFFFFFFFF)          # bit fields never overlap: add == or
+    words.index_add_(-1, idx + 1, shifted >> 32)
+    return as_int32(words[..., :nwords]).movedim(-1, dim).contiguous()
