@@ -117,6 +117,17 @@ def model_config_from_hf(cfg: dict[str, Any], path: str | Path) -> ModelConfig:
         raise ConfigError(f"{source}: {e}") from e
 
 
+MIN_LAYER_TENSORS = 9    # q, k, v, o, gate, up, down and two norms
+
+
+def check_layer_count(config: ModelConfig, stored: int, source: Path) -> None:
+    """CorruptFileError when `stored` tensors cannot hold config.num_hidden_layers layers: refused by
+    arithmetic before canonical_shapes lists every layer (a damaged layer count may be 2**40)."""
+    if config.num_hidden_layers * MIN_LAYER_TENSORS > stored:
+        raise CorruptFileError(f"{source}: the config says {config.num_hidden_layers} layers, but the weights hold "
+                               f"only {stored} tensors (each layer has at least {MIN_LAYER_TENSORS})")
+
+
 def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of a llama-family model under its canonical HF name, with its full-precision shape."""
     h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
@@ -178,6 +189,7 @@ def load_tokenizer(path: str | Path):
 
 def _check_tensors(store: TensorStore, config: ModelConfig, path: Path) -> list[str]:
     """Names of the canonical tensors, after checking presence, shape and float dtype of each."""
+    check_layer_count(config, len(store), path)
     expected = canonical_shapes(config)
     for name in store:
         if name in expected or name.endswith(IGNORED_SUFFIXES):

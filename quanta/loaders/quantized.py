@@ -15,7 +15,8 @@ import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
-from quanta.loaders.hf import FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, load_tokenizer, model_config_from_hf
+from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
+                               model_config_from_hf)
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
@@ -156,6 +157,7 @@ def build_checkpoint(path: str | Path, fmt: str, read: Reader, qc: dict[str, Any
     cfg = read_config(path) if cfg is None else cfg
     config = model_config_from_hf(cfg, path)
     store = open_weights(path)
+    check_layer_count(config, len(store), path)
     shapes = canonical_shapes(config)
     prefixes = {n.rsplit(".", 1)[0] for n in store} | {n.rsplit(".", 2)[0] for n in store}   # bnb: x.weight.absmax
     for name in shapes:

@@ -1,0 +1,88 @@
+"""Regression tests for reader bugs the fuzzers (tests/test_fuzz_*.py) found: each a small explicit input
+that used to crash with an untyped exception, hang, or load nonsense, and now gets a typed QuantaError."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from quanta.loaders.checkpoint import ModelConfig
+from quanta.loaders.gguf import load_gguf
+from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
+from test_fuzz_gguf import ARRAY, Deep, encode, seed_file
+
+
+def gguf_with(tmp_path, kvs=None, tensors=None, name="x.gguf"):
+    """The fuzz seed file with metadata entries replaced / added (`kvs`: key -> (type, value)) and tensor
+    infos edited (`tensors`: name -> (ne, type) or None to drop)."""
+    m = copy.deepcopy(seed_file()[0])
+    for key, (vtype, value) in (kvs or {}).items():
+        m.kvs = [kv for kv in m.kvs if kv[0] != key] + [(key, vtype, value)]
+    for tname, edit in (tensors or {}).items():
+        m.tensors = [t if t[0] != tname else (tname, *edit, t[3]) for t in m.tensors if t[0] != tname or edit]
+    path = tmp_path / name
+    path.write_bytes(encode(m))
+    return path
+
+
+def test_gguf_deeply_nested_array(tmp_path):
+    """Was RecursionError: an array of arrays 5000 deep."""
+    with pytest.raises(CorruptFileError, match="x.gguf.*nested more than 8 deep"):
+        load_gguf(gguf_with(tmp_path, {"general.name": (ARRAY, Deep(5000))}), tokenizer=False)
+
+
+@pytest.mark.parametrize("key, vtype, value, match", [
+    ("llama.attention.head_count", 8, "two", "'llama.attention.head_count' must be an integer, got str two"),
+    ("llama.embedding_length", 9, (4, [32]), "'llama.embedding_length' must be an integer, got list"),
+    ("llama.block_count", 7, True, "'llama.block_count' must be an integer, got bool"),
+    ("llama.rope.freq_base", 8, "1e4", "'llama.rope.freq_base' must be a number"),
+])
+def test_gguf_metadata_of_the_wrong_type(tmp_path, key, vtype, value, match):
+    """Were TypeError / ValueError from arithmetic on the value (or a bool taken as 1)."""
+    with pytest.raises(ConfigError, match=f"x.gguf: GGUF metadata {match}"):
+        load_gguf(gguf_with(tmp_path, {key: (vtype, value)}), tokenizer=False)
+
+
+def test_gguf_zero_heads(tmp_path):
+    """Was ZeroDivisionError computing head_dim = hidden // heads."""
+    with pytest.raises(ConfigError, match="x.gguf.*num_attention_heads must be a positive integer, got 0"):
+        load_gguf(gguf_with(tmp_path, {"llama.attention.head_count": (4, 0)}), tokenizer=False)
+
+
+@pytest.mark.parametrize("value, match", [(float("nan"), "rope_theta.*nan"), (0.0, "rope_theta.*0.0")])
+def test_gguf_rope_theta_not_positive_finite(tmp_path, value, match):
+    """Were accepted, then NaN or divide-by-zero in the rope frequencies."""
+    with pytest.raises(ConfigError, match=f"x.gguf.*{match}"):
+        load_gguf(gguf_with(tmp_path, {"llama.rope.freq_base": (6, value)}), tokenizer=False)
+
+
+def test_gguf_empty_rope_freqs(tmp_path):
+    """Was RuntimeError from torch viewing 0 bytes as float32."""
+    with pytest.raises(CorruptFileError, match="x.gguf: tensor 'rope_freqs.weight' has shape \\[0\\]"):
+        load_gguf(gguf_with(tmp_path, tensors={"rope_freqs.weight": ([0], 0)}), tokenizer=False)
+
+
+def test_gguf_tensor_shape_disagrees_with_metadata(tmp_path):
+    """Was accepted: token_embd with 16 rows in a file whose vocabulary is 8 tokens."""
+    with pytest.raises(ShapeError, match=r"x.gguf: tensor 'token_embd.weight' has shape \[16, 32\].*\[8, 32\]"):
+        load_gguf(gguf_with(tmp_path, tensors={"token_embd.weight": ([32, 16], 8)}), tokenizer=False)
+
+
+def test_gguf_layer_beyond_block_count(tmp_path):
+    """Was accepted: a blk.3 tensor in a file whose block_count is 1."""
+    m = copy.deepcopy(seed_file()[0])
+    m.tensors = [(n.replace("blk.0.attn_norm", "blk.3.attn_norm"), *rest) for n, *rest in m.tensors]
+    (tmp_path / "x.gguf").write_bytes(encode(m))
+    with pytest.raises(CorruptFileError, match="x.gguf: tensor 'blk.3.attn_norm.weight' is not part of the 1-layer"):
+        load_gguf(tmp_path / "x.gguf", tokenizer=False)
+
+
+def test_model_config_refuses_non_numbers():
+    """ModelConfig itself: bools, NaN and non-integer token ids are refused by name."""
+    base = dict(model_type="llama", vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1)
+    ModelConfig(**base)
+    for field, value in (("hidden_size", True), ("rms_norm_eps", float("nan")), ("eos_token_id", "2"),
+                         ("max_position_embeddings", 0), ("sliding_window", -4), ("rope_scaling", [1])):
+        with pytest.raises(ConfigError, match=f"model config: .*{field}"):
+            ModelConfig(**{**base, field: value})
