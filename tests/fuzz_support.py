@@ -11,12 +11,16 @@ suite is repeatable); the full run sets it to 10000 or more and draws fresh rand
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
@@ -32,6 +36,13 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not FULL_RUN, 
                 suppress_health_check=list(HealthCheck), print_blob=True)
 
 COUNTS: dict[str, int] = {}  # reader -> examples run (the full run reports these)
+
+
+def fuzz_dir(prefix: str) -> Path:
+    """A scratch directory for one fuzz module, removed at exit unless it holds a `failing*` example."""
+    path = Path(tempfile.mkdtemp(prefix=f"quanta-fuzz-{prefix}-"))
+    atexit.register(lambda: any(path.glob("failing*")) or shutil.rmtree(path, ignore_errors=True))
+    return path
 
 
 class Hang(BaseException):

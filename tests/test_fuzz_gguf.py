@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import functools
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,13 @@ from gguf.constants import GGMLQuantizationType as T
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz_support import FUZZ, loads_or_refuses
+from fuzz_support import FUZZ, fuzz_dir, loads_or_refuses
 from quanta.loaders.gguf import load_gguf
 from quanta.loaders.gguf_file import read_gguf
 from quanta.quant.qtensor import QTensor
 
 H, FF, HEADS, KV, VOCAB = 32, 256, 2, 1, 8
-_DIR = Path(tempfile.mkdtemp(prefix="quanta-fuzz-gguf-"))
+_DIR = fuzz_dir("gguf")
 SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
 Q8_1 = 9

@@ -3,12 +3,16 @@ that used to crash with an untyped exception, hang, or load nonsense, and now ge
 from __future__ import annotations
 
 import copy
+import json
+import struct
+from pathlib import Path
 
 import pytest
 
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.gguf import load_gguf
-from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
+from quanta.loaders.safetensors_io import SAFETENSORS_INDEX, SafetensorsDir, read_config, read_safetensors_header
+from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError, UnsupportedError
 from test_fuzz_gguf import ARRAY, Deep, encode, seed_file
 
 
@@ -86,3 +90,64 @@ def test_model_config_refuses_non_numbers():
                          ("max_position_embeddings", 0), ("sliding_window", -4), ("rope_scaling", [1])):
         with pytest.raises(ConfigError, match=f"model config: .*{field}"):
             ModelConfig(**{**base, field: value})
+
+
+# --- safetensors ---------------------------------------------------------------------------------
+def st_file(tmp_path, header: bytes | dict, data: bytes = bytes(16)) -> Path:
+    """A .safetensors file of a raw or dict header and `data`."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+def entry(dtype="F32", shape=(2, 2), offsets=(0, 16)):
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+@pytest.mark.parametrize("header, match", [
+    (b"[" * 100_000 + b"]" * 100_000, "unreadable JSON \\(RecursionError"),                  # was RecursionError
+    (b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 16]}}',
+     "unreadable JSON \\(ValueError"),                                                       # was ValueError
+    (b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 16]}}', "shape must be a list of sizes"),
+    ({"a": entry(dtype=["F32"])}, "dtype must be a string"),                                # was TypeError
+    ({"a": entry(shape=(-1, -4))}, "shape must be a list of sizes"),                        # was accepted
+    ({"a": entry(shape=(2.0, 2))}, "shape must be a list of sizes"),                        # was accepted
+    ({"a": entry(offsets=(0, 16, 3))}, "data_offsets must be"),
+    ({"a": entry(), "b": entry(shape=(1,), offsets=(12, 16))}, "'b' starts at data byte 12, expected 16"),
+    ({"__metadata__": [], "a": entry()}, "__metadata__ must map strings to strings"),       # was accepted
+    ({"__metadata__": {"k": 1}, "a": entry()}, "__metadata__ must map strings to strings"),
+])
+def test_safetensors_bad_header(tmp_path, header, match):
+    """Each was an untyped exception, or accepted only for safetensors to refuse it at the first read."""
+    with pytest.raises(CorruptFileError, match=f"x.safetensors.*{match}"):
+        read_safetensors_header(st_file(tmp_path, header))
+
+
+def test_safetensors_unknown_dtype(tmp_path):
+    """Was accepted at open, then failed at the first read."""
+    with pytest.raises(UnsupportedError, match="x.safetensors: tensor 'a' has dtype 'XYZ'"):
+        read_safetensors_header(st_file(tmp_path, {"a": entry(dtype="XYZ")}))
+
+
+@pytest.mark.parametrize("shard", ["/etc/hostname", "../model.safetensors", "a/../../b.safetensors", "", ["x"]])
+def test_index_shard_outside_the_directory(tmp_path, shard):
+    """A weight_map entry naming a file outside the checkpoint (was opened) or not a string (TypeError)."""
+    st_file(tmp_path, {"a": entry()})
+    (tmp_path / SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"a": shard}}))
+    with pytest.raises(CorruptFileError, match="tensor 'a' is mapped to .* not a file name inside"):
+        SafetensorsDir(tmp_path)
+
+
+def test_index_metadata_not_an_object(tmp_path):
+    """Was ValueError from dict() of a list."""
+    (tmp_path / SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"a": "x.safetensors"}, "metadata": [[]]}))
+    with pytest.raises(CorruptFileError, match="'weight_map' and 'metadata' must be JSON objects"):
+        SafetensorsDir(tmp_path)
+
+
+def test_config_json_nested_too_deep(tmp_path):
+    """Was RecursionError from json.loads."""
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CorruptFileError, match="config.json: unreadable JSON"):
+        read_config(tmp_path)
