@@ -12,6 +12,7 @@ suite is repeatable); the full run sets it to 10000 or more and draws fresh rand
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+import hypothesis
 from hypothesis import HealthCheck, settings
 
 from quanta.quant.errors import QuantaError
@@ -35,7 +37,15 @@ ALLOC_FLOOR = 64 << 20       # traced allocations an example may always make (to
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not FULL_RUN, database=None,
                 suppress_health_check=list(HealthCheck), print_blob=True)
 
-COUNTS: dict[str, int] = {}  # reader -> examples run (the full run reports these)
+COUNTS: dict[str, int] = {}  # reader -> examples run; written to $QUANTA_FUZZ_REPORT (JSON) at exit if set
+
+
+def _report() -> None:
+    if path := os.environ.get("QUANTA_FUZZ_REPORT"):
+        Path(path).write_text(json.dumps({"examples": COUNTS, "hypothesis": hypothesis.__version__}, indent=1))
+
+
+atexit.register(_report)
 
 
 def fuzz_dir(prefix: str) -> Path:

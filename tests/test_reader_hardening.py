@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from quanta.loaders.awq import awq_settings
 from quanta.loaders.checkpoint import ModelConfig
+from quanta.loaders.compressed_tensors import groups as ct_groups
 from quanta.loaders.gguf import load_gguf
+from quanta.loaders.gptq import gptq_settings
+from quanta.loaders.hf import model_config_from_hf
 from quanta.loaders.safetensors_io import SAFETENSORS_INDEX, SafetensorsDir, read_config, read_safetensors_header
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError, UnsupportedError
 from test_fuzz_gguf import ARRAY, Deep, encode, seed_file
@@ -106,9 +110,9 @@ def entry(dtype="F32", shape=(2, 2), offsets=(0, 16)):
 
 
 @pytest.mark.parametrize("header, match", [
-    (b"[" * 100_000 + b"]" * 100_000, "unreadable JSON \\(RecursionError"),                  # was RecursionError
+    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON as Python reads it \\(RecursionError"),                  # was RecursionError
     (b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 16]}}',
-     "unreadable JSON \\(ValueError"),                                                       # was ValueError
+     "not valid JSON as Python reads it \\(ValueError"),                                                       # was ValueError
     (b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 16]}}', "shape must be a list of sizes"),
     ({"a": entry(dtype=["F32"])}, "dtype must be a string"),                                # was TypeError
     ({"a": entry(shape=(-1, -4))}, "shape must be a list of sizes"),                        # was accepted
@@ -149,5 +153,58 @@ def test_index_metadata_not_an_object(tmp_path):
 def test_config_json_nested_too_deep(tmp_path):
     """Was RecursionError from json.loads."""
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(CorruptFileError, match="config.json: unreadable JSON"):
+    with pytest.raises(CorruptFileError, match="config.json: not valid JSON"):
         read_config(tmp_path)
+
+
+# --- config.json and quantization configs ---------------------------------------------------------
+BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"architectures": {"a": 1}}, "architectures must be a list of strings, got dict"),      # was KeyError
+    ({"architectures": [["x"]]}, "architectures must be a list of strings"),                 # was TypeError
+    ({"rms_norm_eps": "small"}, "rms_norm_eps must be a finite number, got str"),            # was ValueError
+    ({"rope_theta": [1]}, "rope_theta must be a finite number, got list"),                   # was TypeError
+    ({"rope_scaling": [[]]}, "rope_scaling must be a JSON object"),                          # was ValueError
+    ({"max_position_embeddings": {}}, "max_position_embeddings must be an integer"),         # was TypeError
+    ({"hidden_size": 32.0}, "hidden_size must be an integer, got float"),
+])
+def test_hf_config_field_of_the_wrong_type(edit, match):
+    with pytest.raises(ConfigError, match=f"config.json: {match}"):
+        model_config_from_hf({**BASE, **edit}, "config.json")
+
+
+def test_hf_sliding_window_layer_count_is_not_enumerated():
+    """Was a hang: qwen2's sliding layers were listed one by one for num_hidden_layers = 2**40."""
+    cfg = {**BASE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 64,
+           "num_hidden_layers": 2**40, "max_window_layers": 28}
+    with pytest.raises(UnsupportedError, match="mixes sliding and full attention"):
+        model_config_from_hf(cfg, "config.json")
+    assert model_config_from_hf({**cfg, "max_window_layers": 0}, "config.json").sliding_window == 64
+
+
+@pytest.mark.parametrize("settings, qc, match", [
+    (awq_settings, {"bits": "gemv", "group_size": 32}, "bits must be an integer, got str"),       # was ValueError
+    (awq_settings, {"bits": 4, "group_size": [128]}, "group_size must be an integer, got list"),  # was TypeError
+    (awq_settings, {"bits": 4, "group_size": 32, "modules_to_not_convert": 5}, "modules_to_not_convert must be a list"),
+    (awq_settings, {"bits": 4, "group_size": 32, "zero_point": "false"}, "zero_point must be true or false"),
+    (gptq_settings, {"bits": 4, "group_size": {}}, "group_size must be an integer, got dict"),    # was TypeError
+    (gptq_settings, {"bits": 4, "group_size": -5}, "group_size must be a positive integer or -1"),
+])
+def test_quant_settings_of_the_wrong_type(settings, qc, match):
+    with pytest.raises(ConfigError, match=f"config.json: {match}"):
+        settings(qc, Path("config.json"))
+
+
+@pytest.mark.parametrize("group, match", [
+    (1.5, "config_groups.g.weights is missing"),                                                  # was AttributeError
+    ({"weights": {"num_bits": {}}, "format": "pack-quantized"}, "num_bits must be an integer"),   # was TypeError
+    ({"weights": {"num_bits": 4}, "targets": [{"re": 1}], "format": "pack-quantized"}, "targets must be a list of "
+                                                                                        "strings"),  # AttributeError
+    ({"weights": {"num_bits": 4}, "targets": ["re:("], "format": "pack-quantized"}, "not a valid regular expression"),
+])
+def test_compressed_tensors_groups_of_the_wrong_type(group, match):
+    with pytest.raises(ConfigError, match=match):
+        ct_groups({"config_groups": {"g": group}}, Path("config.json"))

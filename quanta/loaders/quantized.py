@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.config_fields import MISSING, get_int
 from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
                                model_config_from_hf)
@@ -42,6 +43,14 @@ def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
     if name not in store:
         raise CorruptFileError(f"{store.path}: tensor {name!r} ({field}) is missing")
     return store[name]
+
+
+def group_size(qc: dict[str, Any], keys: tuple[str, ...], source: Path, default: Any = MISSING) -> int:
+    """A quantization config's group size: a positive integer, or -1 / 0 for one group per row."""
+    group = get_int(qc, keys, source, default)
+    if group < -1:
+        raise ConfigError(f"{source}: {keys[0]} must be a positive integer or -1 (one group per row), got {group}")
+    return group
 
 
 def group_geometry(group_size: int, k: int) -> tuple[int, int]:

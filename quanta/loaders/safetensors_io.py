@@ -57,9 +57,9 @@ def parse_json(text: str | bytes, source: Path | str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CorruptFileError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        raise CorruptFileError(f"{source}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from e
     except (ValueError, RecursionError) as e:
-        raise CorruptFileError(f"{source}: unreadable JSON ({type(e).__name__}: {str(e)[:100]})") from e
+        raise CorruptFileError(f"{source}: not valid JSON as Python reads it ({type(e).__name__}: {str(e)[:100]})") from e
     if not isinstance(data, dict):
         raise CorruptFileError(f"{source}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -361,7 +361,8 @@ def open_weights(path: str | Path, *, allow_pickle: bool = False) -> TensorStore
         if not allow_pickle:
             raise UnsupportedError(
                 f"{path}: weights are pickle files ({', '.join(p.name for p in pickles)}), which can run code "
-                "when loaded; convert them to safetensors or pass allow_pickle=True to load them with "
-                "torch.load(weights_only=True)")
+                "when loaded; convert them to safetensors, or load them from Python with "
+                "quanta.loaders.load(path, allow_pickle=True), which uses torch.load(weights_only=True) "
+                "(the quanta command and engine never load pickle files)")
         return PickleDir(path)
     raise ConfigError(f"{path}: no weight files ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or pickle)")
