@@ -114,7 +114,7 @@ def entry_edit(draw, header: dict[str, Any]) -> dict[str, Any]:
             st.tuples(st.sampled_from(EDGE + [begin, end, begin + 1, end - 1]),
                       st.sampled_from(EDGE + [begin, end, begin + 1, end + 1])).map(list),
             st.lists(st.integers(-4, 10**6), max_size=4), JSON_ANY))
-    elif op == "drop_field":
+    elif op == "drop_field" and e:
         del e[draw(st.sampled_from(sorted(e)))]
     elif op == "extra_field":
         e[draw(st.text(max_size=6))] = draw(JSON_ANY)

@@ -12,6 +12,7 @@ import pytest
 from quanta.loaders.awq import awq_settings
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.compressed_tensors import groups as ct_groups
+from quanta.loaders.fp8 import fp8_settings
 from quanta.loaders.gguf import load_gguf
 from quanta.loaders.gptq import gptq_settings
 from quanta.loaders.hf import model_config_from_hf
@@ -207,4 +208,15 @@ def test_quant_settings_of_the_wrong_type(settings, qc, match):
 ])
 def test_compressed_tensors_groups_of_the_wrong_type(group, match):
     with pytest.raises(ConfigError, match=match):
+        ct_groups({"config_groups": {"g": group}}, Path("config.json"))
+
+
+def test_block_sizes_of_the_wrong_type(tmp_path):
+    """FP8 weight_block_size / compressed-tensors block_structure: were TypeError from tuple() of an int."""
+    cfg = {"quantization_config": {"quant_method": "fp8", "weight_block_size": 128}}
+    with pytest.raises(ConfigError, match="weight_block_size must be \\[rows, columns\\] of positive integers"):
+        fp8_settings(tmp_path, cfg)
+    group = {"weights": {"type": "float", "strategy": "block", "block_structure": [128, -1]},
+             "format": "float-quantized"}
+    with pytest.raises(ConfigError, match="block_structure must be \\[rows, columns\\]"):
         ct_groups({"config_groups": {"g": group}}, Path("config.json"))

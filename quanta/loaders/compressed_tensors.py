@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.config_fields import get_dict, get_int, get_str_list
+from quanta.loaders.config_fields import get_block, get_dict, get_int, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore, read_config
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
@@ -48,12 +48,10 @@ def groups(qc: dict[str, Any], source: Path) -> list[dict[str, Any]]:
             raise UnsupportedError(f"{source}: {bits}-bit float weights are not supported (only FP8)")
         if w.get("type", "int") == "int" and not 2 <= bits <= 8:
             raise UnsupportedError(f"{where}: {bits}-bit int weights are not supported (2 to 8)")
-        if (w.get("strategy") or "tensor") == "group":
+        if (w.get("strategy") or "tensor") == "group":          # checked here, read by read_int
             get_int(w, "group_size", f"{where}.weights", None)
-        if w.get("strategy") == "block" and not (isinstance(w.get("block_structure"), list) and
-                                                 len(w["block_structure"]) == 2 and
-                                                 all(type(b) is int and b > 0 for b in w["block_structure"])):
-            raise ConfigError(f"{where}.weights: block_structure must be [rows, columns] of positive integers")
+        if w.get("strategy") == "block":                        # checked here, read by read_float
+            get_block(w, "block_structure", f"{where}.weights")
         targets = get_str_list(g, "targets", where)
         for t in targets:
             if t.startswith("re:"):

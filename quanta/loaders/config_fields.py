@@ -68,6 +68,15 @@ def get_str_list(cfg: dict[str, Any], keys: str | tuple[str, ...], source: Path 
                        "a list of strings", source))
 
 
+def get_block(cfg: dict[str, Any], key: str, source: Path | str, default: Any = MISSING) -> Any:
+    """A [rows, columns] block size of positive integers, as a tuple, or `default` when absent."""
+    key, value = _get(cfg, key, default, source)
+    if value is default:
+        return value
+    ok = isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)
+    return tuple(_check(value, ok, key, "[rows, columns] of positive integers", source))
+
+
 def get_dict(cfg: dict[str, Any], key: str, source: Path | str, default: Any = MISSING) -> Any:
     """A JSON object field, or `default` when absent."""
     key, value = _get(cfg, key, default, source)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.config_fields import get_str_list
+from quanta.loaders.config_fields import get_block, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config
 from quanta.loaders.safetensors_io import TensorStore, read_config
-from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
+from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.kinds import Fp8
 
 METHODS = ("fbgemm_fp8", "modelopt", "fp8")
@@ -35,10 +35,7 @@ def fp8_settings(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedError(f"{path}: modelopt quant_algo {algo!r} is not supported")
     skip = next((names for key in ("modules_to_not_convert", "exclude_modules", "ignored_layers", "ignore")
                  if (names := get_str_list(qc, key, path))), [])
-    block = qc.get("weight_block_size")
-    if block and not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-        raise ConfigError(f"{path}: weight_block_size must be [rows, columns] of positive integers, got {block!r:.60}")
-    return {"quant_method": method, "skip": skip, "block": tuple(block) if block else None,
+    return {"quant_method": method, "skip": skip, "block": get_block(qc, "weight_block_size", path, None),
             "activation_scheme": qc.get("activation_scheme", "static" if algo == "FP8" else "dynamic"),
             "raw": qc}
 
