@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 
 from quanta.quant.errors import QuantaError
 
-DEFAULT_EXAMPLES = 150
+DEFAULT_EXAMPLES = 300
 EXAMPLES = int(os.environ.get("QUANTA_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
 FULL_RUN = "QUANTA_FUZZ_EXAMPLES" in os.environ
 HANG_SECONDS = 20            # one example running longer than this is a hang (the machine is shared: generous)
