@@ -111,9 +111,9 @@ def entry(dtype="F32", shape=(2, 2), offsets=(0, 16)):
 
 
 @pytest.mark.parametrize("header, match", [
-    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON as Python reads it \\(RecursionError"),                  # was RecursionError
+    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON as Python reads it \\(RecursionError"),
     (b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 16]}}',
-     "not valid JSON as Python reads it \\(ValueError"),                                                       # was ValueError
+     "not valid JSON as Python reads it \\(ValueError"),                                        # was ValueError
     (b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 16]}}', "shape must be a list of sizes"),
     ({"a": entry(dtype=["F32"])}, "dtype must be a string"),                                # was TypeError
     ({"a": entry(shape=(-1, -4))}, "shape must be a list of sizes"),                        # was accepted

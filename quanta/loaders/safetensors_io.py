@@ -59,7 +59,8 @@ def parse_json(text: str | bytes, source: Path | str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise CorruptFileError(f"{source}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from e
     except (ValueError, RecursionError) as e:
-        raise CorruptFileError(f"{source}: not valid JSON as Python reads it ({type(e).__name__}: {str(e)[:100]})") from e
+        raise CorruptFileError(f"{source}: not valid JSON as Python reads it "
+                               f"({type(e).__name__}: {str(e)[:100]})") from e
     if not isinstance(data, dict):
         raise CorruptFileError(f"{source}: expected a JSON object, got {type(data).__name__}")
     return data
