@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.quantized import check_shapes, group_geometry, load_packed, need, unpack_bits
+from quanta.loaders.config_fields import get_bool, get_int, get_str, get_str_list
+from quanta.loaders.quantized import check_shapes, group_geometry, group_size, load_packed, need, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
@@ -27,17 +28,16 @@ def awq_settings(qc: dict[str, Any], source: Path) -> dict[str, Any]:
     method = str(qc.get("quant_method", "awq")).lower()
     if method != "awq":
         raise UnsupportedError(f"{source}: quant_method {method!r} is not AWQ")
-    bits = qc.get("bits", qc.get("w_bit"))
-    group = qc.get("group_size", qc.get("q_group_size"))
-    version = str(qc.get("version", qc.get("format", "gemm"))).lower()
-    if bits is None or group is None:
+    if qc.get("bits", qc.get("w_bit")) is None or qc.get("group_size", qc.get("q_group_size")) is None:
         raise ConfigError(f"{source}: AWQ config needs bits (w_bit) and group_size (q_group_size), got {sorted(qc)}")
-    if int(bits) != 4:
+    bits, group = get_int(qc, ("bits", "w_bit"), source), group_size(qc, ("group_size", "q_group_size"), source)
+    version = get_str(qc, ("version", "format"), source, "gemm").lower()
+    if bits != 4:
         raise UnsupportedError(f"{source}: AWQ bits={bits} is not supported (AutoAWQ packs only 4-bit)")
     if version not in VERSIONS:
         raise UnsupportedError(f"{source}: AWQ version {version!r} is not supported (supported: {', '.join(VERSIONS)})")
-    return {"bits": 4, "group_size": int(group), "zero_point": bool(qc.get("zero_point", True)), "version": version,
-            "modules_to_not_convert": list(qc.get("modules_to_not_convert") or [])}
+    return {"bits": 4, "group_size": group, "zero_point": get_bool(qc, "zero_point", source, True), "version": version,
+            "modules_to_not_convert": get_str_list(qc, "modules_to_not_convert", source)}
 
 
 def unpack_gemm(packed: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """What every loader returns: a normalized model config, canonical tensors and the tokenizer."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,6 +19,19 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not _is_int(value) or value <= 0:
+        raise ConfigError(f"model config: {name} must be a positive integer, got {value!r}")
 
 
 @dataclass(slots=True)
@@ -48,16 +62,28 @@ class ModelConfig:
     torch_dtype: torch.dtype = torch.float32   # the checkpoint's own float dtype
 
     def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            _check_positive_int(name, getattr(self, name))
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model config: {name} must be a positive integer, got {value!r}")
+        _check_positive_int("head_dim", self.head_dim)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"model config: num_attention_heads={self.num_attention_heads} is not a multiple "
                               f"of num_key_value_heads={self.num_key_value_heads}")
+        # NaN, infinite or negative values would only surface as NaN logits, far from their cause.
+        if not (_is_real(self.rms_norm_eps) and 0 <= self.rms_norm_eps < math.inf):
+            raise ConfigError(f"model config: rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        if not (_is_real(self.rope_theta) and 0 < self.rope_theta < math.inf):
+            raise ConfigError(f"model config: rope_theta must be a finite number > 0, got {self.rope_theta!r}")
+        if self.sliding_window is not None:
+            _check_positive_int("sliding_window", self.sliding_window)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ConfigError(f"model config: rope_scaling must be a mapping or absent, got {self.rope_scaling!r}")
+        eos = self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id]
+        if not all(i is None or _is_int(i) for i in [self.bos_token_id, *eos]):
+            raise ConfigError(f"model config: bos_token_id {self.bos_token_id!r} / eos_token_id "
+                              f"{self.eos_token_id!r} must be token ids (integers)")
 
     @property
     def eos_token_ids(self) -> list[int]:

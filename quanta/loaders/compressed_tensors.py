@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.config_fields import get_block, get_dict, get_int, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore, read_config
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
@@ -30,10 +31,11 @@ def groups(qc: dict[str, Any], source: Path) -> list[dict[str, Any]]:
     """The config groups as [{targets, weights, input_activations, format}], validated."""
     top = qc.get("format")
     out = []
-    for gname, g in (qc.get("config_groups") or {}).items():
-        w = g.get("weights")
+    for gname, g in get_dict(qc, "config_groups", source, {}).items():
+        w = g.get("weights") if isinstance(g, dict) else None
         if not isinstance(w, dict):
             raise ConfigError(f"{source}: config_groups.{gname}.weights is missing")
+        where = f"{source}: config_groups.{gname}"
         fmt = g.get("format") or top
         if w.get("type", "int") == "int" and fmt not in INT_FORMATS or w.get("type") == "float" and fmt not in FLOAT_FORMATS:
             raise UnsupportedError(f"{source}: compressed-tensors format {fmt!r} with {w.get('type')} weights "
@@ -41,10 +43,24 @@ def groups(qc: dict[str, Any], source: Path) -> list[dict[str, Any]]:
         if (w.get("strategy") or "tensor") not in STRATEGIES:
             raise UnsupportedError(f"{source}: config_groups.{gname}: weight strategy {w.get('strategy')!r} "
                                    f"is not supported ({STRATEGIES})")
-        if w.get("type") == "float" and int(w.get("num_bits", 8)) != 8:
-            raise UnsupportedError(f"{source}: {w.get('num_bits')}-bit float weights are not supported (only FP8)")
-        out.append({"targets": list(g.get("targets") or []), "weights": w, "format": fmt,
-                    "input_activations": g.get("input_activations")})
+        bits = get_int(w, "num_bits", f"{where}.weights", 8)
+        if w.get("type") == "float" and bits != 8:
+            raise UnsupportedError(f"{source}: {bits}-bit float weights are not supported (only FP8)")
+        if w.get("type", "int") == "int" and not 2 <= bits <= 8:
+            raise UnsupportedError(f"{where}: {bits}-bit int weights are not supported (2 to 8)")
+        if (w.get("strategy") or "tensor") == "group":          # checked here, read by read_int
+            get_int(w, "group_size", f"{where}.weights", None)
+        if w.get("strategy") == "block":                        # checked here, read by read_float
+            get_block(w, "block_structure", f"{where}.weights")
+        targets = get_str_list(g, "targets", where)
+        for t in targets:
+            if t.startswith("re:"):
+                try:
+                    re.compile(t[3:])
+                except re.error as e:
+                    raise ConfigError(f"{where}: target {t!r} is not a valid regular expression ({e})") from e
+        act = get_dict(g, "input_activations", where, None)
+        out.append({"targets": targets, "weights": w, "format": fmt, "input_activations": act})
     if not out:
         raise ConfigError(f"{source}: compressed-tensors config has no config_groups")
     return out
@@ -137,6 +153,6 @@ def load_compressed_tensors(path: str | Path, *, tokenizer: bool | None = None) 
         raise UnsupportedError(f"{path}: quant_method {qc.get('quant_method')!r} is not compressed-tensors")
     if qc.get("sparsity_config"):
         raise UnsupportedError(f"{path}: compressed-tensors sparsity_config is not supported")
-    gs, ignore = groups(qc, path / "config.json"), list(qc.get("ignore") or [])
+    gs, ignore = groups(qc, path / "config.json"), get_str_list(qc, "ignore", path / "config.json")
     return build_checkpoint(path, "compressed-tensors", lambda st, p, sh: read_ct(st, p, sh, gs, ignore), qc, cfg=cfg,
                             tokenizer=tokenizer, kv_scales=kv_scale_names)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.config_fields import get_block, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config
 from quanta.loaders.safetensors_io import TensorStore, read_config
 from quanta.quant.errors import ShapeError, UnsupportedError
@@ -32,10 +33,9 @@ def fp8_settings(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     algo = str(qc.get("quant_algo", "FP8")).upper()
     if method == "modelopt" and algo not in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN"):
         raise UnsupportedError(f"{path}: modelopt quant_algo {algo!r} is not supported")
-    skip = qc.get("modules_to_not_convert") or qc.get("exclude_modules") or qc.get("ignored_layers") \
-        or qc.get("ignore") or []
-    block = qc.get("weight_block_size")
-    return {"quant_method": method, "skip": list(skip), "block": tuple(block) if block else None,
+    skip = next((names for key in ("modules_to_not_convert", "exclude_modules", "ignored_layers", "ignore")
+                 if (names := get_str_list(qc, key, path))), [])
+    return {"quant_method": method, "skip": skip, "block": get_block(qc, "weight_block_size", path, None),
             "activation_scheme": qc.get("activation_scheme", "static" if algo == "FP8" else "dynamic"),
             "raw": qc}
 

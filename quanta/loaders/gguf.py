@@ -9,6 +9,7 @@ file, so iterating `Checkpoint.tensors` costs one tensor at a time.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -26,7 +27,8 @@ import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.gguf_file import GgufFile, TensorInfo, read_gguf
-from quanta.quant.errors import ConfigError, CorruptFileError, UnsupportedError
+from quanta.loaders.hf import canonical_shapes
+from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.kinds.gguf import Gguf
 
 log = logging.getLogger(__name__)
@@ -53,13 +55,22 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
         raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
                                f"(supported: {', '.join(ARCHITECTURES)})")
     config = read_config(meta, arch, file)
-    tensors = _LazyTensors()
+    # Shapes as one layer has them: a file may hold a subset of the tensors, and block_count is not
+    # trusted to be small enough to list every layer's.
+    layer0, tensors = canonical_shapes(dataclasses.replace(config, num_hidden_layers=1)), _LazyTensors()
     for t in file.tensors:
         if t.name == "rope_freqs.weight":
             continue                                   # folded into config.rope_scaling
         name = hf_name(t.name)
         if name is None:
             raise UnsupportedError(f"{path}: tensor {t.name!r} is not part of the {arch} architecture")
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        want = layer0.get(name if layer is None else f"model.layers.0.{name[layer.end():]}")
+        if want is None or (layer is not None and int(layer[1]) >= config.num_hidden_layers):
+            raise CorruptFileError(f"{path}: tensor {t.name!r} is not part of the {config.num_hidden_layers}-layer "
+                                   f"{arch} model the metadata describes")
+        if t.dims != want:
+            raise ShapeError(f"{path}: tensor {t.name!r} has shape {list(t.dims)}, the metadata implies {list(want)}")
         tensors.add(name, _tensor_reader(file, t, arch, config))
     quant_config = {"quant_method": "gguf", "file_type": meta("general.file_type", None),
                     "tensor_types": dict(Counter(t.type.name for t in file.tensors))}
@@ -70,18 +81,29 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
 
 
 # --- metadata -------------------------------------------------------------------------------------
+# What a metadata value of each expected kind must be (bool is an int in Python, never one here).
+_KINDS = {int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+          float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+          str: ("a string", lambda v: isinstance(v, str))}
+
+
 class _Meta:
-    """Metadata lookup: meta(key) or meta(key, default); a missing required key is a ConfigError."""
+    """Metadata lookup: meta(key) or meta(key, default), optionally of a `kind` (int, float or str);
+    a missing required key or a value of another kind is a ConfigError naming the key."""
 
     def __init__(self, file: GgufFile):
         self.metadata, self.path = file.metadata, file.path
 
-    def __call__(self, key: str, default: Any = _REQUIRED) -> Any:
+    def __call__(self, key: str, default: Any = _REQUIRED, kind: type | None = None) -> Any:
         if key not in self.metadata:
             if default is _REQUIRED:
                 raise ConfigError(f"{self.path}: required GGUF metadata key {key!r} is missing")
             return default
-        return self.metadata[key]
+        value = self.metadata[key]
+        if kind is not None and not _KINDS[kind][1](value):
+            raise ConfigError(f"{self.path}: GGUF metadata {key!r} must be {_KINDS[kind][0]}, got "
+                              f"{type(value).__name__} {str(value)[:60]}")
+        return value
 
     def count(self, key: str) -> int | None:
         value = self.metadata.get(key)
@@ -94,40 +116,41 @@ def read_config(meta: _Meta, arch: str, file: GgufFile) -> ModelConfig:
     tensors = {t.name: t for t in file.tensors}
     name = str(meta("general.name", "") or "")
     model_type = "mistral" if arch == "llama" and "mistral" in name.lower() else arch
-    heads = meta(f"{arch}.attention.head_count")
-    hidden = meta(f"{arch}.embedding_length")
-    vocab = meta(f"{arch}.vocab_size", None) or meta.count("tokenizer.ggml.tokens")
+    heads = meta(f"{arch}.attention.head_count", kind=int)
+    vocab = meta(f"{arch}.vocab_size", None, int) or meta.count("tokenizer.ggml.tokens")
     if vocab is None:
         raise ConfigError(f"{meta.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
-    head_dim = meta(f"{arch}.attention.key_length", None) or meta(f"{arch}.rope.dimension_count", None)
-    theta = meta(f"{arch}.rope.freq_base", 10000.0)
-    eos, eot = meta("tokenizer.ggml.eos_token_id", None), meta("tokenizer.ggml.eot_token_id", None)
+    head_dim = meta(f"{arch}.attention.key_length", None, int) or meta(f"{arch}.rope.dimension_count", None, int)
+    theta = meta(f"{arch}.rope.freq_base", 10000.0, float)
+    eos, eot = meta("tokenizer.ggml.eos_token_id", None, int), meta("tokenizer.ggml.eot_token_id", None, int)
     bf16 = any(t.type.name == "bf16" for t in file.tensors)
     kw = dict(
         model_type=model_type,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=meta(f"{arch}.feed_forward_length"),
-        num_hidden_layers=meta(f"{arch}.block_count"),
+        vocab_size=vocab,
+        hidden_size=meta(f"{arch}.embedding_length", kind=int),
+        intermediate_size=meta(f"{arch}.feed_forward_length", kind=int),
+        num_hidden_layers=meta(f"{arch}.block_count", kind=int),
         num_attention_heads=heads,
-        num_key_value_heads=meta(f"{arch}.attention.head_count_kv", heads),
-        head_dim=head_dim or hidden // heads,
-        rms_norm_eps=meta(f"{arch}.attention.layer_norm_rms_epsilon"),
+        num_key_value_heads=meta(f"{arch}.attention.head_count_kv", heads, int),
+        head_dim=head_dim,
+        rms_norm_eps=meta(f"{arch}.attention.layer_norm_rms_epsilon", kind=float),
         rope_theta=theta,
-        rope_scaling=read_rope_scaling(meta, arch, _vector(file, tensors.get("rope_freqs.weight")), theta),
-        max_position_embeddings=meta(f"{arch}.context_length", 4096),
+        max_position_embeddings=meta(f"{arch}.context_length", 4096, int),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
-        sliding_window=meta(f"{arch}.attention.sliding_window", None),
-        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
+        sliding_window=meta(f"{arch}.attention.sliding_window", None, int),
+        bos_token_id=meta("tokenizer.ggml.bos_token_id", None, int),
         eos_token_id=[eos, eot] if None not in (eos, eot) and eot != eos else eos,
         torch_dtype=torch.bfloat16 if bf16 else torch.float16,   # GGUF scales and activations: f16
     )
     try:
-        return ModelConfig(**kw)
+        config = ModelConfig(**kw)
     except ConfigError as e:   # a field of the wrong value: name the file
         raise ConfigError(f"{meta.path}: {e}") from e
+    # After ModelConfig has checked rope_theta, which the llama3 factors are computed from.
+    config.rope_scaling = read_rope_scaling(meta, arch, _vector(file, tensors.get("rope_freqs.weight")), theta)
+    return config
 
 
 def read_rope_scaling(meta: _Meta, arch: str, factors: np.ndarray | None, theta: float) -> dict[str, Any] | None:
@@ -137,11 +160,11 @@ def read_rope_scaling(meta: _Meta, arch: str, factors: np.ndarray | None, theta:
     Where they equal HF's llama3 formula with Llama 3.1's low/high factors (1, 4) and original
     context (8192), those parameters are filled in too, so the dict is a valid transformers one.
     """
-    kind = meta(f"{arch}.rope.scaling.type", None)
+    kind = meta(f"{arch}.rope.scaling.type", None, str)
     if kind not in (None, "none"):
         keys = {"factor": "factor", "original_max_position_embeddings": "original_context_length",
                 "attention_factor": "attn_factor", "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
-        out = {hf: meta(f"{arch}.rope.scaling.{g}", None) for hf, g in keys.items()}
+        out = {hf: meta(f"{arch}.rope.scaling.{g}", None, float) for hf, g in keys.items()}
         return {"rope_type": kind, **{k: v for k, v in out.items() if v is not None}}
     if factors is None:
         return None
@@ -217,7 +240,13 @@ def _vector(file: GgufFile, t: TensorInfo | None) -> np.ndarray | None:
         return None
     if t.type.float_dtype is None:
         raise UnsupportedError(f"{file.path}: tensor {t.name!r} is {t.type.name}, expected a float type")
-    return torch.from_numpy(file.read(t)).view(t.type.float_dtype).float().reshape(-1).numpy()
+    if len(t.dims) != 1 or t.nbytes == 0:
+        raise CorruptFileError(f"{file.path}: tensor {t.name!r} has shape {list(t.dims)}, expected a non-empty vector")
+    values = torch.from_numpy(file.read(t)).view(t.type.float_dtype).float().numpy()
+    if not (np.isfinite(values) & (values > 0)).all():   # they divide the rope frequencies
+        raise CorruptFileError(f"{file.path}: tensor {t.name!r} must hold finite positive factors, got values "
+                               f"from {values.min()} to {values.max()}")
+    return values
 
 
 class _LazyTensors(Mapping):

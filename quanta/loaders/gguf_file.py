@@ -32,6 +32,7 @@ GGUF_MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_DIMS = 4                 # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32       # GGUF_DEFAULT_ALIGNMENT, overridden by the `general.alignment` key
+MAX_ARRAY_DEPTH = 8          # arrays of arrays: gguf-py writes them, ggml reads none; deeper is damage
 
 # Metadata value types (gguf_type in gguf.h) with fixed-size values, as struct formats.
 SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -142,7 +143,7 @@ class _Cursor:
             raise CorruptFileError(f"{self.path}: {self.where}: the string at byte {start} is not valid UTF-8 "
                                    f"(byte {start + e.start})") from None
 
-    def value(self, value_type: int) -> Any:
+    def value(self, value_type: int, depth: int = 0) -> Any:
         """A metadata value of `value_type`: a scalar, a string or a (nested) list."""
         if value_type in SCALAR_FORMATS:
             return self.scalar(value_type)
@@ -150,12 +151,14 @@ class _Cursor:
             return self.string()
         if value_type != ARRAY:
             raise CorruptFileError(f"{self.path}: {self.where}: unknown metadata value type {value_type}")
+        if depth == MAX_ARRAY_DEPTH:
+            raise CorruptFileError(f"{self.path}: {self.where}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
         item_type, count = self.scalar(4), self.scalar(10)
         if item_type in SCALAR_FORMATS:
             dtype = np.dtype("<" + SCALAR_FORMATS[item_type])
             start = self.take(count * dtype.itemsize)
             return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).tolist()
-        return [self.value(item_type) for _ in range(count)]
+        return [self.value(item_type, depth + 1) for _ in range(count)]
 
 
 def _read_metadata(cur: _Cursor, count: int) -> dict[str, Any]:

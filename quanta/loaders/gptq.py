@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.quantized import check_shapes, group_geometry, load_packed, need, unpack_bits
+from quanta.loaders.config_fields import get_bool, get_int
+from quanta.loaders.quantized import check_shapes, group_geometry, group_size, load_packed, need, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
@@ -29,11 +30,10 @@ def gptq_settings(qc: dict[str, Any], source: Path) -> dict[str, Any]:
     method = str(qc.get("quant_method", "gptq")).lower()
     if method != "gptq":
         raise UnsupportedError(f"{source}: quant_method {method!r} is not GPTQ")
-    bits = qc.get("bits", qc.get("w_bit"))
-    group = qc.get("group_size", qc.get("q_group_size", -1))
-    if bits is None:
+    if qc.get("bits", qc.get("w_bit")) is None:
         raise ConfigError(f"{source}: GPTQ config has no bits field")
-    if int(bits) not in BITS:
+    bits, group = get_int(qc, ("bits", "w_bit"), source), group_size(qc, ("group_size", "q_group_size"), source, -1)
+    if bits not in BITS:
         raise UnsupportedError(f"{source}: GPTQ bits={bits} is not supported (supported: {BITS})")
     fmt = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
     if qc.get("is_marlin_format"):
@@ -43,8 +43,8 @@ def gptq_settings(qc: dict[str, Any], source: Path) -> dict[str, Any]:
     pack = str(qc.get("pack_dtype", "int32")).removeprefix("torch.")
     if pack != "int32":
         raise UnsupportedError(f"{source}: GPTQ pack_dtype {pack!r} is not supported (only int32)")
-    return {"bits": int(bits), "group_size": int(group), "sym": bool(qc.get("sym", True)),
-            "desc_act": bool(qc.get("desc_act", False)), "checkpoint_format": fmt}
+    return {"bits": bits, "group_size": group, "sym": get_bool(qc, "sym", source, True),
+            "desc_act": get_bool(qc, "desc_act", source, False), "checkpoint_format": fmt}
 
 
 def v1_to_v2_zeros(qzeros: torch.Tensor, bits: int, n: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import SUPPORTED_ARCHITECTURES, Checkpoint, ModelConfig
+from quanta.loaders.config_fields import get_dict, get_int, get_number, get_str, get_str_list
 from quanta.loaders.detect import detect_dir
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, ShapeError, UnsupportedError
@@ -25,36 +26,36 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)       # buffers some old checkpoints
 
 def _rope(cfg: dict[str, Any], source: Path) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from transformers-5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`."""
-    params = cfg.get("rope_parameters")
+    params = get_dict(cfg, "rope_parameters", source, None)
     if params is None:
-        params = dict(cfg.get("rope_scaling") or {})
+        params = dict(get_dict(cfg, "rope_scaling", source, {}))
         params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(params, dict):
-        raise ConfigError(f"{source}: rope_parameters must be an object, got {params!r}")
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if "type" in scaling:                                   # transformers < 4.45 spelling
         scaling.setdefault("rope_type", scaling.pop("type"))
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    theta = get_number(params, "rope_theta", source, get_number(cfg, "rope_theta", source, 10000.0))
     if scaling.get("rope_type", "default") == "default":
         scaling = None
-    return float(theta), scaling
+    return theta, scaling
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str, source: Path) -> int | None:
     """The one sliding window all layers use, or None; mixed full/sliding layers are unsupported."""
-    window = cfg.get("sliding_window")
+    window = get_int(cfg, "sliding_window", source, None)
     if model_type in ("qwen2", "qwen3"):
         if not cfg.get("use_sliding_window", False):
             return None
-        layer_types = cfg.get("layer_types") or [
-            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
-            for i in range(cfg["num_hidden_layers"])]
-        if set(layer_types) == {"full_attention"}:
+        kinds = set(get_str_list(cfg, "layer_types", source))
+        if not kinds:        # layers from max_window_layers on slide: told apart without listing the layers
+            first, layers = get_int(cfg, "max_window_layers", source, 28), cfg["num_hidden_layers"]
+            kinds = {"full_attention"} if first >= layers else {"sliding_attention"} if first <= 0 else \
+                {"full_attention", "sliding_attention"}
+        if kinds == {"full_attention"}:
             return None
-        if set(layer_types) != {"sliding_attention"}:
-            raise UnsupportedError(f"{source}: layer_types mixes sliding and full attention ({layer_types}); "
+        if kinds != {"sliding_attention"}:
+            raise UnsupportedError(f"{source}: layer_types mixes sliding and full attention ({sorted(kinds)}); "
                                    "only one window for all layers is supported")
-    return None if window is None else int(window)
+    return window
 
 
 def _dtype(cfg: dict[str, Any], source: Path) -> torch.dtype:
@@ -73,15 +74,15 @@ def model_config_from_hf(cfg: dict[str, Any], path: str | Path) -> ModelConfig:
     outside SUPPORTED_ARCHITECTURES or features the llama-family model lacks; ConfigError for missing fields.
     """
     source = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}.get(cfg.get("model_type"))
+    archs = get_str_list(cfg, "architectures", source)
+    arch = archs[0] if archs else {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}.get(
+        get_str(cfg, "model_type", source, None))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     model_type = SUPPORTED_ARCHITECTURES[arch]
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if cfg.get(name) is None:
-            raise ConfigError(f"{source}: required field {name!r} is missing")
+        get_int(cfg, name, source)
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
     if cfg.get("mlp_bias"):
@@ -98,7 +99,7 @@ def model_config_from_hf(cfg: dict[str, Any], path: str | Path) -> ModelConfig:
         num_attention_heads=cfg["num_attention_heads"],
         num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
         head_dim=cfg.get("head_dim"),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=get_number(cfg, "rms_norm_eps", source, 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -110,11 +111,22 @@ def model_config_from_hf(cfg: dict[str, Any], path: str | Path) -> ModelConfig:
         torch_dtype=_dtype(cfg, source),
     )
     if cfg.get("max_position_embeddings") is not None:
-        kwargs["max_position_embeddings"] = int(cfg["max_position_embeddings"])
+        kwargs["max_position_embeddings"] = get_int(cfg, "max_position_embeddings", source)
     try:
         return ModelConfig(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from e
+
+
+MIN_LAYER_TENSORS = 9    # q, k, v, o, gate, up, down and two norms
+
+
+def check_layer_count(config: ModelConfig, stored: int, source: Path) -> None:
+    """CorruptFileError when `stored` tensors cannot hold config.num_hidden_layers layers: refused by
+    arithmetic before canonical_shapes lists every layer (a damaged layer count may be 2**40)."""
+    if config.num_hidden_layers * MIN_LAYER_TENSORS > stored:
+        raise CorruptFileError(f"{source}: the config says {config.num_hidden_layers} layers, but the weights hold "
+                               f"only {stored} tensors (each layer has at least {MIN_LAYER_TENSORS})")
 
 
 def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -178,6 +190,7 @@ def load_tokenizer(path: str | Path):
 
 def _check_tensors(store: TensorStore, config: ModelConfig, path: Path) -> list[str]:
     """Names of the canonical tensors, after checking presence, shape and float dtype of each."""
+    check_layer_count(config, len(store), path)
     expected = canonical_shapes(config)
     for name in store:
         if name in expected or name.endswith(IGNORED_SUFFIXES):

@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.config_fields import MISSING, get_int
 from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
-from quanta.loaders.hf import FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, load_tokenizer, model_config_from_hf
+from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
+                               model_config_from_hf)
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
@@ -41,6 +43,14 @@ def need(store: TensorStore, name: str, field: str) -> torch.Tensor:
     if name not in store:
         raise CorruptFileError(f"{store.path}: tensor {name!r} ({field}) is missing")
     return store[name]
+
+
+def group_size(qc: dict[str, Any], keys: tuple[str, ...], source: Path, default: Any = MISSING) -> int:
+    """A quantization config's group size: a positive integer, or -1 / 0 for one group per row."""
+    group = get_int(qc, keys, source, default)
+    if group < -1:
+        raise ConfigError(f"{source}: {keys[0]} must be a positive integer or -1 (one group per row), got {group}")
+    return group
 
 
 def group_geometry(group_size: int, k: int) -> tuple[int, int]:
@@ -181,6 +191,7 @@ def build_checkpoint(path: str | Path, fmt: str, read: Reader, qc: dict[str, Any
     cfg = read_config(path) if cfg is None else cfg
     config = model_config_from_hf(cfg, path)
     store = open_weights(path)
+    check_layer_count(config, len(store), path)
     shapes = canonical_shapes(config)
     prefixes = {n.rsplit(".", 1)[0] for n in store} | {n.rsplit(".", 2)[0] for n in store}   # bnb: x.weight.absmax
     for name in shapes:

@@ -33,10 +33,10 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024          # the limit safetensors itself enforces
 
-# Bytes per element of each safetensors dtype string (sub-byte types are left out: no size check).
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-               "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+# Bits per element of each safetensors dtype string (the `Dtype` enum of safetensors' Rust core).
+DTYPE_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "I16": 16, "I8": 8,
+              "U64": 64, "U32": 32, "U16": 16, "U8": 8, "BOOL": 8, "C64": 64,
+              "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
 
 
 def read_json(path: Path, what: str = "file") -> dict[str, Any]:
@@ -48,12 +48,21 @@ def read_json(path: Path, what: str = "file") -> dict[str, Any]:
         raise ConfigError(f"{path}: {what} not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CorruptFileError(f"{path}: cannot read {what}: {e}") from e
+    return parse_json(text, path)
+
+
+def parse_json(text: str | bytes, source: Path | str) -> dict[str, Any]:
+    """A JSON object from `text`; CorruptFileError naming `source` for invalid JSON, numbers Python
+    refuses to convert (over 4300 digits), nesting deeper than the parser's recursion, or a non-object."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CorruptFileError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        raise CorruptFileError(f"{source}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from e
+    except (ValueError, RecursionError) as e:
+        raise CorruptFileError(f"{source}: not valid JSON as Python reads it "
+                               f"({type(e).__name__}: {str(e)[:100]})") from e
     if not isinstance(data, dict):
-        raise CorruptFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise CorruptFileError(f"{source}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -82,7 +91,8 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
     """Parse and validate a .safetensors header: (tensor infos by name, `__metadata__`).
 
     Checks what a truncated or garbled file breaks: header length against the file size, the JSON,
-    each tensor's byte range against its dtype and shape, and that the data ends at the end of the file.
+    each entry's types, its byte range against its dtype and shape, and that the ranges tile the data
+    section exactly (no gap, overlap or trailing byte), as safetensors itself requires.
     """
     path = Path(path)
     try:
@@ -101,33 +111,67 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
     except OSError as e:
         raise CorruptFileError(f"{path}: cannot read: {e}") from e
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptFileError(f"{path}: safetensors header is not valid JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise CorruptFileError(f"{path}: safetensors header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    infos, data_size, end = {}, size - 8 - n, 0
+        header = parse_json(raw.decode("utf-8"), f"{path}: safetensors header")
+    except UnicodeDecodeError as e:
+        raise CorruptFileError(f"{path}: safetensors header is not UTF-8: {e}") from e
+    metadata = header.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CorruptFileError(f"{path}: safetensors __metadata__ must map strings to strings, got {metadata!r:.100}")
+    infos, ranges = {}, []
     for name, entry in header.items():
-        try:
-            dtype, shape = entry["dtype"], tuple(int(s) for s in entry["shape"])
-            begin, stop = (int(x) for x in entry["data_offsets"])
-        except (TypeError, KeyError, ValueError) as e:
-            raise CorruptFileError(f"{path}: tensor {name!r}: malformed header entry {entry!r}") from e
-        if not 0 <= begin <= stop:
-            raise CorruptFileError(f"{path}: tensor {name!r}: bad data_offsets [{begin}, {stop}]")
-        if dtype in DTYPE_BYTES and stop - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
-            raise CorruptFileError(f"{path}: tensor {name!r}: {dtype}{list(shape)} needs "
-                                   f"{math.prod(shape) * DTYPE_BYTES[dtype]} bytes, header gives {stop - begin}")
-        if stop > data_size:
-            raise CorruptFileError(f"{path}: tensor {name!r} ends at byte {stop} of the data section but the "
-                                   f"file holds only {data_size} data bytes (truncated)")
-        end = max(end, stop)
+        dtype, shape, (begin, stop) = _header_entry(entry, f"{path}: tensor {name!r}")
+        if dtype not in DTYPE_BITS:
+            raise UnsupportedError(f"{path}: tensor {name!r} has dtype {dtype!r}, which safetensors does not define")
+        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        if bits % 8 or stop - begin != bits // 8:
+            raise CorruptFileError(f"{path}: tensor {name!r}: {dtype}{list(shape)} needs {bits / 8:g} bytes, "
+                                   f"header gives {stop - begin}")
         infos[name] = TensorInfo(name, dtype, shape, path)
+        ranges.append((begin, stop, name))
+    # As safetensors requires: the tensors tile the data section, in some order, without gaps or overlaps.
+    data_size, end = size - 8 - n, 0
+    for begin, stop, name in sorted(ranges):
+        if begin != end:
+            raise CorruptFileError(f"{path}: tensor {name!r} starts at data byte {begin}, expected {end} "
+                                   "(tensors overlap or leave a gap)")
+        end = stop
     if end != data_size:
         raise CorruptFileError(f"{path}: data section is {data_size} bytes but tensors cover {end} "
-                               "(file has trailing bytes or a bad header)")
+                               "(file truncated, trailing bytes or a bad header)")
     return infos, metadata
+
+
+def _header_entry(entry: Any, what: str) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """(dtype, shape, data_offsets) of one header entry, each of the JSON type safetensors requires."""
+    def is_size(x: Any) -> bool:
+        return type(x) is int and 0 <= x < 2**64
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise CorruptFileError(f"{what}: header entry must hold dtype, shape and data_offsets, got {entry!r:.100}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str):
+        raise CorruptFileError(f"{what}: dtype must be a string, got {dtype!r:.60}")
+    if not isinstance(shape, list) or not all(map(is_size, shape)):
+        raise CorruptFileError(f"{what}: shape must be a list of sizes, got {shape!r:.60}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(is_size, offsets)) \
+            or offsets[0] > offsets[1]:
+        raise CorruptFileError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r:.60}")
+    return dtype, tuple(shape), (offsets[0], offsets[1])
+
+
+def read_index(index_path: Path, what: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """(weight_map, metadata) of a sharded checkpoint's index file, checked: tensor name -> shard file
+    name, each a plain relative path that stays inside the index's directory (never absolute, never ..)."""
+    index = read_json(index_path, what)
+    weight_map, metadata = index.get("weight_map") or {}, index.get("metadata") or {}
+    if not isinstance(weight_map, dict) or not isinstance(metadata, dict):
+        raise CorruptFileError(f"{index_path}: 'weight_map' and 'metadata' must be JSON objects")
+    for name, shard in weight_map.items():
+        parts = Path(shard).parts if isinstance(shard, str) else ()
+        if not parts or Path(shard).is_absolute() or ".." in parts:
+            raise CorruptFileError(f"{index_path}: tensor {name!r} is mapped to {shard!r}, which is not a file name "
+                                   "inside the checkpoint directory")
+    return weight_map, metadata
 
 
 class TensorStore(Mapping[str, torch.Tensor]):
@@ -199,11 +243,9 @@ class SafetensorsDir(TensorStore):
             raise ConfigError(f"{path}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}")
 
     def _open_index(self, index_path: Path) -> None:
-        index = read_json(index_path, "safetensors index")
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
+        weight_map, self.metadata = read_index(index_path, "safetensors index")
+        if not weight_map:
             raise CorruptFileError(f"{index_path}: missing or empty 'weight_map'")
-        self.metadata = dict(index.get("metadata") or {})
         shards: dict[str, dict[str, TensorInfo]] = {}
         for name, shard in weight_map.items():
             if shard not in shards:
@@ -257,9 +299,7 @@ class PickleDir(TensorStore):
         if path.is_file():
             files = [path]
         elif (path / PICKLE_INDEX).is_file():
-            index = read_json(path / PICKLE_INDEX, "pickle index")
-            weight_map = index.get("weight_map") or {}
-            self.metadata = dict(index.get("metadata") or {})
+            weight_map, self.metadata = read_index(path / PICKLE_INDEX, "pickle index")
             files = [path / f for f in dict.fromkeys(weight_map.values())]
         else:
             files = [path / f for f in PICKLE_FILES if (path / f).is_file()][:1]
@@ -322,7 +362,8 @@ def open_weights(path: str | Path, *, allow_pickle: bool = False) -> TensorStore
         if not allow_pickle:
             raise UnsupportedError(
                 f"{path}: weights are pickle files ({', '.join(p.name for p in pickles)}), which can run code "
-                "when loaded; convert them to safetensors or pass allow_pickle=True to load them with "
-                "torch.load(weights_only=True)")
+                "when loaded; convert them to safetensors, or load them from Python with "
+                "quanta.loaders.load(path, allow_pickle=True), which uses torch.load(weights_only=True) "
+                "(the quanta command and engine never load pickle files)")
         return PickleDir(path)
     raise ConfigError(f"{path}: no weight files ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or pickle)")
