@@ -116,7 +116,7 @@ class ModelConfig:
         if scaling:
             out["rope_scaling"] = scaling
         if self.model_type != "qwen2":              # Qwen2's q/k/v bias is implied by its architecture
-            out["attention_bias"] = False
+            out["attention_bias"] = self.attention_bias
         if self.model_type in ("qwen2", "qwen3"):   # one window for every layer, or none
             out |= {"use_sliding_window": self.sliding_window is not None, "sliding_window": self.sliding_window,
                     "max_window_layers": 0 if self.sliding_window is not None else self.num_hidden_layers}

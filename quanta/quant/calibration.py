@@ -67,21 +67,13 @@ def load_calibration(tokenizer, path: str | Path = DEFAULT_TEXT, n_samples: int 
 
 
 def hf_config(cfg):
-    """A transformers config (fp32, sdpa attention) of the llama-family ModelConfig `cfg`."""
+    """A transformers config (fp32, sdpa attention) of the llama-family ModelConfig `cfg`, from the same
+    config.json dict the writers save (ModelConfig.to_hf_dict)."""
     from transformers import AutoConfig
 
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta} | dict(cfg.rope_scaling or {})
-    rope.setdefault("rope_theta", cfg.rope_theta)
-    kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-              num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-              num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
-              rope_parameters=rope, max_position_embeddings=cfg.max_position_embeddings,
-              tie_word_embeddings=cfg.tie_word_embeddings)
-    if cfg.model_type in ("llama", "mistral"):
-        kw["attention_bias"] = cfg.attention_bias
-    if cfg.model_type == "mistral" or cfg.sliding_window:
-        kw["sliding_window"] = cfg.sliding_window
-    hf = AutoConfig.for_model(cfg.model_type, **kw)
+    fields = cfg.to_hf_dict()
+    fields.pop("architectures")
+    hf = AutoConfig.for_model(fields.pop("model_type"), **fields)
     hf._attn_implementation = "sdpa"
     return hf
 
