@@ -220,19 +220,6 @@ def vocab_range(vocab_size: int, rank: int, world: int) -> tuple[int, int]:
     return min(vocab_size, rank * per), min(vocab_size, (rank + 1) * per)
 
 
-def shard_problem(num_heads: int, num_kv_heads: int, intermediate: int, vocab: int, world: int) -> str | None:
-    """Why a model of these sizes cannot be split over `world` ranks, or None."""
-    if num_heads % world:
-        return f"{num_heads} attention heads do not split over {world} ranks"
-    if num_kv_heads % world and world % num_kv_heads:
-        return f"{num_kv_heads} KV heads neither split over {world} ranks nor replicate evenly"
-    if intermediate % world:
-        return f"intermediate size {intermediate} does not split over {world} ranks"
-    if vocab_range(vocab, world - 1, world)[0] >= vocab:
-        return f"a vocabulary of {vocab} leaves rank {world - 1} no rows"
-    return None
-
-
 def check_shardable(config, source: dict, world: int, name: str) -> None:
     """ConfigError, before anything is loaded, when the model cannot be split over `world` ranks: its
     heads, KV heads, intermediate size or vocabulary, or (where memory_plan models the checkpoint's
@@ -247,12 +234,8 @@ def check_shardable(config, source: dict, world: int, name: str) -> None:
     except QuantaError:
         fmt = None
 
-    def problem(tp: int) -> str | None:
-        found = shard_problem(config.num_attention_heads, config.num_key_value_heads, config.intermediate_size,
-                              config.vocab_size, tp)
-        return found if found is not None or fmt is None else tp_problem(config, fmt, tp)
-    why = problem(world)
+    why = tp_problem(config, fmt, world)
     if why is not None:
-        works = [t for t in TP_SIZES if problem(t) is None]
+        works = [t for t in TP_SIZES if tp_problem(config, fmt, t) is None]
         raise ConfigError(f"{name} cannot run at tensor_parallel_size={world}: {why}; sizes that would: "
                           f"{', '.join(map(str, works)) or 'none'}")

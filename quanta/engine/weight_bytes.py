@@ -126,9 +126,10 @@ def shard(config: ModelConfig, tp: int) -> Shard:
                  config.intermediate_size // tp, cdiv(config.vocab_size, tp))
 
 
-def tp_problem(config: ModelConfig, fmt: WeightFormat, tp: int) -> str | None:
-    """Why the model cannot be split over tp ranks, or None. Column-parallel: q/k/v by heads, gate/up by
-    rows; row-parallel o_proj and down_proj split K, which must not cut a quantization group or block."""
+def size_problem(config: ModelConfig, tp: int) -> str | None:
+    """Why the model's sizes cannot be split over tp ranks, whatever its format, or None: attention heads,
+    KV heads (split, or replicated evenly when fewer than ranks), intermediate size, and a vocabulary cut
+    in pieces of cdiv(vocab, tp) rows that must leave the last rank some."""
     heads, kv, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     if heads % tp:
         return f"{heads} attention heads do not split over {tp} ranks"
@@ -136,9 +137,19 @@ def tp_problem(config: ModelConfig, fmt: WeightFormat, tp: int) -> str | None:
         return f"{kv} KV heads neither split over {tp} ranks nor replicate evenly"
     if inter % tp:
         return f"intermediate size {inter} does not split over {tp} ranks"
-    if tp == 1:
-        return None
-    for name, k in (("o_proj", heads * config.head_dim), ("down_proj", inter)):
+    if (tp - 1) * cdiv(config.vocab_size, tp) >= config.vocab_size:
+        return f"a vocabulary of {config.vocab_size} leaves rank {tp - 1} no rows"
+    return None
+
+
+def tp_problem(config: ModelConfig, fmt: WeightFormat | None, tp: int) -> str | None:
+    """Why the model cannot be split over tp ranks, or None. Column-parallel: q/k/v by heads, gate/up by
+    rows; row-parallel o_proj and down_proj split K, which must not cut a quantization group or block
+    (not checked when `fmt` is None: a format the plan does not model)."""
+    problem = size_problem(config, tp)
+    if problem is not None or tp == 1 or fmt is None:
+        return problem
+    for name, k in (("o_proj", config.num_attention_heads * config.head_dim), ("down_proj", config.intermediate_size)):
         role = "attn_output" if name == "o_proj" else "ffn_down"
         types = fmt.gguf.all_of(role) if fmt.gguf else [None]
         for t in types:
