@@ -29,7 +29,7 @@ def conv(src, to, out, **kw):
 def stored(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a safetensors checkpoint directory (one or more shards)."""
     out = {}
-    for f in sorted(path.glob("*.safetensors")):
+    for f in sorted(path.glob("model*.safetensors")):
         out |= load_file(str(f))
     return out
 
@@ -104,8 +104,12 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, bytes]]:
     return {t.name: (t.tensor_type.name, bytes(np.asarray(t.data).tobytes())) for t in GGUFReader(str(path)).tensors}
 
 
-@pytest.mark.parametrize("ggml_type,to", [("Q4_0", "gptq"), ("Q8_0", "gptq"), ("Q4_0", "awq"),
-                                          ("Q4_0", "compressed-tensors"), ("Q8_0", "compressed-tensors")])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("ggml_type,to", [("Q4_0", "gptq"), pytest.param("Q8_0", "gptq", marks=SLOW),
+                                          ("Q4_0", "awq"), pytest.param("Q4_0", "compressed-tensors", marks=SLOW),
+                                          ("Q8_0", "compressed-tensors")])
 def test_gguf_legacy_blocks_through_integer_formats_are_bit_exact(tmp_path, ggml_type, to):
     hf = make_tiny_hf("llama", tmp_path / "hf")
     first = conv(hf, f"gguf:{ggml_type}", tmp_path / "a.gguf")
@@ -121,7 +125,8 @@ def test_gguf_legacy_blocks_through_integer_formats_are_bit_exact(tmp_path, ggml
         assert b[name] == a[name], name
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", ["Q4_1", pytest.param("Q5_0", marks=SLOW), pytest.param("Q5_1", marks=SLOW),
+                                       "Q8_0"])
 def test_gguf_to_hf_float32_equals_the_gguf_package_dequantization(tmp_path, ggml_type):
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -164,6 +169,7 @@ def test_requantization_to_each_format_loads_back(tmp_path):
 
 
 # --- tokenizer, chat template, config -------------------------------------------------------------
+@pytest.mark.slow
 def test_gguf_to_hf_carries_tokenizer_and_chat_template(tmp_path, default_model_path):
     from gguf import GGUFReader
     from transformers import AutoTokenizer

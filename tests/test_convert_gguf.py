@@ -14,6 +14,8 @@ import torch
 import quanta
 from quanta.engine import LLM, SamplingParams
 
+pytestmark = pytest.mark.slow        # converts the 135M model several times
+
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORD = FIXTURES / "convert" / "llama_cpp.json"
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
