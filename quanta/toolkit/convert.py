@@ -44,9 +44,10 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
     gguf[:TYPE]) at `out` (a directory; a file for gguf) and return the ConvertReport, also stored beside the
     output (DST/quanta_convert.json, or DST.convert.json next to a GGUF file).
 
-    The conversion streams tensor by tensor: peak host memory is about twice the largest tensor in float32
-    (the source weight's float32 copy and its converted form, while it is re-quantized) plus one output shard
-    (`max_shard_size`, the constant; GGUF output spills each tensor to disk instead), never the whole model.
+    The conversion streams tensor by tensor: peak host memory is a small multiple of the largest tensor in
+    float32 (its float32 copy, the quantizer's temporaries and the writers' int64 bit-packing scratch: at
+    most 8x) plus one output shard (`max_shard_size`, the constant; GGUF output spills each tensor to disk
+    instead), never the whole model.
     Memory-mapped source pages are not counted: the kernel reclaims them. With `calibration` (AWQ / GPTQ)
     one decoder layer and the calibration activations are held instead.
 
