@@ -12,10 +12,13 @@ def __getattr__(name):
     if name == "plan":
         from quanta.engine.memory_plan import plan
         return plan
+    if name == "convert":
+        from quanta.toolkit.convert import convert
+        return convert
     if name == "validate":
         from quanta.eval import validate
         return validate
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "validate"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "validate", "convert"]

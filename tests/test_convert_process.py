@@ -1,0 +1,153 @@
+"""quanta convert as a process: peak host memory stays within the bound convert's docstring states, and a
+conversion killed midway (SIGTERM, SIGINT, SIGKILL) leaves no destination and the source unchanged."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDDEN, INTER, HEADS, KV_HEADS, VOCAB, LAYERS = 512, 2048, 8, 4, 512, 12
+MiB = 1 << 20
+
+
+def write_fp16_llama(path: Path, layers: int = LAYERS) -> dict[str, int]:
+    """A plain fp16 llama checkpoint (random weights, no tokenizer) whose tensors add up to ~12x its largest."""
+    gen = torch.Generator().manual_seed(0)
+    hd = HIDDEN // HEADS
+    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,),
+              "lm_head.weight": (VOCAB, HIDDEN)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (HIDDEN, HIDDEN), p + "self_attn.k_proj.weight": (KV_HEADS * hd, HIDDEN),
+                   p + "self_attn.v_proj.weight": (KV_HEADS * hd, HIDDEN), p + "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+                   p + "mlp.gate_proj.weight": (INTER, HIDDEN), p + "mlp.up_proj.weight": (INTER, HIDDEN),
+                   p + "mlp.down_proj.weight": (HIDDEN, INTER), p + "input_layernorm.weight": (HIDDEN,),
+                   p + "post_attention_layernorm.weight": (HIDDEN,)}
+    path.mkdir()
+    for shard in range(2):          # two shards, as big checkpoints come
+        part = {n: (0.02 * torch.randn(s, generator=gen)).half() for j, (n, s) in enumerate(shapes.items())
+                if j % 2 == shard}
+        save_file(part, str(path / f"model-{shard + 1:05d}-of-00002.safetensors"))
+    index = {"metadata": {}, "weight_map": {n: f"model-{j % 2 + 1:05d}-of-00002.safetensors"
+                                            for j, n in enumerate(shapes)}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=HIDDEN,
+                  intermediate_size=INTER, num_hidden_layers=layers, num_attention_heads=HEADS,
+                  num_key_value_heads=KV_HEADS, vocab_size=VOCAB, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, torch_dtype="float16", tie_word_embeddings=False)
+    (path / "config.json").write_text(json.dumps(config))
+    sizes = {n: 2 * int(torch.Size(s).numel()) for n, s in shapes.items()}
+    return sizes
+
+
+# Runs in a fresh interpreter: a thread samples the process's anonymous resident memory (RssAnon: the heap
+# and torch's buffers, not the memory-mapped source file, whose pages the kernel reclaims at will).
+MEASURE = r"""
+import ctypes, json, sys, threading, time
+import quanta, torch
+libc = ctypes.CDLL("libc.so.6")
+from quanta.toolkit import convert as _c
+
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+
+peak = [0]
+stop = False
+def sample():
+    while not stop:
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.0005)
+threading.Thread(target=sample, daemon=True).start()
+src, small, out = sys.argv[1], sys.argv[2], sys.argv[3]
+for to in ("awq", "gguf:Q8_0", "hf"):           # warm-up on a one-layer model: lazy imports, first-use caches
+    quanta.convert(small, to, f"{out}/warm-{to}", validate=False, quiet=True)
+results = {}
+for label, to, shard, dtype in [("awq", "awq", "4MB", None), ("gguf", "gguf:Q8_0", "4MB", None),
+                                ("whole", "hf", "1GB", "float32")]:
+    libc.malloc_trim(0)                         # freed heap back to the kernel, so each phase starts level
+    time.sleep(0.05)
+    base = anon(); peak[0] = base
+    dst = f"{out}/{label}" + (".gguf" if to.startswith("gguf") else "")
+    quanta.convert(src, to, dst, validate=False, max_shard_size=shard, dtype=dtype, quiet=True)
+    time.sleep(0.05)
+    results[label] = peak[0] - base
+stop = True
+print(json.dumps(results))
+"""
+
+
+def test_peak_memory_stays_within_the_stated_bound(tmp_path):
+    """convert's docstring: at most 8x the largest tensor in float32 plus one output shard, never the model.
+    The control run buffers the whole model in one shard and must exceed the bound, so the measurement can
+    see a violation."""
+    sizes = write_fp16_llama(tmp_path / "src")
+    total, largest_fp32 = sum(sizes.values()), 2 * max(sizes.values())
+    assert total >= 10 * largest_fp32 / 2
+    write_fp16_llama(tmp_path / "small", layers=1)
+    (tmp_path / "out").mkdir()
+    env = _env() | {"MALLOC_MMAP_THRESHOLD_": str(1 << 16)}     # large buffers mmapped: freed when released
+    run = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "src"), str(tmp_path / "small"),
+                          str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    peaks = json.loads(run.stdout.strip().splitlines()[-1])
+    constant = 8 * MiB                                   # allocator slack, Python objects
+    bound = 8 * largest_fp32 + 4 * MiB + constant        # ... + the 4MB shard
+    assert peaks["awq"] <= bound, (peaks, bound, total)
+    assert peaks["gguf"] <= bound, (peaks, bound, total)
+    assert peaks["whole"] > bound, (peaks, bound, total)   # the control: the whole model held at once (fp32)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+
+
+def _digest(path: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+def test_killed_conversion_leaves_no_destination_and_the_source_unchanged(tmp_path):
+    """SIGTERM and SIGINT: a clean exit (128 + signal) with nothing left at DST nor beside it. SIGKILL cannot
+    be handled: DST is still absent; the staging folder `.DST.tmp-*` may remain, and is never DST."""
+    src = tmp_path / "src"
+    write_fp16_llama(src)
+    before = _digest(src)
+    procs = {}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        dst = tmp_path / f"out-{sig.name}.gguf"
+        cmd = [sys.executable, "-m", "quanta.tools.cli", "convert", str(src), "--to", "gguf:Q4_K_M", "--out",
+               str(dst), "--no-validate", "-q"]
+        procs[sig] = (subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True), dst)
+    deadline = time.monotonic() + 240
+    pending = dict(procs)
+    while pending and time.monotonic() < deadline:
+        for sig, (proc, dst) in list(pending.items()):
+            staged = list(tmp_path.glob(f".{dst.name}.tmp-*/*"))
+            if any(p.name.startswith(f".{dst.name}.") for p in staged):     # the GGUF writer is writing
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.5)
+                proc.send_signal(sig)
+                del pending[sig]
+        time.sleep(0.1)
+    assert not pending, "the conversions never reached the writing stage"
+    for sig, (proc, dst) in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert not dst.exists() and not dst.with_name(dst.name + ".convert.json").exists()
+        if sig == signal.SIGKILL:
+            assert proc.returncode == -signal.SIGKILL
+            continue
+        assert proc.returncode == 128 + sig, (sig, proc.returncode, err[-2000:])
+        assert "nothing was written" in err
+        assert not list(tmp_path.glob(f".{dst.name}*")), sig
+    assert _digest(src) == before
