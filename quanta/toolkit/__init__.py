@@ -1,0 +1,4 @@
+"""Model-conversion tools built on the loaders, the quantizers and the writers.
+
+    quanta.quantize(model, out, method, ...) -> QuantizeSummary      (toolkit/quantize.py)
+"""
