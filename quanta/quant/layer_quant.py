@@ -110,16 +110,15 @@ def _input_of(module: torch.nn.Module, run, xs: list[torch.Tensor]) -> torch.Ten
 
 def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, errors) -> None:
     """GPTQ of the linears `names`, which all read `inputs` (chunks); weights replaced by their dequantized form."""
-    hessians = {n: Hessian(layer.get_submodule(n).weight.shape[1]) for n in names}
+    hessian = Hessian(inputs[0].shape[-1])          # one for the group: gptq_quantize does not modify it
     for chunk in inputs:
-        for h in hessians.values():
-            h.add_batch(chunk)
+        hessian.add_batch(chunk)
     for name in names:
         w = layer.get_submodule(name).weight.data
-        affine, _ = gptq_quantize(w, hessians[name], spec.bits, spec.group_size, spec.symmetric,
+        affine, _ = gptq_quantize(w, hessian, spec.bits, spec.group_size, spec.symmetric,
                                   spec.act_order, spec.static_groups, spec.damp, name=name)
         wq = affine.dequantize()
-        d, H = wq - w, hessians[name].H
+        d, H = wq - w, hessian.H
         errors[name] = float(((d @ H * d).sum() / (w @ H * w).sum().clamp(min=1e-30)).clamp(min=0).sqrt())
         quantized[name] = affine
         _set(layer, name, wq)
