@@ -52,7 +52,7 @@ class GgufStream:
     def _quantized(self, name: str, t, imatrix: torch.Tensor | None):
         """`t` as the Gguf of its assigned type, or unchanged when the mix keeps it in float."""
         want = self.types.of_tensor(gguf_name(name))
-        if want not in QUANTIZERS or getattr(t, "dim", lambda: 2)() != 2:
+        if want not in QUANTIZERS:              # norms, biases (no type assigned) and float-kept weights
             return t if not isinstance(t, QTensor) else t.dequantize(self.ckpt.config.torch_dtype)
         w = _float(t)
         q = quantize(w, want, imatrix, what=name)
