@@ -1,5 +1,12 @@
 """quanta: a quantization-centric LLM inference engine and model-conversion toolkit."""
-from quanta.quant.errors import QuantaError
+import os
+
+# Idle OpenMP threads sleep instead of spinning (set before torch loads libgomp; OMP_WAIT_POLICY=ACTIVE
+# restores spinning). With more runnable threads than cores, a spinning thread holds the core its
+# descheduled partner needs to reach the barrier, and every parallel torch op waits a scheduler slice.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from quanta.quant.errors import QuantaError  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -18,7 +25,11 @@ def __getattr__(name):
     if name == "validate":
         from quanta.eval import validate
         return validate
+    if name == "quantize":
+        from quanta.toolkit.quantize import quantize
+        return quantize
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "validate", "convert"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "quantize", "validate",
+           "convert"]

@@ -96,16 +96,22 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, sy
         org_max = wb.abs().amax(dim=-1, keepdim=True)
         best_max = org_max.clone()
         min_errs = torch.ones_like(org_max) * 1e9
-        org_out = (x * wb).sum(dim=-1)
+        org_out = _group_out(x, wb)
         for i_s in range(int(max_shrink * n_grid)):
             max_val = org_max * (1 - i_s / n_grid)
             q_w = fake_quantize(torch.clamp(wb, -max_val, max_val), bits, group, symmetric)
-            err = ((x * q_w).sum(dim=-1) - org_out).pow(2).mean(dim=1).view(min_errs.shape)
+            err = (_group_out(x, q_w) - org_out).pow(2).mean(dim=1).view(min_errs.shape)
             better = err < min_errs
             min_errs[better] = err[better]
             best_max[better] = max_val[better]
         out.append(best_max)
     return torch.cat(out, dim=0).reshape(n, -1)
+
+
+def _group_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Σ_j x[0, t, g, j] · w[r, 0, g, j] -> [R, T, G]: AutoAWQ's (x * w).sum(-1) as one batched matmul
+    over the groups, without the [R, T, G, group] product."""
+    return torch.einsum("tgj,rgj->rtg", x[0], w[:, 0])
 
 
 def clip_weight(w: torch.Tensor, max_val: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """One decoder layer's calibrated quantization: AWQ, GPTQ and FP8 static / KV-cache observation.
 
     awq_layer(runner, layer, x, spec)  -> (quantized, float_out, errors)   layer's norms/linears re-scaled
-    gptq_layer(runner, layer, x, spec) -> (quantized, float_out, errors)
+    gptq_layer(runner, layer, x, spec) -> (quantized, float_out, errors, output)
     fp8_layer(runner, layer, x, spec)  -> (quantized, float_out, errors, kv_amax)
 
 `quantized` maps linear names relative to the layer ("self_attn.q_proj") to QTensors; `float_out` is
@@ -14,7 +14,7 @@ attention, o_proj only when v_proj and o_proj have the same shape, gate/up again
 down_proj alone), then every scale is folded in and the cached inputs divided by it, then clipping
 is searched for every linear but q/k, then RTN in AutoAWQ's convention.
 GPTQ is "true sequential": q/k/v, then o, then gate/up, then down, each group's Hessians collected
-with the earlier groups already quantized.
+with the earlier groups already quantized (each stage's inputs computed once, see gptq_layer).
 """
 from __future__ import annotations
 
@@ -84,24 +84,75 @@ def awq_layer(runner, layer, x: torch.Tensor, spec):
     return quantized, float_out, errors
 
 
+class _Stop(Exception):
+    """Raised by a pre-hook once the input it waits for is captured: the rest of the forward is skipped."""
+
+
+def _input_of(module: torch.nn.Module, run, xs: list[torch.Tensor]) -> torch.Tensor:
+    """The input `module` receives when `run(chunk)` runs on each chunk of xs, stopping right there."""
+    seen = []
+
+    def hook(_, args):
+        seen.append(args[0])
+        raise _Stop
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        for chunk in xs:
+            try:
+                run(chunk)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
+def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, errors) -> None:
+    """GPTQ of the linears `names`, which all read `inputs` (chunks); weights replaced by their dequantized form."""
+    hessian = Hessian(inputs[0].shape[-1])          # one for the group: gptq_quantize does not modify it
+    for chunk in inputs:
+        hessian.add_batch(chunk)
+    for name in names:
+        w = layer.get_submodule(name).weight.data
+        affine, _ = gptq_quantize(w, hessian, spec.bits, spec.group_size, spec.symmetric,
+                                  spec.act_order, spec.static_groups, spec.damp, name=name)
+        wq = affine.dequantize()
+        d, H = wq - w, hessian.H
+        errors[name] = float(((d @ H * d).sum() / (w @ H * w).sum().clamp(min=1e-30)).clamp(min=0).sqrt())
+        quantized[name] = affine
+        _set(layer, name, wq)
+
+
 @torch.no_grad()
 def gptq_layer(runner, layer, x: torch.Tensor, spec):
-    """GPTQ of one layer, group by group (see the module docstring)."""
-    quantized, errors, float_out = {}, {}, None
-    for group in SEQUENTIAL:
-        hessians = {n: Hessian(layer.get_submodule(n).weight.shape[1]) for n in group}
-        out = runner.capture(layer, x, {n: h.add_batch for n, h in hessians.items()})
-        float_out = out if float_out is None else float_out
-        for name in group:
-            w = layer.get_submodule(name).weight.data
-            affine, _ = gptq_quantize(w, hessians[name], spec.bits, spec.group_size, spec.symmetric,
-                                      spec.act_order, spec.static_groups, spec.damp, name=name)
-            wq = affine.dequantize()
-            d, H = wq - w, hessians[name].H
-            errors[name] = float(((d @ H * d).sum() / (w @ H * w).sum().clamp(min=1e-30)).clamp(min=0).sqrt())
-            quantized[name] = affine
-            _set(layer, name, wq)
-    return quantized, float_out, errors
+    """GPTQ of one layer, group by group: (quantized, float_out, errors, output).
+
+    Each group's inputs are computed once, from the previous stage with the earlier groups already
+    quantized, stopping the forward at the group's input: norm -> q/k/v, attention -> o, residual +
+    norm -> gate/up, activation -> down, residual -> the quantized layer's `output` (so no separate
+    forward is needed). `float_out` is the unquantized layer's output on the first chunk of samples
+    only (for the error report).
+    """
+    quantized, errors = {}, {}
+    c = runner.chunk
+    float_out = runner.forward(layer, x[:c])
+    xs = list(x.split(c))
+    attn, mlp = layer.self_attn, layer.mlp
+    xn = [layer.input_layernorm(chunk) for chunk in xs]
+    _gptq_group(layer, SEQUENTIAL[0], xn, spec, quantized, errors)
+    o_in = _input_of(attn.o_proj, runner.attention(layer), xn).split(c)
+    del xn
+    _gptq_group(layer, SEQUENTIAL[1], o_in, spec, quantized, errors)
+    h = [chunk + attn.o_proj(o) for chunk, o in zip(xs, o_in)]
+    del o_in
+    hn = [layer.post_attention_layernorm(chunk) for chunk in h]
+    _gptq_group(layer, SEQUENTIAL[2], hn, spec, quantized, errors)
+    down_in = _input_of(mlp.down_proj, mlp, hn).split(c)
+    del hn
+    _gptq_group(layer, SEQUENTIAL[3], down_in, spec, quantized, errors)
+    out = torch.cat([chunk + mlp.down_proj(d) for chunk, d in zip(h, down_in)])
+    return quantized, float_out, errors, out
 
 
 @torch.no_grad()

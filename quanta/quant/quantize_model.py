@@ -191,12 +191,13 @@ class QuantizeRun:
             weights = {LAYER_NAME.fullmatch(n).group(2): _float(t) for n, t in originals.items()}
             layer = runner.build(i, weights)
             method = {"awq": awq_layer, "gptq": gptq_layer, "fp8": fp8_layer}[spec.method]
-            quantized, float_out, errors, *kv = method(runner, layer, x, spec)
-            if kv:
-                for k, amax in kv[0].items():
+            quantized, float_out, errors, *extra = method(runner, layer, x, spec)
+            if spec.method == "fp8":
+                for k, amax in extra[0].items():
                     self.kv_cache_scales[f"model.layers.{i}.self_attn.{k}_scale"] = amax_scale(amax)
-            x_next = runner.forward(layer, x)
-            err = float((x_next - float_out).norm() / (float_out - x).norm().clamp(min=1e-12))
+            x_next = extra[0] if spec.method == "gptq" else runner.forward(layer, x)
+            m = float_out.shape[0]          # gptq measures the float output on the first samples only
+            err = float((x_next[:m] - float_out).norm() / (float_out - x[:m]).norm().clamp(min=1e-12))
             state = layer.state_dict()
             for n in names:
                 rel = LAYER_NAME.fullmatch(n).group(2)

@@ -11,7 +11,8 @@ from quanta.tools.options import sampling_params
 
 # Sub-commands, each a module with register(subparsers).
 COMMANDS: tuple[str, ...] = ("quanta.tools.generate_cmd", "quanta.tools.inspect_cmd", "quanta.tools.plan_cmd",
-                             "quanta.tools.serve_cmd", "quanta.tools.validate_cmd", "quanta.tools.convert_cmd")
+                             "quanta.tools.quantize_cmd", "quanta.tools.convert_cmd", "quanta.tools.serve_cmd",
+                             "quanta.tools.validate_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

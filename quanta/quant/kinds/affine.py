@@ -71,6 +71,9 @@ class Affine(QTensor, kind="affine"):
         return torch.arange(self.shape[1], device=self.codes.device) // self.group_size
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.shape
+        if self.g_idx is None and self.num_groups * self.group_size == k:
+            return self._dequantize_groups(dtype)
         g = self.group_index()
         scales = self.scales.float()[:, g]
         q = self.codes.float()
@@ -83,6 +86,23 @@ class Affine(QTensor, kind="affine"):
         if self.post_scale is not None:
             w = w * torch.tensor(self.post_scale, dtype=torch.float32)
         return w.to(dtype)
+
+    def _dequantize_groups(self, dtype: torch.dtype) -> torch.Tensor:
+        """The same values for whole consecutive groups, by broadcasting [N, G, 1] over [N, G, group]
+        instead of gathering every column's group parameters."""
+        n, k = self.shape
+        shape = (n, self.num_groups, self.group_size)
+        q = self.codes.view(shape).float()
+        scales = self.scales.float().unsqueeze(-1)
+        if self.mins is not None:
+            w = q * scales + self.mins.float().unsqueeze(-1)
+        elif isinstance(self.zeros, torch.Tensor):
+            w = (q - self.zeros.float().unsqueeze(-1)) * scales
+        else:
+            w = (q - float(self.zeros)) * scales
+        if self.post_scale is not None:
+            w = w * torch.tensor(self.post_scale, dtype=torch.float32)
+        return w.reshape(n, k).to(dtype)
 
     def _cat_rows(self, others: list[QTensor]) -> Affine | None:
         parts = [self, *others]
