@@ -324,12 +324,7 @@ def test_plain_http_client(server, oracle):
 
 
 # --- load ---------------------------------------------------------------------------------------
-LOAD_64 = pytest.mark.skipif(not os.environ.get("QUANTA_SERVER_LOAD"),
-                             reason="the issue's 64-client load test takes minutes on a 2-core CPU: "
-                                    "set QUANTA_SERVER_LOAD=1")
-
-
-@pytest.mark.parametrize("clients", [16, pytest.param(64, marks=[pytest.mark.slow, LOAD_64])])
+@pytest.mark.parametrize("clients", [16, pytest.param(64, marks=pytest.mark.slow)])
 def test_concurrent_streams_with_disconnects(server, oracle, clients):
     """Streaming clients at once, every fourth hanging up after its first chunks: the rest equal the
     offline greedy result, the KV pool is all free afterwards and /metrics counted every request."""

@@ -80,14 +80,8 @@ def test_perplexity_matches_transformers(ours, theirs, head):
     assert got.perplexity == pytest.approx(want, rel=1e-4)
 
 
-@pytest.fixture
-def slow_selected(request):
-    if "slow" not in (request.config.getoption("-m") or "") or "not slow" in request.config.getoption("-m"):
-        pytest.skip("minutes on two cores: run with -m slow")
-
-
 @pytest.mark.slow
-def test_perplexity_40_windows_of_512_matches_transformers(ours, theirs, text, slow_selected):
+def test_perplexity_40_windows_of_512_matches_transformers(ours, theirs, text):
     want = transformers_perplexity(theirs, text, ctx=512, windows=40)
     assert want == pytest.approx(22.3746, abs=1e-4)
     got = quanta.validate(ours, ctx=512, n_windows=40, progress=False)
