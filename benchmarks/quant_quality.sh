@@ -18,7 +18,7 @@ SAMPLES=${SAMPLES:-32}
 SEQLEN=${SEQLEN:-512}
 SRC=$($PY -c "from quanta.tools.default_model import default_model_path; print(default_model_path())")
 WORK=${WORK:-$(mktemp -d)}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 EVAL=(--reference "$SRC" --windows "$WINDOWS" --ctx 512 --kernel dequantized --dtype float32 --no-layer-errors --json)
 
 run() {
