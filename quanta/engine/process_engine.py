@@ -13,8 +13,9 @@ instead of a backlog of one per step, so the serving work per token shrinks exac
 otherwise hold the engine back (vLLM's output collector does the same). Requests and aborts issued in
 one pass of the event loop reach the engine as one message.
 
-On the CPU the engine process is forked (before the server imports its web stack or starts threads),
-which spares it the imports; elsewhere it is spawned, as CUDA requires.
+The engine process is spawned, unless the caller asks for "fork": that spares the child the imports but
+is safe only before the parent has run any torch op (a forked child hangs in OpenMP once the parent's
+thread pool exists) or touched CUDA; `quanta serve` forks on the CPU, first thing.
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ import multiprocessing
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-
-import torch
 
 from quanta.engine import core_process
 from quanta.engine.async_engine import check_prompt_fits
@@ -53,6 +52,22 @@ class _Stream:
     failure: BaseException | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def fold(self, samples: list[tuple]) -> int:
+        """Apply one update's samples (core_process.delta_of); returns the new tokens over all samples."""
+        new_tokens = 0
+        for index, ids, keep, tail, lps, cumulative, reason, stop in samples:
+            s = self.samples.get(index)
+            if s is None:
+                s = self.samples[index] = CompletionOutput(index, "", [], logprobs=None if lps is None else [])
+            s.token_ids += ids
+            if keep < len(s.text) or tail:
+                s.text = s.text[:keep] + tail
+            if lps is not None:
+                s.logprobs += lps
+            s.cumulative_logprob, s.finish_reason, s.stop_reason = cumulative, reason, stop
+            new_tokens += len(ids)
+        return new_tokens
+
     def snapshot(self, request_id: str) -> RequestOutput:
         """A RequestOutput of the state now, sharing nothing mutable with it."""
         outs = [CompletionOutput(s.index, s.text, list(s.token_ids), s.cumulative_logprob,
@@ -64,9 +79,8 @@ class _Stream:
 class ProcessEngine:
     """Drives an EngineCore built from `config` in a child process; `stats` holds the serving counters."""
 
-    def __init__(self, config: EngineConfig, timeout: float | None = None):
-        cpu = torch.device(config.device).type == "cpu"
-        ctx = multiprocessing.get_context("fork" if cpu else "spawn")
+    def __init__(self, config: EngineConfig, timeout: float | None = None, start_method: str = "spawn"):
+        ctx = multiprocessing.get_context(start_method)
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=core_process.run, args=(config, child, self._conn), name="quanta-engine")
         self._proc.start()
@@ -201,18 +215,7 @@ class ProcessEngine:
             stream = self._streams.get(rid)
             if stream is None:                             # aborted here since
                 continue
-            new_tokens = 0
-            for index, ids, keep, tail, lps, cumulative, reason, stop in samples:
-                s = stream.samples.get(index)
-                if s is None:
-                    s = stream.samples[index] = CompletionOutput(index, "", [], logprobs=None if lps is None else [])
-                s.token_ids += ids
-                s.text = s.text[:keep] + tail if keep < len(s.text) or tail else s.text
-                if lps is not None:
-                    s.logprobs += lps
-                s.cumulative_logprob, s.finish_reason, s.stop_reason = cumulative, reason, stop
-                new_tokens += len(ids)
-            self.stats.on_tokens(stream.times, new_tokens, now)
+            self.stats.on_tokens(stream.times, stream.fold(samples), now)
             if finished:
                 del self._streams[rid]
                 stream.finished = True
