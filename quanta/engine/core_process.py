@@ -10,9 +10,10 @@ The wire, pickled over a multiprocessing Connection:
   parent -> child: a list of commands per message, ("add", request_id, prompt_ids, params, prompt) or
                    ("abort", request_id), applied in order between steps; None asks the loop to end.
   child -> parent: ("ready", info) once the core is built, or ("failed", exception);
-                   ("step", updates, rejects, gauges) after every pass of the loop, one message for
-                   all the requests that advanced (updates: delta_of); rejects: (request_id, exception)
-                   for adds the core refused; gauges: scheduler and pool figures for /metrics;
+                   ("step", updates, rejects, added, gauges) after every pass of the loop, one message
+                   for all the requests that advanced (updates: delta_of); rejects: (request_id,
+                   exception) for adds the core refused; added: the request ids taken in this pass;
+                   gauges: scheduler and pool figures for /metrics;
                    ("dead", message) when the core failed (the process then ends).
 A request's updates carry only what is new since the last one (tokens, text, logprobs), so a step's
 message stays small whatever the output lengths.
@@ -109,10 +110,11 @@ def _loop(core, conn, inbox: queue.SimpleQueue) -> None:
             batches.append(inbox.get_nowait())
         if any(b is None for b in batches):
             return
-        updates, rejects = [], []
+        updates, rejects, added = [], [], []
         for cmd in (c for b in batches for c in b):
             if cmd[0] == "add":
                 _, rid, ids, params, prompt = cmd
+                added.append(rid)
                 try:
                     core.add_request(ids, params, rid, prompt=prompt)
                 except Exception as e:                 # that request's fault only: the loop goes on
@@ -123,4 +125,4 @@ def _loop(core, conn, inbox: queue.SimpleQueue) -> None:
                     updates.append(delta_of(out, sent))
         if core.has_unfinished():
             updates += [delta_of(out, sent) for out in core.step(True)]
-        conn.send(("step", updates, rejects, gauges(core)))
+        conn.send(("step", updates, rejects, added, gauges(core)))

@@ -93,6 +93,7 @@ class ProcessEngine:
         self.stats = EngineStats()
         self._streams: dict[str, _Stream] = {}
         self._outbox: list[tuple] = []
+        self._unacked: set[str] = set()                    # added here, not yet taken by the engine
         self._gauges = (0, 0, self.num_kv_blocks, self.num_kv_blocks, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
@@ -135,9 +136,10 @@ class ProcessEngine:
         return self._loop is not None and self.error is None and self._proc.is_alive()
 
     def gauges(self) -> dict[str, int]:
-        """The engine's latest scheduler and pool figures (for /metrics)."""
+        """The engine's latest scheduler and pool figures (for /metrics); requests on their way to the
+        engine count as waiting, so that a request is never missing from both."""
         running, waiting, free, total, preemptions = self._gauges
-        return {"running": running, "waiting": waiting, "free_blocks": free, "total_blocks": total,
+        return {"running": running, "waiting": waiting + len(self._unacked), "free_blocks": free, "total_blocks": total,
                 "preemptions": preemptions}
 
     # --- requests ---------------------------------------------------------------------------------
@@ -155,6 +157,7 @@ class ProcessEngine:
         if request_id in self._streams:
             raise ConfigError(f"request id {request_id!r} is already running")
         stream = self._streams[request_id] = _Stream(prompt, list(prompt_ids), RequestTimes(time.monotonic(), len(prompt_ids)))
+        self._unacked.add(request_id)
         self._send(("add", request_id, stream.prompt_ids, params, prompt))
         finished = False
         try:
@@ -203,9 +206,10 @@ class ProcessEngine:
         except (EOFError, OSError) as e:
             self._died(f"the engine process exited ({self._proc.exitcode}): {e!r}")
 
-    def _apply(self, updates: list[tuple], rejects: list[tuple], gauges: tuple) -> None:
+    def _apply(self, updates: list[tuple], rejects: list[tuple], added: list[str], gauges: tuple) -> None:
         now = time.monotonic()
         self._gauges = gauges
+        self._unacked.difference_update(added)
         for rid, error in rejects:
             stream = self._streams.pop(rid, None)
             if stream is not None:
@@ -238,3 +242,4 @@ class ProcessEngine:
             stream.failure = error
             stream.ready.set()
         self._streams.clear()
+        self._unacked.clear()
