@@ -116,9 +116,8 @@ class AsyncEngine:
 
     def gauges(self) -> dict[str, int]:
         """Scheduler and pool figures (for /metrics)."""
-        s, pool = self.core.scheduler, self.core.pool
-        return {"running": len(s.running), "waiting": len(s.waiting), "free_blocks": pool.num_free,
-                "total_blocks": pool.num_blocks, "preemptions": s.num_preemptions}
+        from quanta.engine.core_process import gauges
+        return gauges(self.core)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:

@@ -28,10 +28,11 @@ import threading
 log = logging.getLogger(__name__)
 
 
-def gauges(core) -> tuple[int, int, int, int, int]:
-    """(running, waiting, free blocks, total blocks, preemptions) of a core."""
+def gauges(core) -> dict[str, int]:
+    """A core's scheduler and pool figures, as /metrics shows them."""
     s, pool = core.scheduler, core.pool
-    return len(s.running), len(s.waiting), pool.num_free, pool.num_blocks, s.num_preemptions
+    return {"running": len(s.running), "waiting": len(s.waiting), "free_blocks": pool.num_free,
+            "total_blocks": pool.num_blocks, "preemptions": s.num_preemptions}
 
 
 def delta_of(out, sent: dict[str, list]) -> tuple:

@@ -94,7 +94,8 @@ class ProcessEngine:
         self._streams: dict[str, _Stream] = {}
         self._outbox: list[tuple] = []
         self._unacked: set[str] = set()                    # added here, not yet taken by the engine
-        self._gauges = (0, 0, self.num_kv_blocks, self.num_kv_blocks, 0)
+        self._gauges = {"running": 0, "waiting": 0, "free_blocks": self.num_kv_blocks,
+                        "total_blocks": self.num_kv_blocks, "preemptions": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
 
@@ -138,9 +139,7 @@ class ProcessEngine:
     def gauges(self) -> dict[str, int]:
         """The engine's latest scheduler and pool figures (for /metrics); requests on their way to the
         engine count as waiting, so that a request is never missing from both."""
-        running, waiting, free, total, preemptions = self._gauges
-        return {"running": running, "waiting": waiting + len(self._unacked), "free_blocks": free, "total_blocks": total,
-                "preemptions": preemptions}
+        return self._gauges | {"waiting": self._gauges["waiting"] + len(self._unacked)}
 
     # --- requests ---------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int], max_tokens: int | None = None) -> None:
@@ -206,7 +205,7 @@ class ProcessEngine:
         except (EOFError, OSError) as e:
             self._died(f"the engine process exited ({self._proc.exitcode}): {e!r}")
 
-    def _apply(self, updates: list[tuple], rejects: list[tuple], added: list[str], gauges: tuple) -> None:
+    def _apply(self, updates: list[tuple], rejects: list[tuple], added: list[str], gauges: dict) -> None:
         now = time.monotonic()
         self._gauges = gauges
         self._unacked.difference_update(added)
