@@ -112,6 +112,7 @@ def test_lagging_consumer_gets_several_tokens_at_once_and_a_refused_request_fail
     assert len(outs) < m                                    # fewer outputs than tokens: they were coalesced
     counts = [len(o.outputs[0].token_ids) for o in outs]
     assert counts == sorted(counts) and engine.stats.generation_tokens == m
+    assert engine.stats.prompt_tokens == len(prompt)                 # the refused one not counted
 
 
 def test_engine_process_death_fails_requests_and_health():

@@ -209,6 +209,9 @@ class ProcessEngine:
         now = time.monotonic()
         self._gauges = gauges
         self._unacked.difference_update(added)
+        refused = {rid for rid, _ in rejects}
+        self.stats.prompt_tokens += sum(len(self._streams[rid].prompt_ids) for rid in added
+                                        if rid not in refused and rid in self._streams)
         for rid, error in rejects:
             stream = self._streams.pop(rid, None)
             if stream is not None:
