@@ -29,6 +29,22 @@ from quanta.quant.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def check_prompt_fits(max_model_len: int, prompt_ids: list[int], max_tokens: int | None = None) -> None:
+    """Raise ConfigError for a prompt the core would refuse (empty, or no room under max_model_len), or
+    one whose explicit max_tokens would run past max_model_len (as vLLM's server refuses it, rather
+    than cut the output short unasked)."""
+    limit, length = max_model_len, len(prompt_ids)
+    if not prompt_ids:
+        raise ConfigError("the prompt is empty: it must have at least one token")
+    if length >= limit:
+        raise ConfigError(f"the prompt has {length} tokens, which leaves no room for output "
+                          f"under this model's maximum context length of {limit} tokens")
+    if max_tokens is not None and length + max_tokens > limit:
+        raise ConfigError(f"this model's maximum context length is {limit} tokens, but {length + max_tokens} "
+                          f"were requested ({length} in the prompt, {max_tokens} in max_tokens); reduce "
+                          f"max_tokens to at most {limit - length}")
+
+
 @dataclass
 class _Pending:
     request_id: str
@@ -74,19 +90,34 @@ class AsyncEngine:
 
     # --- requests ---------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int], max_tokens: int | None = None) -> None:
-        """Raise ConfigError for a prompt the core would refuse (empty, or no room under max_model_len), or
-        one whose explicit max_tokens would run past max_model_len (as vLLM's server refuses it, rather
-        than cut the output short unasked)."""
-        limit, length = self.core.max_model_len, len(prompt_ids)
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty: it must have at least one token")
-        if length >= limit:
-            raise ConfigError(f"the prompt has {length} tokens, which leaves no room for output "
-                              f"under this model's maximum context length of {limit} tokens")
-        if max_tokens is not None and length + max_tokens > limit:
-            raise ConfigError(f"this model's maximum context length is {limit} tokens, but {length + max_tokens} "
-                              f"were requested ({length} in the prompt, {max_tokens} in max_tokens); reduce "
-                              f"max_tokens to at most {limit - length}")
+        """check_prompt_fits under this core's max_model_len."""
+        check_prompt_fits(self.core.max_model_len, prompt_ids, max_tokens)
+
+    # --- what the server reads (ProcessEngine answers the same) ----------------------------------------
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (None for a model without one)."""
+        return self.core.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run over [0, vocab_size)."""
+        return self.core.checkpoint.config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + output) the engine runs."""
+        return self.core.max_model_len
+
+    @property
+    def model(self) -> str:
+        """The model as configured (a path or a synthetic spec)."""
+        return str(self.core.config.model)
+
+    def gauges(self) -> dict[str, int]:
+        """Scheduler and pool figures (for /metrics)."""
+        from quanta.engine.core_process import gauges
+        return gauges(self.core)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quanta.engine.async_engine import AsyncEngine
+from quanta.engine.process_engine import ProcessEngine
 from quanta.server import metrics
 from quanta.server.errors import APIError, error_response
 from quanta.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -50,7 +51,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{param or 'body'}: {first.get('msg')}", param
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
+def build_app(engine: AsyncEngine | ProcessEngine, model_name: str, api_key: str | None = None,
               chat_template: str | None = None) -> FastAPI:
     """The application over a (not yet started) engine; the engine loop runs for the app's lifetime."""
     serving = Serving(engine, model_name, chat_template)
@@ -108,7 +109,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "quanta",
-                "root": str(engine.core.config.model), "max_model_len": engine.core.max_model_len}
+                "root": engine.model, "max_model_len": engine.max_model_len}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")

@@ -3,6 +3,7 @@ vLLM's metric names under the `quanta:` prefix so dashboards carry over."""
 from __future__ import annotations
 
 from quanta.engine.async_engine import AsyncEngine
+from quanta.engine.process_engine import ProcessEngine
 from quanta.engine.stats import Histogram
 
 
@@ -23,26 +24,25 @@ def _histogram(lines: list[str], name: str, help_text: str, h: Histogram, labels
     lines.append(f"{name}_count{_label(labels)} {h.count}")
 
 
-def render(engine: AsyncEngine, model_name: str) -> str:
+def render(engine: AsyncEngine | ProcessEngine, model_name: str) -> str:
     """The metrics page."""
-    core, stats = engine.core, engine.stats
-    pool, scheduler = core.pool, core.scheduler
+    stats, g = engine.stats, engine.gauges()
     labels = {"model_name": model_name}
     lb = _label(labels)
     lines: list[str] = []
     gauges = [
-        ("quanta:num_requests_running", "Sequences in the running batch.", len(scheduler.running)),
-        ("quanta:num_requests_waiting", "Sequences waiting to be scheduled.", len(scheduler.waiting)),
+        ("quanta:num_requests_running", "Sequences in the running batch.", g["running"]),
+        ("quanta:num_requests_waiting", "Sequences waiting to be scheduled.", g["waiting"]),
         ("quanta:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).",
-         1.0 - pool.num_free / pool.num_blocks),
-        ("quanta:kv_cache_free_blocks", "KV-cache blocks on the free list.", pool.num_free),
-        ("quanta:kv_cache_total_blocks", "KV-cache blocks in the pool.", pool.num_blocks),
+         1.0 - g["free_blocks"] / g["total_blocks"]),
+        ("quanta:kv_cache_free_blocks", "KV-cache blocks on the free list.", g["free_blocks"]),
+        ("quanta:kv_cache_total_blocks", "KV-cache blocks in the pool.", g["total_blocks"]),
     ]
     for name, help_text, value in gauges:
         _family(lines, name, "gauge", help_text)
         lines.append(f"{name}{lb} {value}")
     counters = [
-        ("quanta:num_preemptions_total", "Sequences preempted (recomputed later).", scheduler.num_preemptions),
+        ("quanta:num_preemptions_total", "Sequences preempted (recomputed later).", g["preemptions"]),
         ("quanta:prompt_tokens_total", "Prompt tokens of the requests added.", stats.prompt_tokens),
         ("quanta:generation_tokens_total", "Output tokens generated.", stats.generation_tokens),
     ]

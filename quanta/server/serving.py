@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from quanta.engine.async_engine import AsyncEngine
+from quanta.engine.process_engine import ProcessEngine
 from quanta.engine.chat_template import chat_token_ids
 from quanta.engine.outputs import RequestOutput
 from quanta.quant.errors import ConfigError
@@ -60,9 +61,9 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
 class Serving:
     """Route logic over one engine; `model_name` is the served model's name."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: str | None = None):
+    def __init__(self, engine: AsyncEngine | ProcessEngine, model_name: str, chat_template: str | None = None):
         self.engine, self.model_name, self.chat_template = engine, model_name, chat_template
-        self.tokenizer = engine.core.tokenizer
+        self.tokenizer = engine.tokenizer
 
     # --- prompts ------------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -75,7 +76,7 @@ class Serving:
             if self.tokenizer is None:
                 raise APIError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
-        vocab = self.engine.core.checkpoint.config.vocab_size
+        vocab = self.engine.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         return None, list(prompt)

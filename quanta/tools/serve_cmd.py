@@ -28,17 +28,20 @@ def _chat_template(value: str | None) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from quanta.engine.async_engine import AsyncEngine
+    import torch
+
     from quanta.engine.config import EngineConfig
-    from quanta.engine.core import EngineCore
-    from quanta.server.app import build_app
+    from quanta.engine.process_engine import ProcessEngine
     from quanta.tools.default_model import default_model_path
 
     template = _chat_template(args.chat_template)
     model = str(args.model_path or args.model or default_model_path())
-    core = EngineCore(EngineConfig.from_kwargs(model, **engine_kwargs(args)))
+    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
+    # Forking is safe on the CPU only before this process runs any torch op (ProcessEngine).
+    engine = ProcessEngine(config, start_method="fork" if torch.device(config.device).type == "cpu" else "spawn")
+    from quanta.server.app import build_app
     name = args.served_model_name or Path(model).name
-    app = build_app(AsyncEngine(core), name, api_key=args.api_key, chat_template=template)
+    app = build_app(engine, name, api_key=args.api_key, chat_template=template)
     logging.getLogger(__name__).warning("quanta serve: %s as %r on http://%s:%d", model, name, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
                 timeout_graceful_shutdown=5)
