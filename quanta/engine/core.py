@@ -49,7 +49,7 @@ import torch
 from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
 from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
-from quanta.engine.fit_check import check_fits, device_total, plan_source
+from quanta.engine.fit_check import check_fits, device_total, out_of_memory, plan_source
 from quanta.engine.kv_sizing import (
     GRAPH_MEMORY_MARGIN,
     blocks_from_config,
@@ -149,9 +149,10 @@ class EngineCore:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
-            self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
-                                     force_kernel=cfg.kernel, quiet=cfg.quiet,
-                                     lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
+            with out_of_memory("loading the weights", self.plan):
+                self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
+                                         force_kernel=cfg.kernel, quiet=cfg.quiet,
+                                         lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
             self.weight_bytes = self._allocated() - allocated_before
             check_weights_under_cap(cfg, self.weight_bytes)
         except BaseException as e:
@@ -166,17 +167,20 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:
-            self.activation_peak = self._activation_peak()
+            with out_of_memory("profiling the largest step", self.plan):
+                self.activation_peak = self._activation_peak()
             num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self.activation_peak)
             if self.tp is not None:
                 num_blocks = self.tp.min_int(num_blocks)  # rank 0 schedules for every rank's cache
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)
         self.num_kv_blocks = num_blocks
-        self.kv_cache = self._new_cache(num_blocks, kv_scales)
+        with out_of_memory(f"allocating the KV cache ({num_blocks} blocks)", self.plan):
+            self.kv_cache = self._new_cache(num_blocks, kv_scales)
         graphs = self.device.type == "cuda" and not cfg.enforce_eager
         reserved_before = torch.cuda.memory_reserved(self.device) if graphs else 0
-        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
-                                  cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
+        with out_of_memory("capturing CUDA graphs" if graphs else "building the runner", self.plan):
+            self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
+                                      cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
         # The graphs' pool and the runner's static buffers, as the allocator grew for them.
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - reserved_before if graphs else 0
         self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
