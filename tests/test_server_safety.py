@@ -54,7 +54,8 @@ def serve(offline: LLM, coro_fn):
     async def main():
         await engine.start()
         try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t") as http:
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
                 return await coro_fn(http)
         finally:
             await engine.stop()
@@ -72,7 +73,8 @@ def test_the_api_key_guards_every_route_but_health(tiny):
         results = {}
         for method, path, body in ROUTES:
             for name, headers in [("none", {}), ("wrong", {"Authorization": "Bearer nope"}),
-                                  ("no bearer", {"Authorization": KEY}), ("prefix", {"Authorization": f"Bearer {KEY}x"}),
+                                  ("no bearer", {"Authorization": KEY}),
+                                  ("prefix", {"Authorization": f"Bearer {KEY}x"}),
                                   ("right", {"Authorization": f"Bearer {KEY}"})]:
                 r = await http.request(method, path, json=body, headers=headers)
                 results[(path, name)] = (r.status_code, r.json() if "json" in r.headers["content-type"] else r.text)

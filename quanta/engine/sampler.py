@@ -89,7 +89,8 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def is_plain(p: SamplingParams) -> bool:
     """Greedy or temperature-only sampling without penalties or logits processors: the batched path applies."""
-    return (not p.logits_processors and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+    return (not p.logits_processors and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty
             and not p.top_k and p.top_p >= 1.0 and p.min_p <= 0.0)
 
 
