@@ -87,8 +87,8 @@ def device_total(device: torch.device) -> int | None:
 def out_of_memory(what: str, plan: MemoryPlan | None) -> Iterator[None]:
     """Run the block; a torch.cuda.OutOfMemoryError in it becomes a ConfigError naming `what` the engine
     was doing, the allocator's words and the memory plan's verdict (`plan`: check_fits' result), with
-    what to change. The OOM's traceback is dropped (`from None`): its
-    frames would keep the half-built tensors alive."""
+    what to change. The OOM's traceback is dropped (`from None`): its frames would keep the half-built
+    tensors alive."""
     try:
         yield
     except torch.cuda.OutOfMemoryError as e:
