@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from quanta.engine.core import EngineCore
+from quanta.engine.core import EngineCore, RequestFailedError
 from quanta.engine.outputs import RequestOutput
 from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.stats import EngineStats, RequestTimes
@@ -180,7 +180,7 @@ class AsyncEngine:
                 continue
             try:
                 self.core.add_request(p.prompt_ids, p.params, p.request_id, prompt=p.prompt)
-            except ConfigError as e:
+            except Exception as e:                  # that request's fault only: the loop goes on
                 self._forget(p.request_id).put_nowait(e)
                 continue
             self.stats.prompt_tokens += len(p.prompt_ids)
@@ -210,7 +210,7 @@ class AsyncEngine:
                 reason = out.outputs[0].finish_reason if out.outputs else "abort"
                 self.stats.on_finish(times, reason or "abort", now)
                 self._forget(rid)
-            queue.put_nowait(out)
+            queue.put_nowait(out if out.error is None else RequestFailedError(f"request {rid} failed: {out.error}"))
 
     def _forget(self, request_id: str) -> asyncio.Queue:
         self._times.pop(request_id, None)

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +49,7 @@ import torch
 from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
 from quanta.engine.kv_cache import PagedKVCache, bytes_per_block, checkpoint_kv_scales
-from quanta.engine.fit_check import check_fits, device_total, plan_source
+from quanta.engine.fit_check import check_fits, device_total, out_of_memory, plan_source
 from quanta.engine.kv_sizing import (
     GRAPH_MEMORY_MARGIN,
     blocks_from_config,
@@ -72,6 +74,8 @@ from quanta.kernels.device_caps import use_triton
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError, QuantaError
 
+log = logging.getLogger(__name__)
+
 # What close() lets go of: the weights, KV cache, runner (its buffers and CUDA graphs), pool, scheduler,
 # requests and the checkpoint (its open files).
 HELD = ("model", "kv_cache", "runner", "pool", "scheduler", "requests", "_in_flight", "checkpoint", "generator")
@@ -79,6 +83,11 @@ HELD = ("model", "kv_cache", "runner", "pool", "scheduler", "requests", "_in_fli
 
 class EngineClosedError(QuantaError, RuntimeError):
     """An engine (or the LLM over it) was used after close()."""
+
+
+class RequestFailedError(QuantaError, RuntimeError):
+    """One request failed alone (its logits processor or its text decoding raised; RequestOutput.error
+    says how); the engine and the other requests go on."""
 
 
 @dataclass(eq=False)
@@ -90,6 +99,7 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
+    error: str | None = None            # set when the request failed alone (EngineCore._fail)
 
     @property
     def finished(self) -> bool:
@@ -139,9 +149,10 @@ class EngineCore:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
-            self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
-                                     force_kernel=cfg.kernel, quiet=cfg.quiet,
-                                     lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
+            with out_of_memory("loading the weights", self.plan):
+                self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
+                                         force_kernel=cfg.kernel, quiet=cfg.quiet,
+                                         lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
             self.weight_bytes = self._allocated() - allocated_before
             check_weights_under_cap(cfg, self.weight_bytes)
         except BaseException as e:
@@ -156,17 +167,20 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:
-            self.activation_peak = self._activation_peak()
+            with out_of_memory("profiling the largest step", self.plan):
+                self.activation_peak = self._activation_peak()
             num_blocks = blocks_from_gpu_memory(cfg, block_bytes, self.weight_bytes, self.activation_peak)
             if self.tp is not None:
                 num_blocks = self.tp.min_int(num_blocks)  # rank 0 schedules for every rank's cache
             check_capacity(num_blocks, cfg.block_size, self.max_model_len)
         self.num_kv_blocks = num_blocks
-        self.kv_cache = self._new_cache(num_blocks, kv_scales)
+        with out_of_memory(f"allocating the KV cache ({num_blocks} blocks)", self.plan):
+            self.kv_cache = self._new_cache(num_blocks, kv_scales)
         graphs = self.device.type == "cuda" and not cfg.enforce_eager
         reserved_before = torch.cuda.memory_reserved(self.device) if graphs else 0
-        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
-                                  cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
+        with out_of_memory("capturing CUDA graphs" if graphs else "building the runner", self.plan):
+            self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
+                                      cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
         # The graphs' pool and the runner's static buffers, as the allocator grew for them.
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - reserved_before if graphs else 0
         self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
@@ -185,6 +199,14 @@ class EngineCore:
         params = params or SamplingParams()
         if not prompt_ids:
             raise ConfigError("prompt is empty: it must have at least one token")
+        vocab = self.checkpoint.config.vocab_size
+        try:
+            prompt_ids = [operator.index(t) for t in prompt_ids]
+        except TypeError:
+            prompt_ids = None
+        if prompt_ids is None or not all(0 <= t < vocab for t in prompt_ids):
+            # An id off the embedding table would fail the whole batch's step (on a GPU, the context).
+            raise ConfigError(f"prompt token ids must be integers in [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
             raise ConfigError(f"prompt of {len(prompt_ids)} tokens leaves no room under "
                               f"max_model_len={self.max_model_len}")
@@ -198,7 +220,8 @@ class EngineCore:
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """One iteration: launch, advance, maybe launch the next decode ahead, fold this step's tokens.
         Returns the outputs of the requests that advanced, or with `stream=False` of those that finished
-        (unfinished ones then skip detokenizing); a finished request is forgotten once returned."""
+        (unfinished ones then skip detokenizing); a finished request is forgotten once returned. A request
+        whose own logits processor or text decoding raises finishes with "error" (RequestOutput.error)."""
         current = self._launch_next()
         if current is None:
             return []
@@ -344,32 +367,62 @@ class EngineCore:
         req.seqs.append(seq)
         return seq
 
-    def _fold(self, seqs: list[Sequence], tokens: list[int], raw: torch.Tensor | None) -> list[Request]:
-        """Fold sampled tokens into their sequences: logprobs, stop rules, n > 1 forks, finishing."""
+    def _fold(self, seqs: list[Sequence], tokens: list[int], raw: torch.Tensor | None,
+              errors: dict[int, Exception]) -> list[Request]:
+        """Fold sampled tokens into their sequences: logprobs, stop rules, n > 1 forks, finishing. A row
+        whose sampling failed (`errors`: its logits processor) or whose folding raises (its tokenizer
+        decode) fails its request alone (_fail); the other rows fold as usual."""
         touched: dict[str, Request] = {}
         for row, (seq, token) in enumerate(zip(seqs, tokens)):
-            if seq.finished:                 # ended (stop, EOS, abort) while this step was in flight
+            if seq.finished:                 # ended (stop, EOS, abort, error) while this step was in flight
                 continue
             req = touched[seq.request_id] = self.requests[seq.request_id]
-            if seq.logprobs is not None:
-                chosen, top = top_logprobs(raw[row], token, seq.params.logprobs)
-                seq.cumulative_logprob += chosen
-                seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t]) if self.tokenizer else None)
-                                     for t, (lp, rank) in top.items()})
-            seq.append(token, self.tokenizer, self.eos_ids)
-            while not req.forked and len(req.seqs) < req.params.n:
-                self.scheduler.fork(seq, self._new_seq(req))
-            req.forked = True
-            if seq.finished:
-                self.scheduler.finish(seq)
+            error = errors.get(row)
+            if error is None:
+                try:
+                    self._fold_one(req, seq, token, None if raw is None else raw[row])
+                except Exception as e:
+                    error = e
+            if error is not None:
+                self._fail(req, seq, error)
         return list(touched.values())
 
+    def _fold_one(self, req: Request, seq: Sequence, token: int, raw: torch.Tensor | None) -> None:
+        if seq.logprobs is not None:
+            chosen, top = top_logprobs(raw, token, seq.params.logprobs)
+            seq.cumulative_logprob += chosen
+            seq.logprobs.append({t: Logprob(lp, rank, self.tokenizer.decode([t]) if self.tokenizer else None)
+                                 for t, (lp, rank) in top.items()})
+        seq.append(token, self.tokenizer, self.eos_ids)
+        while not req.forked and len(req.seqs) < req.params.n:
+            self.scheduler.fork(seq, self._new_seq(req))
+        req.forked = True
+        if seq.finished:
+            self.scheduler.finish(seq)
+
+    def _fail(self, req: Request, seq: Sequence | None, error: Exception) -> None:
+        """End `req` with finish_reason "error" on its unfinished samples (and on `seq`, the one that
+        failed) and free its blocks: a failure of the request's own code or text, which the rest of the
+        batch never sees. The reason is kept as `error` for its last RequestOutput."""
+        log.warning("request %s failed alone: %s: %s", req.request_id, type(error).__name__, error)
+        req.error = f"{type(error).__name__}: {error}"
+        for dropped in self.scheduler.abort(req.request_id):
+            dropped.finish_reason = "error"
+        if seq is not None:
+            seq.finish_reason = "error"
+        while len(req.seqs) < req.params.n:
+            self._new_seq(req).finish_reason = "error"
+
     def _output(self, req: Request) -> RequestOutput:
-        done = req.finished or any(s.finish_reason == "abort" for s in req.seqs)
-        if done:
-            self.requests.pop(req.request_id, None)
         for seq in req.seqs:
             if not seq.finished:
-                seq.sync_text(self.tokenizer)         # incremental: O(1) per new token
+                try:
+                    seq.sync_text(self.tokenizer)     # incremental: O(1) per new token
+                except Exception as e:
+                    self._fail(req, None, e)
+                    break
+        done = req.finished or any(s.finish_reason in ("abort", "error") for s in req.seqs)
+        if done:
+            self.requests.pop(req.request_id, None)
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, [s.to_output() for s in req.seqs],
-                             finished=done)
+                             finished=done, error=req.error)

@@ -4,9 +4,13 @@
 format, the KV dtype, max_model_len, batch limits) on one GPU of the given total, capped at
 max_gpu_memory, and refuses a configuration that cannot fit with `format_verdict`'s words, the same
 that `quanta plan` prints. `plan_source` says what a checkpoint's weights are as the plan reads them.
+`out_of_memory` turns a real CUDA out-of-memory error during start-up (the plan said it fits, but the
+card holds less than it was told: another process, fragmentation) into a ConfigError with that verdict.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -77,3 +81,25 @@ def device_total(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return torch.cuda.mem_get_info(device)[1]
+
+
+@contextlib.contextmanager
+def out_of_memory(what: str, plan: MemoryPlan | None) -> Iterator[None]:
+    """Run the block; a torch.cuda.OutOfMemoryError in it becomes a ConfigError naming `what` the engine
+    was doing, the allocator's words and the memory plan's verdict (`plan`: check_fits' result), with
+    what to change. The OOM's traceback is dropped (`from None`): its frames would keep the half-built
+    tensors alive."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as e:
+        reason = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
+        verdict = (f"the memory plan for this configuration: {format_verdict(plan)}" if plan is not None
+                   else "no memory plan could be made for this checkpoint's format")
+        error = ConfigError(f"out of GPU memory while {what} ({reason}); {verdict}. The card may hold less than "
+                            f"the plan assumes (another process, fragmentation): lower gpu_memory_utilization, "
+                            f"max_model_len or max_num_seqs, or set max_gpu_memory / num_kv_blocks")
+    else:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    raise error from None

@@ -39,7 +39,8 @@ def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
     family = detect(cfg.model)
     if cfg.quantization not in ("auto", family):
         raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
-    ckpt = load(cfg.model)
+    # Pickle weights only with the explicit opt-in, and only the plain HF loader has one.
+    ckpt = load(cfg.model, **({"allow_pickle": True} if cfg.allow_pickle and family == "hf" else {}))
     if cfg.tokenizer is not None:
         from transformers import AutoTokenizer
         ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)

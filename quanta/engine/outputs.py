@@ -18,7 +18,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
-    finish_reason: str | None = None      # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None      # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop string or token id that ended it
 
     def finished(self) -> bool:
@@ -33,3 +33,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    error: str | None = None              # why the request failed alone (its samples end with "error")

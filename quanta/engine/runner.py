@@ -16,7 +16,7 @@ runner of its own over a scratch cache (EngineCore builds both and drops them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,13 +33,15 @@ from quanta.kernels.paged_attention import default_num_splits
 @dataclass(eq=False)
 class LaunchedStep:
     """A step on its way: the scheduled batch, the sequences that sample (in token-row order), their
-    token ids on the device and on their way to the host, and the raw logits rows when logprobs need them."""
+    token ids on the device and on their way to the host, the raw logits rows when logprobs need them,
+    and {row: exception} of the rows whose own sampling failed (sample_batch's `errors`)."""
     batch: list[ScheduledSeq]
     seqs: list[Sequence]
     tokens: torch.Tensor | None = None
     host_tokens: torch.Tensor | None = None
     ready: torch.cuda.Event | None = None
     raw: torch.Tensor | None = None
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 def dummy_batch(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
@@ -160,7 +162,7 @@ class ModelRunner:
         seqs = step.seqs
         step.raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
         step.tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                                   [(s.prompt_ids, s.output_ids) for s in seqs], self.generator)
+                                   [(s.prompt_ids, s.output_ids) for s in seqs], self.generator, step.errors)
         if self.pin:
             step.host_tokens = torch.empty(step.tokens.shape, dtype=step.tokens.dtype, pin_memory=True)
             step.host_tokens.copy_(step.tokens, non_blocking=True)
@@ -200,12 +202,13 @@ class ModelRunner:
 
     @staticmethod
     def collect(step: LaunchedStep):
-        """Wait for a launched step's tokens; -> (sequences that sample, their tokens as ints, raw logits)."""
+        """Wait for a launched step's tokens; -> (sequences that sample, their tokens as ints, raw logits,
+        {row: exception} of the rows whose sampling failed)."""
         if not step.seqs:
-            return [], [], None
+            return [], [], None, {}
         if step.ready is not None:
             step.ready.synchronize()
-        return step.seqs, step.host_tokens.tolist(), step.raw
+        return step.seqs, step.host_tokens.tolist(), step.raw, step.errors
 
     def _graph_bucket(self, batch: list[ScheduledSeq]) -> int | None:
         """The captured graph a decode-only step of this size replays, if any."""

@@ -24,6 +24,19 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: lis
     return logits
 
 
+def apply_processors(logits: torch.Tensor, output_ids: list[int], p: SamplingParams) -> torch.Tensor:
+    """Each of the request's logits processors in turn (vLLM's `fn(output_ids, logits) -> logits`); one
+    that returns something other than a row of the same shape is an error of that request."""
+    for fn in p.logits_processors:
+        out = fn(list(output_ids), logits)
+        if not isinstance(out, torch.Tensor) or out.shape != logits.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise TypeError(f"logits processor {getattr(fn, '__name__', fn)!r} returned {got}, "
+                            f"not a logits row of shape {tuple(logits.shape)}")
+        logits = out
+    return logits
+
+
 def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, top-p (nucleus) and min-p masking, on one row [V]."""
     logits = logits / p.temperature
@@ -75,17 +88,20 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def is_plain(p: SamplingParams) -> bool:
-    """Greedy or temperature-only sampling without penalties: the batched path applies."""
-    return (p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+    """Greedy or temperature-only sampling without penalties or logits processors: the batched path applies."""
+    return (not p.logits_processors and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty
             and not p.top_k and p.top_p >= 1.0 and p.min_p <= 0.0)
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                  histories: list[tuple[list[int], list[int]]], default_generator: torch.Generator | None = None,
-                 ) -> torch.Tensor:
+                 errors: dict[int, Exception] | None = None) -> torch.Tensor:
     """Token ids [B] (on the logits' device, no host sync) for logits [B, V]. Plain rows without their
     own generator are drawn together (one softmax, one noise draw); the others row by row with
-    apply_penalties + sample_row's rules and their own generator. `logits` is modified."""
+    apply_processors, apply_penalties and sample_row's rules and their own generator. `logits` is
+    modified. With `errors`, a row whose own sampling raises (a logits processor) is recorded there as
+    {row: exception}, its token left meaningless, and the other rows are sampled as usual."""
     plain = [is_plain(p) and g is None for p, g in zip(params, generators)]
     tokens = argmax_rows(logits)
     if any(pl and not p.greedy for pl, p in zip(plain, params)):
@@ -98,9 +114,16 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
                                pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
         tokens = torch.where(sampled, drawn, tokens)
     for i, (p, g) in enumerate(zip(params, generators)):
-        if not plain[i]:
-            row = apply_penalties(logits[i], histories[i][0], histories[i][1], p)
+        if plain[i]:
+            continue
+        try:
+            row = apply_processors(logits[i], histories[i][1], p)
+            row = apply_penalties(row, histories[i][0], histories[i][1], p)
             tokens[i] = sample_row_tensor(row, p, g if g is not None else default_generator)
+        except Exception as e:          # the request's own code or values: fail that request alone
+            if errors is None:
+                raise
+            errors[i] = e
     return tokens
 
 

@@ -362,8 +362,8 @@ def open_weights(path: str | Path, *, allow_pickle: bool = False) -> TensorStore
         if not allow_pickle:
             raise UnsupportedError(
                 f"{path}: weights are pickle files ({', '.join(p.name for p in pickles)}), which can run code "
-                "when loaded; convert them to safetensors, or load them from Python with "
-                "quanta.loaders.load(path, allow_pickle=True), which uses torch.load(weights_only=True) "
-                "(the quanta command and engine never load pickle files)")
+                "when loaded; convert them to safetensors, or opt in with --allow-pickle (quanta commands), "
+                "LLM(..., allow_pickle=True) or quanta.loaders.load(path, allow_pickle=True), which load them "
+                "with torch.load(weights_only=True)")
         return PickleDir(path)
     raise ConfigError(f"{path}: no weight files ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or pickle)")
