@@ -23,11 +23,12 @@ waits for this step's tokens and folds them into their requests (stop rules, n >
 
 The drivers are thin and never reach inside:
 - `LLM` (llm.py), offline: tokenizes, adds every prompt, calls step() until all are done.
-- The server (DESIGN: FastAPI + uvicorn, OpenAI routes): one asyncio task owns the core and loops over
-  step() (in a worker thread, so the event loop keeps serving) while requests are unfinished, putting
-  each RequestOutput on its request's asyncio.Queue; a handler tokenizes, calls add_request and streams
-  from its queue (SSE); a client disconnect calls abort(), which frees the request's blocks. add_request
-  and abort run on the loop's task between steps, never during one.
+- The server (DESIGN: FastAPI + uvicorn, OpenAI routes): the core runs in its own process
+  (core_process.py), which applies the server's batched adds and aborts between steps and sends one
+  message of per-request deltas per step; the API process (process_engine.ProcessEngine) folds them into
+  each request's state and streams them (SSE), so HTTP and JSON work never shares a GIL with the step.
+  A client disconnect aborts its request, which frees its blocks. (async_engine.AsyncEngine is the same
+  driver in one process, a thread stepping under the event loop.)
 - Tensor parallelism (DESIGN: one process per rank, torch.distributed): every rank builds a core over
   its shard (column/row-parallel QuantLinear, vocab-parallel embedding and lm_head) and its KV heads,
   in the same constructor order; the pool's block count is the minimum over ranks. Rank 0's scheduler

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from quanta.engine import core_process
 from quanta.engine.async_engine import check_prompt_fits
 from quanta.engine.config import EngineConfig
+from quanta.engine.core import RequestFailedError
 from quanta.engine.outputs import CompletionOutput, RequestOutput
 from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.stats import EngineStats, RequestTimes
@@ -228,7 +229,7 @@ class ProcessEngine:
                 first = stream.samples.get(0)
                 self.stats.on_finish(stream.times, (first.finish_reason if first else None) or "abort", now)
                 if error is not None:
-                    stream.failure = RuntimeError(f"request {rid} failed: {error}")
+                    stream.failure = RequestFailedError(f"request {rid} failed: {error}")
             stream.ready.set()
 
     def _died(self, message: str) -> None:
