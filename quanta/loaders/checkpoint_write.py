@@ -255,18 +255,27 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+# Keys transformers' save_pretrained copies from the from_pretrained call into tokenizer_config.json.
+LOAD_TIME_KEYS = ("is_local", "local_files_only")
+
+
 def write_tokenizer_files(directory: Path, ckpt: Checkpoint) -> None:
     """The tokenizer (save_pretrained), its chat template and generation_config.json (bos/eos) into `directory`."""
     if ckpt.tokenizer is not None:
         ckpt.tokenizer.save_pretrained(str(directory))
+    config_path = directory / "tokenizer_config.json"
+    tok_cfg = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
+    if tok_cfg is not None:
+        for key in LOAD_TIME_KEYS:                   # how the tokenizer was loaded, not what it is
+            tok_cfg.pop(key, None)
     template = ckpt.chat_template
     if template is not None:
-        config_path = directory / "tokenizer_config.json"
-        tok_cfg = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        tok_cfg["chat_template"] = template
-        write_json(config_path, tok_cfg)
-        if (directory / "chat_template.jinja").is_file():      # transformers 5 reads this file first
+        if (directory / "chat_template.jinja").is_file():      # transformers 5 keeps the template here
             (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
+        else:
+            tok_cfg = (tok_cfg or {}) | {"chat_template": template}
+    if tok_cfg is not None:
+        write_json(config_path, tok_cfg)
     c = ckpt.config
     gen = {k: v for k, v in (("bos_token_id", c.bos_token_id), ("eos_token_id", c.eos_token_id)) if v is not None}
     if gen:
