@@ -15,6 +15,7 @@ import statistics
 import time
 
 import torch
+from bench_io import emit
 
 from quanta.engine import LLM, SamplingParams
 from quanta.engine.layers import QuantLinear, RMSNorm
@@ -135,11 +136,7 @@ def main() -> None:
                    "share_of_roofline": round(result["decode_tokens_per_s"] / roofline, 3)}
     if args.profile:
         profile(timed, args.profile)
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ JSON on the last line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -113,6 +112,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch
 
+    from bench_io import emit
     from quanta.engine import LLM, SamplingParams
     from quanta.engine.memory_plan import format_verdict
     llm = LLM(enable_prefix_caching=False, quiet=True, **case)
@@ -132,11 +132,7 @@ def main() -> None:
     outside = total - free - torch.cuda.memory_reserved(llm.device)
     result["peak_device_use_bytes"] = torch.cuda.max_memory_reserved(llm.device) + outside
     result["peak_use_vs_plan_budget"] = ratio(result["peak_device_use_bytes"], llm.core.plan.budget)
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

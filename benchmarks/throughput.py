@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_io import emit
 
 
 def make_requests(n: int, input_len: int, output_len: int, range_ratio: float, vocab: int, seed: int):
@@ -171,11 +172,7 @@ def main() -> None:
         for run in result["runs"][1:]:
             run["capacity_vs_first"] = round(run["kv_capacity_tokens"] / base["kv_capacity_tokens"], 2)
             run["throughput_vs_first"] = round(run["output_tokens_per_s"] / base["output_tokens_per_s"], 3)
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ Both also check that the TP engine's greedy tokens equal the baseline's (when it
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
+from bench_io import emit
 
 from quanta.engine import LLM, SamplingParams
 
@@ -76,11 +76,7 @@ def main() -> None:
               "input_len": args.input_len, "output_len": args.output_len, "batch": args.batch,
               "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "runs": runs,
               "greedy_equal": same}
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,13 @@ import torch
 
 import quanta
 from quanta.engine import LLM, SamplingParams
+from tiny_models import hf_greedy
 
 pytestmark = pytest.mark.slow        # converts the 135M model several times
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORD = FIXTURES / "convert" / "llama_cpp.json"
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
-
-
-def greedy_hf(model, ids: list[int], n: int) -> list[int]:
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def test_default_gguf_to_hf_greedy_text_matches_quanta_on_the_gguf(default_hf, d
     for prompt in PROMPTS:
         out = ours.generate(prompt, params, use_tqdm=False)[0]
         assert tok(prompt)["input_ids"] == out.prompt_token_ids
-        got = greedy_hf(theirs, out.prompt_token_ids, 24)
+        got = hf_greedy(theirs, out.prompt_token_ids, 24)
         assert got == out.outputs[0].token_ids, prompt
         assert tok.decode(got) == out.outputs[0].text
 

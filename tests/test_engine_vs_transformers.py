@@ -12,18 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from quanta.engine import LLM, SamplingParams  # noqa: E402
+from tiny_models import hf_greedy  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "Water boils at a temperature of"]
-
-
-def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens from the transformers model, EOS not special (as ignore_eos=True)."""
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 @pytest.fixture(scope="module")

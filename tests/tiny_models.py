@@ -151,3 +151,12 @@ def build_tiny_hf(arch: str, path: str | Path, dtype: torch.dtype = torch.float3
         for f in tokenizer_dir().iterdir():
             shutil.copy(f, path / f.name)
     return path, model
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens from the transformers model, EOS not special (as ignore_eos=True)."""
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
