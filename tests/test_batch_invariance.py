@@ -39,6 +39,33 @@ def test_cpu_matmul_rows_do_not_depend_on_the_batch(dtype, n, k):
     assert (alone.double() - exact).abs().max() <= {torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 0.02}[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_refine_top_gives_float32_logits_at_the_top(dtype):
+    """A 16-bit lm_head's logits with the candidates for each row's maximum recomputed from float32 inputs:
+    the row's argmax is that of the float64 product of the same weights, no candidate is missed (every
+    entry within the 16-bit error of the top is recomputed), and a row's result does not depend on the
+    others. 64 rows close to one direction that the inputs follow crowd the top: 16-bit ties."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4096, 576, generator=g) * 0.02
+    base = torch.randn(576, generator=g) * 0.05
+    w[:64] = base + 0.002 * torch.randn(64, 576, generator=g)
+    w = w.to(dtype)
+    x = base * 40 + torch.randn(40, 576, generator=g)
+    colmax = w.abs().amax(0).float()
+
+    def refined(rows):
+        return cpu_matmul.refine_top(cpu_matmul.linear(rows.to(dtype), w).float(), rows, w, colmax)
+
+    exact = x.double() @ w.double().T
+    narrow = cpu_matmul.linear(x.to(dtype), w).float()
+    got = refined(x)
+    assert (narrow.topk(2).values.diff(dim=-1) == 0).any()             # ties at the top in 16 bits
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+    top = exact.argmax(-1, keepdim=True)
+    assert ((got.gather(1, top) - exact.gather(1, top)).abs() < 1e-4).all()
+    assert torch.equal(_rows_alone(refined, x), got)
+
+
 @pytest.mark.parametrize("kernel,bits,group", [(cpu_int4, 4, 32), (cpu_int8, 8, -1)], ids=["int4", "int8"])
 def test_cpu_integer_gemms_rows_do_not_depend_on_the_batch(kernel, bits, group):
     """torch's packed int4 / int8 CPU GEMMs, which the engine relies on as they stand."""

@@ -9,6 +9,11 @@ pieces of hi rows, a piece shorter than lo is padded with zero rows. float32 run
 16 rows; bfloat16 and float16 in pieces of 2 to 32 rows, which leaves a decode step's few rows (and its
 memory-bound weight read) as they were. The engine's other CPU GEMMs, torch's packed int4 / int8
 kernels, are row-invariant as they stand (tests/test_batch_invariance.py checks all of them).
+
+refine_top serves a 16-bit lm_head under float32 activations (the CPU default): its logits are rounded
+to 16 bits, where near the top exact ties are common (bfloat16 steps of 0.0625-0.25 at logits of 8-64),
+and greedy decoding would then pick by token id. The few tokens that can be a row's largest are
+recomputed in float32, so greedy picks and top-k see float32 logits.
 """
 from __future__ import annotations
 
@@ -34,3 +39,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         pieces.append(F.linear(piece, weight, bias)[:n])
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def refine_top(logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, colmax: torch.Tensor) -> torch.Tensor:
+    """logits [M, V] (float32 holding F.linear(x.to(weight.dtype), weight) for a 16-bit weight [V, K]) with
+    every entry that could be its row's largest, computed from float32 x [M, K], recomputed so, in place.
+    `colmax` [K]: max |weight| over each column. The 16-bit result differs from the float32 one by at most
+    u * (sum_k |x_k| colmax_k + |y|) (u the unit roundoff: x rounded on input, y on output, accumulation
+    in float32); entries within twice that (with u doubled) of the row's maximum are recomputed. Each
+    row's work depends on that row alone (elementwise products, sums over K)."""
+    eps = torch.finfo(weight.dtype).eps                  # twice the unit roundoff
+    bound = eps * ((x.abs() * colmax).sum(-1) + logits.abs().amax(-1))
+    rows, cols = torch.nonzero(logits >= (logits.amax(-1) - 2 * bound)[:, None], as_tuple=True)
+    logits[rows, cols] = (weight[cols].float() * x[rows]).sum(-1)
+    return logits
