@@ -2,8 +2,7 @@
 
 torch's CPU matmul picks its kernel by the row count M, and the kernels sum over K in different orders:
 MKL's float32 GEMM has a GEMV for one row and other kernels for small and large M; oneDNN's 16-bit GEMM
-keeps one order from 2 to 32 rows and changes it above (AMX tiles, on CPUs that have them), and at one
-row for some shapes. Within one kernel a row's result depends on that row alone. So every call here
+keeps one order from 2 to 32 rows, changes kernel above 32 rows, and at one row for some shapes. Within one kernel a row's result depends on that row alone. So every call here
 holds a row count from one fixed range per dtype, ROWS[dtype] = (lo, hi): longer inputs are cut into
 pieces of hi rows, a piece shorter than lo is padded with zero rows. float32 runs in tiles of exactly
 16 rows; bfloat16 and float16 in pieces of 2 to 32 rows, which leaves a decode step's few rows (and its
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 ROWS = {torch.float32: (16, 16), torch.bfloat16: (2, 32), torch.float16: (2, 32)}
+REFINE_PIECE = 4096         # candidates recomputed per pass (a flat row makes every token one)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,15 +41,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def column_max(weight: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """max |weight| over each column [K] in float32, read a slice of rows at a time (no copy of the whole
+    weight's absolute values)."""
+    out = torch.zeros(weight.shape[1])
+    for start in range(0, weight.shape[0], rows):
+        out = torch.maximum(out, weight[start:start + rows].abs().amax(0).float())
+    return out
+
+
 def refine_top(logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, colmax: torch.Tensor) -> torch.Tensor:
     """logits [M, V] (float32 holding F.linear(x.to(weight.dtype), weight) for a 16-bit weight [V, K]) with
     every entry that could be its row's largest, computed from float32 x [M, K], recomputed so, in place.
-    `colmax` [K]: max |weight| over each column. The 16-bit result differs from the float32 one by at most
+    `colmax` [K]: column_max(weight). The 16-bit result differs from the float32 one by at most
     u * (sum_k |x_k| colmax_k + |y|) (u the unit roundoff: x rounded on input, y on output, accumulation
     in float32); entries within twice that (with u doubled) of the row's maximum are recomputed. Each
     row's work depends on that row alone (elementwise products, sums over K)."""
     eps = torch.finfo(weight.dtype).eps                  # twice the unit roundoff
     bound = eps * ((x.abs() * colmax).sum(-1) + logits.abs().amax(-1))
     rows, cols = torch.nonzero(logits >= (logits.amax(-1) - 2 * bound)[:, None], as_tuple=True)
-    logits[rows, cols] = (weight[cols].float() * x[rows]).sum(-1)
+    for i in range(0, rows.numel(), REFINE_PIECE):
+        r, c = rows[i:i + REFINE_PIECE], cols[i:i + REFINE_PIECE]
+        logits[r, c] = (weight[c].float() * x[r]).sum(-1)
     return logits

@@ -157,6 +157,6 @@ class LlamaForCausalLM(nn.Module):
         if hidden.dtype == torch.float32 != head.dtype and hidden.device.type == "cpu" \
                 and isinstance(head.state, torch.Tensor):
             if self._head_colmax is None:                  # made once: the weights never change
-                self._head_colmax = head.state.abs().amax(0).float()
+                self._head_colmax = cpu_matmul.column_max(head.state)
             logits = cpu_matmul.refine_top(logits, hidden, head.state, self._head_colmax)
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)
