@@ -97,26 +97,27 @@ def test_cpu_attention_matches_sdpa_over_the_cache(fmt):
 
 
 def test_cpu_attention_rows_do_not_depend_on_the_step():
-    """One sequence's 70 rows computed as 70 decodes, as one prefill, in chunks of 1..33 rows, and beside
-    another sequence's prefill: bit for bit the same."""
-    bs, hq, hk, d = 16, 6, 2, 32
-    q, kc, vc, bt, _, _, _ = build([70, 40], [70, 40], hq, hk, d, bs, torch.float32)
+    """One sequence's 600 rows computed as 600 decodes, as one prefill (calls split by rows x keys), in chunks
+    of 1..300 rows, and beside another sequence's prefill: bit for bit the same, though each way a row's
+    call holds other rows and another count of masked keys after it (past torch's 512-key KV split)."""
+    bs, hq, hk, d, n = 16, 6, 2, 32, 600
+    q, kc, vc, bt, _, _, _ = build([n, 40], [n, 40], hq, hk, d, bs, torch.float32)
 
     def rows(first: int, count: int, other: bool = False) -> torch.Tensor:
         lens, starts = [first + count], [0, count]
         tables, queries = bt[:1], q[first:first + count]
         if other:                                           # the other sequence's prefill first
             lens, starts, tables = [40] + lens, [0, 40, 40 + count], bt[[1, 0]]
-            queries = torch.cat([q[70:110], queries])
+            queries = torch.cat([q[n:n + 40], queries])
         sl, qsl = torch.tensor(lens, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32)
         out = cpu_attention.attend(queries, kc, vc, cpu_attention.plan(tables, sl, qsl, bs), d ** -0.5)
         return out[-count:]
 
-    decodes = torch.cat([rows(t, 1) for t in range(70)])
-    assert torch.equal(rows(0, 70), decodes)
-    assert torch.equal(rows(0, 70, other=True), decodes)
-    for chunk in (1, 5, 16, 33):
-        assert torch.equal(torch.cat([rows(s, min(chunk, 70 - s)) for s in range(0, 70, chunk)]), decodes), chunk
+    decodes = torch.cat([rows(t, 1) for t in range(n)])
+    assert torch.equal(rows(0, n), decodes)
+    assert torch.equal(rows(0, n, other=True), decodes)
+    for chunk in (5, 33, 300):
+        assert torch.equal(torch.cat([rows(s, min(chunk, n - s)) for s in range(0, n, chunk)]), decodes), chunk
 
 
 # --- the engine ----------------------------------------------------------------------------------

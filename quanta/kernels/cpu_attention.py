@@ -7,13 +7,14 @@ row's scores and values in an order that depends on how many query rows the call
 keys it sees, so a decoded token and the same token inside a prefill differ in their last bits, and
 greedy decoding flips at near ties downstream.
 
-So every query row, at position t of its sequence, is one q_len-1 entry of an SDPA over the whole KV
-blocks that hold positions [0, t]: n(t) = (t // block_size + 1) * block_size keys, the keys past t
-(or outside a sliding window) masked. The call's shape per entry then depends on t alone, and each
-entry is computed on its own. Rows of one sequence that share n(t) (up to a block of a prefill) run
-as one call, an entry each. Slots past the sequence's cached tokens are zeroed after the gather, so
-a stale or never-written slot (the cache is allocated uninitialized) cannot bring a NaN into a
-masked product.
+So every query row, at position t of its sequence, is one q_len-1 entry of an SDPA over its
+sequence's whole blocks, the keys past t (or outside a sliding window) masked. An entry's result then
+depends on its own query and the keys [0, t] alone: not on how many entries share the call, nor on how
+many masked keys follow t (how far the sequence has got in this step) -- the masked keys add exact
+zeros, in the kernel's fixed order (tests/test_batch_invariance.py checks both). A sequence's rows run
+as one call, an entry each, split only when rows x keys would grow large. Slots past the sequence's
+cached tokens are zeroed after the gather, so a stale or never-written slot (the cache is allocated
+uninitialized) cannot bring a NaN into a masked product.
 
     q                [T, Hq, D]      the step's queries, sequences back to back (paged_attention's layout)
     k_cache, v_cache [num_blocks, block_size, Hk, D]   model dtype, or uint8 fp8 codes
@@ -27,19 +28,17 @@ import torch.nn.functional as F
 
 from quanta.kernels.paged_kv import Fp8Format, dequantize
 
-# Rows x keys of one call: a prefill's rows repeat their sequence's keys once each (expand), so a
-# block's worth of rows over a long context is split into calls of fewer rows (each row's result is
-# the same whatever the call's row count).
+# Rows x keys of one call: a prefill's rows repeat their sequence's keys once each (expand), so a long
+# prefill over a long context is split into calls of fewer rows.
 MAX_ROW_KEYS = 1 << 16
 
 
 @dataclass(frozen=True)
 class RowGroup:
-    """Rows [start, stop) of the step's queries that see the first `keys` slots of their sequence,
-    `mask` [rows, 1, 1, keys] saying which."""
+    """Rows [start, stop) of the step's queries, over their sequence's slots; `mask` [rows, 1, 1, slots]
+    says which each row sees."""
     start: int
     stop: int
-    keys: int
     mask: torch.Tensor
 
 
@@ -64,19 +63,15 @@ def plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: to
         blocks = -(-length // block_size)
         table = torch.tensor(tables[b][:blocks], dtype=torch.int64, device=device)
         slots = (table[:, None] * block_size + torch.arange(block_size, device=device)).reshape(-1)
-        first = length - (stop - start)                    # position of the sequence's first row
-        groups, row = [], start
-        while row < stop:
-            t = first + row - start
-            keys = (t // block_size + 1) * block_size
-            end = min(stop, row + keys - t, row + max(1, MAX_ROW_KEYS // keys))
-            pos = torch.arange(t, t + end - row, device=device)[:, None]
-            key = torch.arange(keys, device=device)[None, :]
-            mask = key <= pos
-            if sliding_window is not None:
-                mask &= key > pos - sliding_window
-            groups.append(RowGroup(row, end, keys, mask[:, None, None, :]))
-            row = end
+        keys, first = blocks * block_size, length - (stop - start)      # first: the first row's position
+        pos = torch.arange(first, length, device=device)[:, None]
+        key = torch.arange(keys, device=device)[None, :]
+        mask = key <= pos
+        if sliding_window is not None:
+            mask &= key > pos - sliding_window
+        rows = max(1, MAX_ROW_KEYS // keys)
+        groups = [RowGroup(start + r, min(stop, start + r + rows), mask[r:r + rows, None, None, :])
+                  for r in range(0, stop - start, rows)]
         out.append(SeqPlan(slots, length, tuple(groups)))
     return out
 
@@ -93,8 +88,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqs: 
         for g in seq.groups:
             rows = g.stop - g.start
             o = F.scaled_dot_product_attention(
-                q[g.start:g.stop].float().unsqueeze(2), k[:, :, :g.keys].expand(rows, -1, -1, -1),
-                v[:, :, :g.keys].expand(rows, -1, -1, -1), attn_mask=g.mask, scale=scale, enable_gqa=True)
+                q[g.start:g.stop].float().unsqueeze(2), k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1),
+                attn_mask=g.mask, scale=scale, enable_gqa=True)
             out[g.start:g.stop] = o[:, :, 0].to(q.dtype)
     return out
 
