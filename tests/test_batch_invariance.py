@@ -4,8 +4,9 @@ logits), after its sequence is preempted and recomputed, and over blocks from th
 
 The kernels first: every row of cpu_matmul's F.linear, of torch's packed int4 / int8 GEMMs and of
 cpu_attention equals that row computed alone (and each agrees with its float oracle: a float64 matmul,
-torch's SDPA over the gathered cache); then the engine, on a synthetic tiny model (dense and GGUF Q4_1
-weights) and on the default model (SmolLM2-135M Q4_1), whose near ties flipped greedy tokens before."""
+torch's SDPA over the gathered cache); then the engine, on a small synthetic model (float32 layers, a
+bfloat16 lm_head) and on the default model (SmolLM2-135M Q4_1: int4 layers), whose near ties flipped greedy
+tokens before. Each engine test failed before the CPU path was made batch-invariant."""
 from __future__ import annotations
 
 import pytest
