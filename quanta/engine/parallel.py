@@ -104,10 +104,16 @@ class TensorParallel:
 
     # --- shut-down -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Leave the process group (rank 0 first waits for the ranks it spawned to exit). Idempotent."""
+        """Leave the process group, then (rank 0) wait for the ranks it spawned to exit. Idempotent.
+        NCCL tears a communicator down collectively: every live rank must destroy the group together, so
+        rank 0 leaves before it waits for its workers (which leave as their loop ends), never after, and
+        skips the teardown where a worker has died (it could not take part)."""
         if self.closed:
             return
         self.closed = True
+        dead = [p for p in self.procs if p.poll() not in (None, 0)]
+        if dist.is_initialized() and not dead:
+            dist.destroy_process_group()
         for p in self.procs:
             try:
                 p.wait(timeout=60)
@@ -115,8 +121,6 @@ class TensorParallel:
                 p.kill()
         if self.rank == 0 and self.errors is not None:
             shutil.rmtree(self.errors, ignore_errors=True)
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def check_world(cfg: EngineConfig) -> int:
