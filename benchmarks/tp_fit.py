@@ -96,9 +96,15 @@ def main() -> None:
               "plan_weights_bytes": plan.weights.total, "weights_bytes_rank0": core.weight_bytes,
               "plan_load_peak_bytes": plan.load_peak, "load_peak_bytes_rank0": core.load_peak,
               "kv_capacity_tokens": core.num_kv_blocks * core.config.block_size,
-              "plan_kv_capacity_tokens": plan.kv_capacity_tokens}
+              "plan_kv_capacity_tokens": plan.kv_capacity_tokens, "plan_activation_peak_bytes": plan.activation_peak}
+    mem = llm.memory()
+    result["engine_memory_rank0"] = {k: mem[k] for k in ("load_peak", "activation_peak", "cuda_graphs", "kv_cache")}
+    result["engine_memory_rank0"]["weights"] = mem["weights"]["total"]
+    free, total = torch.cuda.mem_get_info(llm.device)
+    result["outside_torch_rank0_bytes"] = total - free - torch.cuda.memory_reserved(llm.device)
     print(f"started in {result['startup_s']} s; KV {result['kv_capacity_tokens']:,} tokens "
-          f"(plan {plan.kv_capacity_tokens:,})", flush=True)
+          f"(plan {plan.kv_capacity_tokens:,}); rank 0 {result['engine_memory_rank0']}, outside torch "
+          f"{result['outside_torch_rank0_bytes']:,}", flush=True)
     if "decode" in stages:
         result["decode"] = batch1_decode(llm, torch, SamplingParams)
         print("decode", result["decode"], flush=True)

@@ -279,3 +279,17 @@ def test_load_peak_of_llama3_70b_is_its_weights_as_the_lm_head_loads_last():
     """At 70B the last module, a dense 128256 x 8192 fp16 lm_head, outweighs any layer's transient."""
     p = plan("llama-3-70b", quantization="awq")
     assert p.load_peak == p.weights.total - p.weights.norms
+
+
+def test_act_order_at_tp4_holds_o_proj_dequantized_and_down_proj_packed():
+    # a GPTQ desc_act checkpoint: o_proj's contiguous piece of scattered groups is held as 2-byte weights; down_proj's
+    # groups are sorted before the cut (quant/group_sort.py), so it stays packed like the rest
+    source = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": True}}
+    plain = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": False}}
+    kw = dict(gpus="4x24GiB", kv_cache_dtype="fp8", max_model_len=8192)
+    act, base = plan("llama-3-70b", source=source, **kw), plan("llama-3-70b", source=plain, **kw)
+    o_packed = 2048 // 8 * 8192 * 4 + 8 * 8192 * 4         # codes + symmetric scale words (two groups a word)
+    assert act.weights.total - base.weights.total == 80 * (8192 * 2048 * 2 - o_packed) == 1_992_294_400
+    assert plan("llama-3-70b", source=source, gpus="1x80GiB").weights.total == \
+        plan("llama-3-70b", source=plain, gpus="1x80GiB").weights.total       # one GPU: every group whole
+    assert "act-order" in format_verdict(act)

@@ -147,3 +147,33 @@ def test_delta_rebuilds_text_tokens_and_logprobs():
         snap = stream.snapshot("q").outputs[0]
         assert (snap.text, snap.token_ids, len(snap.logprobs), snap.finish_reason) == (text, ids, len(ids), reason)
     assert sent == {}                                       # a finished request is forgotten
+
+
+def test_writer_sends_the_steps_queued_behind_a_slow_send_as_one():
+    import queue
+    import threading
+
+    from quanta.engine.core_process import _write
+    sent, sending, release = [], threading.Event(), threading.Event()
+
+    class SlowPipe:                                    # the parent busy serving: the first send waits
+        def send(self, msg):
+            sent.append(msg)
+            sending.set()
+            release.wait(5)
+
+    outbox = queue.SimpleQueue()
+    writer = threading.Thread(target=_write, args=(SlowPipe(), outbox))
+    writer.start()
+    outbox.put(("step", [("a", False, None, [1])], [], ["a"], {"running": 1}))
+    assert sending.wait(5)
+    outbox.put(("step", [("a", False, None, [2])], [("b", "refused")], ["b"], {"running": 1}))
+    outbox.put(("step", [("a", True, None, [3])], [], [], {"running": 0}))
+    outbox.put(("dead", "boom"))
+    outbox.put(None)
+    release.set()
+    writer.join(5)
+    assert sent == [("step", [("a", False, None, [1])], [], ["a"], {"running": 1}),
+                    ("step", [("a", False, None, [2]), ("a", True, None, [3])], [("b", "refused")], ["b"],
+                     {"running": 0}),
+                    ("dead", "boom")]

@@ -181,14 +181,15 @@ def _source_format(config: ModelConfig, source: dict[str, Any], bits, group_size
         if fmt.startswith("gguf-"):
             return parse_format(f"gguf:{fmt[5:]}", None, None, config, {})
         w = fmt[1:].removesuffix("act").split("g")
-        return parse_format("gptq", int(w[0]), int(w[1]) if len(w) > 1 else -1, config, {})
+        return replace(parse_format("gptq", int(w[0]), int(w[1]) if len(w) > 1 else -1, config, {}),
+                       act_order=fmt.endswith("act"))
     qc = source.get("quant_config", {})
     if family == "awq":
         return parse_format("awq", qc.get("bits", qc.get("w_bit", 4)),
                             qc.get("group_size", qc.get("q_group_size", 128)), config, {})
     if family == "gptq":
         fmt = parse_format("gptq", int(qc.get("bits", 4)), int(qc.get("group_size", 128)), config, {})
-        return replace(fmt, symmetric=bool(qc.get("sym", True)))
+        return replace(fmt, symmetric=bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act", False)))
     if family == "bnb" and qc.get("load_in_4bit", True) and not qc.get("load_in_8bit", False):
         return parse_format("nf4", None, None, config, {})
     if family == "fp8":

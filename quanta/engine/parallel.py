@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import pickle
 import shutil
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,6 +35,8 @@ from quanta.engine.config import EngineConfig
 from quanta.quant.errors import ConfigError
 
 TIMEOUT = datetime.timedelta(minutes=10)
+LEAVE_TIMEOUT_S = 60
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -113,7 +117,12 @@ class TensorParallel:
         self.closed = True
         dead = [p for p in self.procs if p.poll() not in (None, 0)]
         if dist.is_initialized() and not dead:
-            dist.destroy_process_group()
+            leave = threading.Thread(target=dist.destroy_process_group, name="quanta-tp-leave", daemon=True)
+            leave.start()
+            leave.join(LEAVE_TIMEOUT_S)
+            if leave.is_alive():              # a peer that never leaves must not hang this process's close
+                log.warning("tensor-parallel rank %d: the process group did not tear down in %d s; left as is",
+                            self.rank, LEAVE_TIMEOUT_S)
         for p in self.procs:
             try:
                 p.wait(timeout=60)
@@ -185,8 +194,13 @@ def _join(cfg: EngineConfig, rank: int, world: int, init: str, torchrun: bool = 
 
 
 def worker_entry() -> None:
-    """A spawned rank's process: its arguments come pickled on stdin (see start)."""
+    """A spawned rank's process: its arguments come pickled on stdin (see start). It ends with os._exit
+    once it has left the group: nothing it holds needs the interpreter's teardown, which could wait on
+    the communicator's threads."""
     worker_main(*pickle.loads(sys.stdin.buffer.read()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def worker_main(cfg: EngineConfig, rank: int, world: int, init: str, errors: str) -> None:

@@ -16,6 +16,10 @@ Layouts, as each kernel's prepare() stores a linear weight [N, K] (merged q/k/v 
 The embedding and lm_head stay 16-bit for awq / gptq / nf4 / fp8, as quantized checkpoints keep them;
 GGUF keeps its own types for the embedding (rows are decoded on lookup). A tied lm_head is loaded as a
 second device copy of the table, so it is counted twice.
+Act-order (GPTQ desc_act) weights pack with their columns sorted by group. Under tensor parallelism
+o_proj's piece of them (a contiguous range of attention-head columns) holds uneven groups, which the
+kernels do not take: it is held dequantized. down_proj's groups are sorted first (quant/group_sort.py),
+so its pieces stay packed.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class WeightFormat:
     group_size: int | None = None     # None: one group per row (per channel)
     symmetric: bool = True            # False: a zero point per group (AWQ)
     gguf: GgufTypes | None = None
+    act_order: bool = False           # GPTQ desc_act: groups scattered over K (g_idx)
 
     def describe(self) -> str:
         if self.kind == "dense":
@@ -55,7 +60,8 @@ class WeightFormat:
         if self.kind in ("affine", "codebook"):
             groups = f"groups of {self.group_size}" if self.group_size else "per channel"
             zeros = "" if self.symmetric else ", zero points"
-            return f"{self.name} ({self.bits}-bit, {groups}{zeros})"
+            order = ", act-order" if self.act_order else ""
+            return f"{self.name} ({self.bits}-bit, {groups}{zeros}{order})"
         if self.kind == "fp8":
             return "fp8 (per-channel scales)"
         return self.name
@@ -180,7 +186,8 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
     for i in range(layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
         linears += gemm_bytes(fmt, [(s.q, t("attn_q")), (s.kv, t("attn_k")), (s.kv, t("attn_v"))], h, e)
-        linears += gemm_bytes(fmt, [(h, t("attn_output"))], s.q, e)
+        o_proj_dequantized = fmt.act_order and s.tp > 1
+        linears += h * s.q * e if o_proj_dequantized else gemm_bytes(fmt, [(h, t("attn_output"))], s.q, e)
         linears += gemm_bytes(fmt, [(s.inter, t("ffn_gate")), (s.inter, t("ffn_up"))], h, e)
         linears += gemm_bytes(fmt, [(h, t("ffn_down"))], s.inter, e)
     if config.attention_bias:
