@@ -97,3 +97,13 @@ def test_kept_pieces_hold_only_their_own_memory():
     with LLM("synthetic:tiny-tp:w4g64", **(BASE | dict(dtype="float16")), tensor_parallel_size=2) as llm:
         for t in (llm.model.model.embed_tokens.table, llm.model.lm_head.state):
             assert t.shape[0] == 255 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def test_async_scheduling_under_tp_equals_tp1():
+    # rank 0 launches each decode step before the last one's tokens reach the host: the workers get them on the device
+    tokens = run("synthetic:tiny-tp:w4g64")[0]
+    with LLM("synthetic:tiny-tp:w4g64", **BASE, tensor_parallel_size=2, async_scheduling=True) as llm:
+        assert llm.scheduler.async_scheduling
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts(llm.model.config.vocab_size)], GREEDY,
+                            use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == tokens

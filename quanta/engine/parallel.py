@@ -146,12 +146,14 @@ def check_world(cfg: EngineConfig) -> int:
 
 
 def rank_config(cfg: EngineConfig, rank: int, world: int) -> EngineConfig:
-    """The config rank `rank` runs: its own GPU (cuda:rank, torchrun's LOCAL_RANK) and no async
-    scheduling (a step's inputs are broadcast only once rank 0 knows its tokens)."""
+    """The config rank `rank` runs: its own GPU (cuda:rank, torchrun's LOCAL_RANK). Async scheduling
+    stays as configured: a step launched ahead takes its input ids from the previous step's tokens on
+    the device, and the inputs' broadcast is ordered after them on the device, so the workers need no
+    host round trip either."""
     device = cfg.device
     if torch.device(device).type == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
-    return replace(cfg, device=device, async_scheduling=False, tensor_parallel_size=world)
+    return replace(cfg, device=device, tensor_parallel_size=world)
 
 
 def start(cfg: EngineConfig) -> TensorParallel | None:
