@@ -133,12 +133,13 @@ def test_gptq_fp8_rejects_bad_input_naming_the_weight():
 
 
 def test_options_resolve_and_refuse():
-    o = QuantizeOptions.resolve("gptq", scheme="fp8", act_order=True)
+    o = QuantizeOptions.resolve("gptq", scheme="fp8")             # act-order by default, as llm-compressor
     assert (o.format, o.bits, o.group_size, o.symmetric, o.affine) == ("compressed-tensors", None, None, None, False)
     assert o.describe() == "gptq fp8 e4m3 per-channel, dynamic activations act-order -> compressed-tensors"
     spec = o.spec()
     assert (spec.method, spec.scheme, spec.act_order, spec.fp8_strategy) == ("gptq", "fp8", True, "channel")
-    assert QuantizeOptions.resolve("gptq").scheme == "int"
+    assert not QuantizeOptions.resolve("gptq", scheme="fp8", act_order=False).act_order
+    assert QuantizeOptions.resolve("gptq").scheme == "int" and not QuantizeOptions.resolve("gptq").act_order
     for kw, msg in [(dict(method="fp8", scheme="fp8"), "fp8 goes with --method gptq only"),
                     (dict(method="rtn", scheme="fp8"), "fp8 goes with --method gptq only"),
                     (dict(method="gptq", scheme="fp4"), "scheme must be one of int, fp8"),
@@ -154,6 +155,17 @@ def test_options_resolve_and_refuse():
         QuantSpec("awq", scheme="fp8")
 
 
+def test_cli_act_order_flags():
+    from quanta.tools.cli import build_parser
+
+    base = ["quantize", "--method", "gptq", "--out", "o"]
+    assert build_parser().parse_args(base).act_order is None          # the method's default
+    assert build_parser().parse_args(base + ["--act-order"]).act_order is True
+    assert build_parser().parse_args(base + ["--scheme", "fp8", "--no-act-order"]).act_order is False
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--act-order", "--no-act-order"])
+
+
 @pytest.mark.skipif(not DEFAULT_TEXT.is_file(), reason="calibration text missing")
 def test_cli_writes_what_method_fp8_writes_and_runs(tmp_path, capsys):
     from quanta.engine.llm import LLM
@@ -163,7 +175,7 @@ def test_cli_writes_what_method_fp8_writes_and_runs(tmp_path, capsys):
     with torch.no_grad():
         ref_logits = model(torch.tensor([tokens])).logits[0]
     out, plain = tmp_path / "gptq-fp8", tmp_path / "fp8"
-    assert main(["quantize", str(path), "--method", "gptq", "--scheme", "fp8", "--act-order", "--samples", "4",
+    assert main(["quantize", str(path), "--method", "gptq", "--scheme", "fp8", "--samples", "4",
                  "--seqlen", "64", "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["scheme"] == "gptq fp8 e4m3 per-channel, dynamic activations act-order -> compressed-tensors"

@@ -9,7 +9,7 @@ Output formats by method (`format=None` picks the first):
     rtn   awq (asymmetric 4-bit) or gptq (otherwise), compressed-tensors
     awq   awq, gptq, compressed-tensors
     gptq  gptq, compressed-tensors (no act-order), awq (asymmetric 4-bit, no act-order);
-          with scheme "fp8" (e4m3 per channel, dynamic activations): compressed-tensors, act-order allowed
+          with scheme "fp8" (e4m3 per channel, dynamic activations): compressed-tensors, act-order by default
     fp8   compressed-tensors
     nf4   bnb
     gguf  gguf (`type`: Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M)
@@ -50,7 +50,7 @@ class QuantizeOptions:
     scheme: str = "int"               # gptq: "int" or "fp8"
 
     @classmethod
-    def resolve(cls, method: str, *, bits=None, group_size=None, symmetric=None, act_order=False, type=None,
+    def resolve(cls, method: str, *, bits=None, group_size=None, symmetric=None, act_order=None, type=None,
                 format=None, calibration=None, n_samples=None, seqlen=None, imatrix=False,
                 scheme=None) -> QuantizeOptions:
         """Defaults filled in per method; ConfigError naming the option for anything that cannot apply."""
@@ -58,6 +58,8 @@ class QuantizeOptions:
             raise ConfigError(f"quantize: method must be one of {', '.join(METHODS)}, got {method!r}")
         name = f"quantize --method {method}"
         scheme = "int" if scheme is None else scheme
+        if act_order is None:             # on for FP8 (as llm-compressor's GPTQ): per-channel scales make it free
+            act_order = scheme == "fp8"
         if scheme not in SCHEMES or scheme == "fp8" and method != "gptq":
             raise ConfigError(f"{name}: scheme must be one of {', '.join(SCHEMES)}, and fp8 goes with --method gptq "
                               f"only (plain round-to-nearest FP8 is --method fp8); got {scheme!r}")

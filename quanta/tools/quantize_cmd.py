@@ -2,7 +2,7 @@
 
     quanta quantize model.gguf --method rtn --bits 4 --group-size 64 --out model-awq
     quanta quantize model/ --method gptq --act-order --samples 32 --seqlen 512 --out model-gptq
-    quanta quantize model.gguf --method gptq --scheme fp8 --act-order --out model-fp8
+    quanta quantize model.gguf --method gptq --scheme fp8 --out model-fp8
     quanta quantize model/ --method gguf --type Q4_K_M --imatrix --out model-Q4_K_M.gguf
 
 SIGTERM is turned into an exception while it runs, so an interrupted run removes its temporary
@@ -65,7 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sym.add_argument("--asym", dest="symmetric", action="store_false", help="zero points (rtn/awq default)")
     p.add_argument("--scheme", choices=SCHEMES, help="gptq: the grid it rounds onto: int (default; --bits, "
                                                      "--group-size) or fp8 (e4m3 per channel, compressed-tensors)")
-    p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing activation")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--act-order", action="store_true", default=None,
+                       help="gptq: quantize columns by decreasing activation (default with --scheme fp8)")
+    order.add_argument("--no-act-order", dest="act_order", action="store_false", help="gptq: in column order")
     p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M Q5_K_M")
     p.add_argument("--imatrix", action="store_true", help="gguf: weight the rounding by an importance matrix "
                                                           "collected on the calibration text")
