@@ -62,12 +62,13 @@ def main() -> None:
 
         ids = torch.load(sys.argv[5])
         data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
-        oneshot(model=model, dataset=data, recipe=GPTQModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"]),
-                num_calibration_samples=ids.shape[0], max_seq_length=ids.shape[1], shuffle_calibration_samples=False)
+        recipe = GPTQModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"])
+        oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=ids.shape[0],
+                max_seq_length=ids.shape[1], shuffle_calibration_samples=False)
     seconds = time.perf_counter() - start
     model.save_pretrained(out, save_compressed=True)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    scheme = f"llm-compressor {version('llmcompressor')} FP8_DYNAMIC{' GPTQ' if mode == 'gptq' else ''} -> compressed-tensors"
+    scheme = f"llm-compressor {version('llmcompressor')} FP8_DYNAMIC{' GPTQ' * (mode == 'gptq')} -> compressed-tensors"
     summary = {"out": str(out), "scheme": scheme, "seconds": seconds, "linear_bits_per_weight": linear_bits(out),
                "bytes_on_disk": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}
     Path(sys.argv[4]).write_text(json.dumps(summary, indent=2))

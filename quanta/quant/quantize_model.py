@@ -80,8 +80,9 @@ class QuantSpec:
             if self.fp8_activation not in ("dynamic", "static"):
                 raise ConfigError(f"quantize: fp8_activation must be 'dynamic' or 'static', got {self.fp8_activation!r}")
         if self.method != "fp8" and (self.fp8_activation != "dynamic" or self.kv_cache_scales):
+            why = " (GPTQ-FP8 has dynamic activations)" if self.scheme == "fp8" else ""
             raise ConfigError(f"quantize: fp8_activation / kv_cache_scales are options of method fp8, "
-                              f"not {self.method}" + (" (GPTQ-FP8 has dynamic activations)" if self.scheme == "fp8" else ""))
+                              f"not {self.method}{why}")
         if self.method == "nf4" and (self.quant_type not in TABLES or self.blocksize not in BLOCKSIZES):
             raise ConfigError(f"quantize: nf4 needs quant_type in {tuple(TABLES)} and blocksize in {BLOCKSIZES}, "
                               f"got {self.quant_type!r} and {self.blocksize!r}")
