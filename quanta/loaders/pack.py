@@ -3,12 +3,25 @@
 Values are laid out as a dense little-endian bit stream along one dimension: value i occupies bits
 [i*b, (i+1)*b) of the concatenated int32 words, straddling a word boundary when 32 % b != 0 (GPTQ and
 compressed-tensors 3-bit). For b in {2, 4, 8} this is the plain sequential nibble/byte order.
+
+Packing and unpacking work in int64, eight bytes per value, so both go a few rows at a time (`chunk_rows`):
+their scratch stays bounded by CHUNK values (or one row, when a row is longer) whatever the tensor's size,
+and a conversion's transient memory is the tensor itself, not eight times its float32 size.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from quanta.quant.errors import ShapeError
+
+CHUNK = 1 << 16             # values per pass: about half a MB for each int64 temporary
+
+
+def chunk_rows(row_values: int) -> int:
+    """Rows per pass when each row holds `row_values` values: about CHUNK values, at least one row."""
+    return max(1, CHUNK // max(1, row_values))
 
 
 def as_int32(words: torch.Tensor) -> torch.Tensor:
@@ -21,15 +34,20 @@ def pack_bits(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
     The result has ceil(count * bits / 32) words along `dim`; the padding bits of the last word are zero.
     """
-    v = values.movedim(dim, -1).to(torch.int64)
+    v = values.movedim(dim, -1)
     if v.numel() and (int(v.min()) < 0 or int(v.max()) >= 1 << bits):
         raise ShapeError(f"cannot pack values outside 0..{(1 << bits) - 1} into {bits} bits")
-    count = v.shape[-1]
+    lead, count = v.shape[:-1], v.shape[-1]
+    rows = v.reshape(math.prod(lead), count)
     nwords = -(-count * bits // 32)
     offsets = torch.arange(count, device=v.device) * bits
     idx, shift = offsets // 32, offsets % 32
-    shifted = v << shift                                     # < 2**39: fits int64, may spill into idx + 1
-    words = torch.zeros(*v.shape[:-1], nwords + 1, dtype=torch.int64, device=v.device)
-    words.index_add_(-1, idx, shifted & 0xFFFFFFFF)          # bit fields never overlap: add == or
-    words.index_add_(-1, idx + 1, shifted >> 32)
-    return as_int32(words[..., :nwords]).movedim(-1, dim).contiguous()
+    out = torch.empty(rows.shape[0], nwords, dtype=torch.int32, device=v.device)
+    step = chunk_rows(count)
+    for r in range(0, rows.shape[0], step):
+        shifted = rows[r:r + step].to(torch.int64) << shift     # < 2**39: fits int64, may spill into idx + 1
+        words = torch.zeros(shifted.shape[0], nwords + 1, dtype=torch.int64, device=v.device)
+        words.index_add_(-1, idx, shifted & 0xFFFFFFFF)           # bit fields never overlap: add == or
+        words.index_add_(-1, idx + 1, shifted >> 32)
+        out[r:r + step] = as_int32(words[:, :nwords])
+    return out.reshape(*lead, nwords).movedim(-1, dim).contiguous()
