@@ -4,9 +4,9 @@ Values are laid out as a dense little-endian bit stream along one dimension: val
 [i*b, (i+1)*b) of the concatenated int32 words, straddling a word boundary when 32 % b != 0 (GPTQ and
 compressed-tensors 3-bit). For b in {2, 4, 8} this is the plain sequential nibble/byte order.
 
-Packing and unpacking work in int64, eight bytes per value, so both go a few rows at a time (`chunk_rows`):
-their scratch stays bounded by CHUNK values (or one row, when a row is longer) whatever the tensor's size,
-and a conversion's transient memory is the tensor itself, not eight times its float32 size.
+Packing and unpacking work in int64, eight bytes per value, so both go a block of rows at a time
+(quant.chunks): their scratch stays bounded whatever the tensor's size, never several int64 copies of a
+whole weight.
 """
 from __future__ import annotations
 
@@ -14,14 +14,8 @@ import math
 
 import torch
 
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ShapeError
-
-CHUNK = 1 << 16             # values per pass: about half a MB for each int64 temporary
-
-
-def chunk_rows(row_values: int) -> int:
-    """Rows per pass when each row holds `row_values` values: about CHUNK values, at least one row."""
-    return max(1, CHUNK // max(1, row_values))
 
 
 def as_int32(words: torch.Tensor) -> torch.Tensor:
@@ -43,7 +37,7 @@ def pack_bits(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     offsets = torch.arange(count, device=v.device) * bits
     idx, shift = offsets // 32, offsets % 32
     out = torch.empty(rows.shape[0], nwords, dtype=torch.int32, device=v.device)
-    step = chunk_rows(count)
+    step = chunk_rows(count, v.device)
     for r in range(0, rows.shape[0], step):
         shifted = rows[r:r + step].to(torch.int64) << shift     # < 2**39: fits int64, may spill into idx + 1
         words = torch.zeros(shifted.shape[0], nwords + 1, dtype=torch.int64, device=v.device)

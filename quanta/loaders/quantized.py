@@ -19,8 +19,8 @@ from quanta.loaders.config_fields import MISSING, get_int
 from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
                                model_config_from_hf)
-from quanta.loaders.pack import chunk_rows
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
 
@@ -99,7 +99,7 @@ def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.T
                          f"{count} values of {bits} bits")
     rows = w.reshape(math.prod(lead), nwords)
     out = torch.empty(rows.shape[0], count, dtype=torch.uint8, device=w.device)
-    step = chunk_rows(count)
+    step = chunk_rows(count, w.device)
     for r in range(0, rows.shape[0], step):
         c = rows[r:r + step].to(torch.int64) & 0xFFFFFFFF
         c = torch.cat([c, torch.zeros_like(c[:, :1])], dim=-1)          # a zero word for straddling reads
