@@ -36,12 +36,18 @@ def pack_bits(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     nwords = -(-count * bits // 32)
     offsets = torch.arange(count, device=v.device) * bits
     idx, shift = offsets // 32, offsets % 32
-    out = torch.empty(rows.shape[0], nwords, dtype=torch.int32, device=v.device)
+    shape = list(values.shape)
+    shape[dim] = nwords
+    result = torch.empty(shape, dtype=torch.int32, device=v.device)
+    out = result.movedim(dim, -1)           # 2-D: the result's rows of words, written in place
+    flat = out if out.dim() == 2 else torch.empty(rows.shape[0], nwords, dtype=torch.int32, device=v.device)
     step = chunk_rows(count, v.device)
     for r in range(0, rows.shape[0], step):
         shifted = rows[r:r + step].to(torch.int64) << shift     # < 2**39: fits int64, may spill into idx + 1
         words = torch.zeros(shifted.shape[0], nwords + 1, dtype=torch.int64, device=v.device)
         words.index_add_(-1, idx, shifted & 0xFFFFFFFF)           # bit fields never overlap: add == or
         words.index_add_(-1, idx + 1, shifted >> 32)
-        out[r:r + step] = as_int32(words[:, :nwords])
-    return out.reshape(*lead, nwords).movedim(-1, dim).contiguous()
+        flat[r:r + step] = as_int32(words[:, :nwords])
+    if flat is not out:
+        out.copy_(flat.reshape(out.shape))
+    return result
