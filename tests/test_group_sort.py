@@ -56,3 +56,13 @@ def test_engine_runs_an_act_order_down_proj_packed():
         kernels = {k["name"].rsplit(".", 1)[-1]: k["kernel"] for k in llm.kernels()}
     assert kernels["down_proj"] == "cpu_int4"
     assert kernels["o_proj"] == "dequantized"             # its K is the attention heads: not reorderable
+
+
+def test_which_quantization_configs_declare_act_order():
+    from quanta.quant.group_sort import declares_act_order
+    assert declares_act_order({"quant_method": "gptq", "desc_act": True})
+    assert declares_act_order({"config_groups": {"group_0": {"weights": {"actorder": "group"}}}})
+    assert declares_act_order({"synthetic": "w4g128act"})
+    for plain in ({"quant_method": "gptq", "desc_act": False}, {"config_groups": {"g": {"weights": {"actorder": None}}}},
+                  {"synthetic": "w4g128"}, {}, None):
+        assert not declares_act_order(plain)

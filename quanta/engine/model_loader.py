@@ -29,7 +29,7 @@ from quanta.engine.synthetic import is_synthetic, load_synthetic
 from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
-from quanta.quant.group_sort import group_order, sort_mlp
+from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
 
 
 def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
@@ -76,7 +76,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
 
     modules = list(weight_modules(model))
     early: dict[str, object] = {}                 # down_proj weights read ahead by their MLP's gate_up_proj
-    sort_groups = True                            # until the first MLP shows no act-order down_proj
+    sort_groups = declares_act_order(ckpt.quant_config)     # until an MLP shows no act-order down_proj
     for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
         if isinstance(module, MergedQuantLinear):
             parts = module.part_names(name)

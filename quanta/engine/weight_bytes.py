@@ -185,11 +185,7 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
     linears = 0
     for i in range(layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
-        linears += gemm_bytes(fmt, [(s.q, t("attn_q")), (s.kv, t("attn_k")), (s.kv, t("attn_v"))], h, e)
-        o_proj_dequantized = fmt.act_order and s.tp > 1
-        linears += h * s.q * e if o_proj_dequantized else gemm_bytes(fmt, [(h, t("attn_output"))], s.q, e)
-        linears += gemm_bytes(fmt, [(s.inter, t("ffn_gate")), (s.inter, t("ffn_up"))], h, e)
-        linears += gemm_bytes(fmt, [(h, t("ffn_down"))], s.inter, e)
+        linears += sum(held_bytes(fmt, s, roles, k, e, t) for roles, k in layer_gemms(s, h))
     if config.attention_bias:
         linears += layers * (s.q + 2 * s.kv) * e
     if g:
@@ -199,6 +195,20 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
         embedding = lm_head = s.vocab * h * e
     norms = (2 * layers + 1) * h * e + (2 * layers * config.head_dim * e if config.qk_norm else 0)
     return WeightBytes(embedding, linears, lm_head, norms)
+
+
+def layer_gemms(s: Shard, h: int) -> tuple:
+    """One decoder layer's GEMMs in load order, each ((role, N), ...) and its K, for one rank's shard."""
+    return (((("attn_q", s.q), ("attn_k", s.kv), ("attn_v", s.kv)), h), ((("attn_output", h),), s.q),
+            ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter))
+
+
+def held_bytes(fmt: WeightFormat, s: Shard, roles: tuple, k: int, e: int, t) -> int:
+    """gemm_bytes of one GEMM of layer_gemms (`t`: role -> GGML type or None), but o_proj's act-order piece
+    under tensor parallelism held dequantized (see the module docstring)."""
+    if fmt.act_order and s.tp > 1 and roles[0][0] == "attn_output":
+        return sum(n for _, n in roles) * k * e
+    return gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
 
 
 def canonical_bytes(fmt: WeightFormat, n: int, k: int, e: int, gguf_type: str | None = None) -> int:
@@ -233,11 +243,12 @@ def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
     held = peak = embedding
     for i in range(config.num_hidden_layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
-        for roles, k in (((("attn_q", s.q), ("attn_k", s.kv), ("attn_v", s.kv)), h), ((("attn_output", h),), s.q),
-                         ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter)):
-            final = gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
+        for roles, k in layer_gemms(s, h):
+            final = held_bytes(fmt, s, roles, k, e, t)
             canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
-            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final)
+            # act-order: down_proj is read with gate/up, to sort its groups (quant/group_sort.py)
+            ahead = canonical_bytes(fmt, h, s.inter, e) if fmt.act_order and roles[0][0] == "ffn_gate" else 0
+            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final + ahead)
             held += final
     return max(peak, held + lm_head)
 

@@ -21,6 +21,19 @@ import torch
 from quanta.quant.kinds import Affine
 
 
+def declares_act_order(quant_config: dict | None) -> bool:
+    """Whether a checkpoint's quantization config says its weights may carry act-order groups (GPTQ
+    desc_act, compressed-tensors actorder, a synthetic `...act` format): the loader then reads each
+    down_proj with its gate/up, which other checkpoints are spared."""
+    def walk(node) -> bool:
+        if isinstance(node, dict):
+            return any((key in ("desc_act", "actorder") and value not in (None, False, "static"))
+                       or walk(value) for key, value in node.items())
+        return isinstance(node, list) and any(walk(v) for v in node)
+    qc = quant_config or {}
+    return str(qc.get("synthetic", "")).endswith("act") or walk(qc)
+
+
 def group_order(down) -> torch.Tensor | None:
     """The permutation of down_proj's input columns that sorts its act-order groups into runs of
     group_size, or None where there is nothing to sort (not an act-order Affine weight, or groups that
