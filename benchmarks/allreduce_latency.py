@@ -1,6 +1,6 @@
 """Latency of the small all-reduces tensor-parallel decode makes (one [batch, hidden] fp16 row block after each
 row-parallel layer): torch.distributed over NCCL, eager and captured in a CUDA graph (as the engine's decode
-graphs hold them), and torch's symmetric-memory one-shot all-reduce where this torch has it.
+graphs hold them), and torch's symmetric-memory one-shot all-reduce (in bf16) where this torch has it.
 
     python benchmarks/allreduce_latency.py --world 4 --hidden 8192 --rows 1 --ops 160
 
@@ -34,6 +34,20 @@ def timed(fn, ops: int, reps: int) -> float:
     return round(statistics.median(samples), 2)
 
 
+def eager_and_graph(fn, ops: int, reps: int) -> tuple[float, float]:
+    """(µs per operation of `fn` run eagerly, the same captured in a CUDA graph and replayed)."""
+    eager = timed(fn, ops, reps)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):             # warm-up off the capture stream, as torch.cuda.graph wants
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return eager, timed(graph.replay, ops, reps)
+
+
 def rank_main(rank: int, args, port: int, queue) -> None:
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -42,40 +56,23 @@ def rank_main(rank: int, args, port: int, queue) -> None:
     x = torch.randn(args.rows, args.hidden, dtype=torch.float16, device=device)
     result = {}
 
-    def eager():
+    def nccl():
         for _ in range(args.ops):
             dist.all_reduce(x)
             x.mul_(0.25)
-    result["nccl_eager_us"] = timed(eager, args.ops, args.reps)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        eager()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        eager()
-    result["nccl_graph_us"] = timed(graph.replay, args.ops, args.reps)
-    del graph
-    try:
+    result["nccl_eager_us"], result["nccl_graph_us"] = eager_and_graph(nccl, args.ops, args.reps)
+    try:                                        # torch's one-shot kernel takes bf16 but not fp16: same bytes
         import torch.distributed._symmetric_memory as symm_mem
-        buf = symm_mem.empty(args.rows, args.hidden, dtype=torch.float16, device=device)
-        symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+        group = dist.group.WORLD.group_name
+        buf = symm_mem.empty(args.rows, args.hidden, dtype=torch.bfloat16, device=device)
+        symm_mem.rendezvous(buf, group)
         buf.copy_(x)
 
         def one_shot():
             for _ in range(args.ops):
-                out = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", dist.group.WORLD.group_name)
-                buf.copy_(out.mul_(0.25))
-        result["symm_mem_one_shot_eager_us"] = timed(one_shot, args.ops, args.reps)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            one_shot()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            one_shot()
-        result["symm_mem_one_shot_graph_us"] = timed(graph.replay, args.ops, args.reps)
-        del graph
+                buf.copy_(torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group).mul_(0.25))
+        result["symm_mem_one_shot_eager_us"], result["symm_mem_one_shot_graph_us"] = eager_and_graph(
+            one_shot, args.ops, args.reps)
     except Exception as e:                      # noqa: BLE001 -- reported, not fatal: the NCCL figures stand
         result["symm_mem_error"] = f"{type(e).__name__}: {e}"[:300]
     torch.cuda.synchronize()
