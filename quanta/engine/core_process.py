@@ -121,6 +121,12 @@ def _write(conn, outbox: queue.SimpleQueue) -> None:
             conn.send(msg)
     except OSError:                                 # the parent is gone: the reader ends the loop
         return
+    except Exception as e:                          # a message that cannot be sent: the engine is done for
+        log.exception("engine message not sent")
+        try:
+            conn.send(("dead", f"{e!r}"))
+        except Exception:                           # noqa: BLE001 -- nothing more can reach the parent
+            pass
 
 
 def merge_steps(a: tuple, b: tuple) -> tuple:
