@@ -2,10 +2,9 @@
 driven by the real `openai` client and by plain HTTP (httpx) with the OpenAI schema. Greedy outputs
 are compared with the offline LLM.generate / LLM.chat result of the same model (the oracle).
 
-Prefix caching is off on both sides: a prompt whose first blocks come from the cache has only its tail
-prefilled, which rounds differently from a whole prefill, and near-ties in greedy decoding then flip
-(a cached chat system prompt turns "Hello there, ..." into "Hello there! ..."), so exact equality with
-the oracle would depend on which requests ran before."""
+The server runs with prefix caching on (its default), the oracle without: on the CPU a request's tokens
+do not depend on blocks from the cache (a chat's system prompt) or on what ran beside it
+(tests/test_batch_invariance.py), so they equal the oracle's exactly."""
 from __future__ import annotations
 
 import asyncio
@@ -78,7 +77,7 @@ def _serving(model, *flags: str):
 def server(default_model_path):
     """Base URL of a running `quanta serve` with an API key (stopped after the module)."""
     with _serving(default_model_path, "--api-key", KEY, "--served-model-name", NAME,
-                  "--max-model-len", str(MAX_MODEL_LEN), "--no-prefix-caching") as url:
+                  "--max-model-len", str(MAX_MODEL_LEN)) as url:
         yield url
 
 

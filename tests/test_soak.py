@@ -3,9 +3,9 @@
 The real server process on loopback with the default model on the CPU and a KV pool the clients
 oversubscribe, driven through its HTTP interface only with streamed and whole requests, dropped streams,
 client timeouts, oversized and malformed bodies; then healthy, no KV block leaked, RSS within the bound,
-greedy outputs equal to the offline LLM.generate (the oracle) or, after a preemption, diverging only at a
-near tie. Skipped unless QUANTA_SOAK_SECONDS is set: the oracle and the server's start-up alone take
-minutes on a shared 2-core machine."""
+every greedy output equal to the offline LLM.generate (the oracle), preempted or not. Skipped unless
+QUANTA_SOAK_SECONDS is set: the oracle and the server's start-up alone take minutes on a shared 2-core
+machine."""
 from __future__ import annotations
 
 import importlib.util

@@ -78,8 +78,9 @@ class EngineConfig:
 
     def lm_head_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """What the lm_head computes in: the compute dtype, except with dtype="auto" on the CPU, where
-        a float32 lm_head would cost a third of a small model's decode step; bfloat16 logits there are
-        the vLLM convention (a float32 residual stream keeps them close enough for greedy picks)."""
+        a float32 lm_head would cost a third of a small model's decode step; the tokens that can be a
+        row's largest are then recomputed in float32 (LlamaForCausalLM.compute_logits), so greedy picks
+        see float32 logits, not bfloat16 ties."""
         if self.dtype == "auto" and torch.device(self.device).type == "cpu":
             return torch.bfloat16
         return compute_dtype

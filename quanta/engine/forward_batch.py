@@ -1,6 +1,7 @@
 """ForwardBatch: one step's attention metadata, handed to the model explicitly as its attention
 context. Sequences are ordered decodes first (one query each), then prefill chunks; `attend` stores
-the step's K/V in the paged cache and runs the decode and prefill kernels over their parts."""
+the step's K/V in the paged cache and runs the decode and prefill kernels over their parts (on the CPU,
+cpu_attention's batch-invariant rows instead)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from quanta.engine.kv_cache import PagedKVCache
-from quanta.kernels import paged_attention
+from quanta.kernels import cpu_attention, paged_attention
 
 
 @dataclass(slots=True)
@@ -25,6 +26,8 @@ class ForwardBatch:
     num_splits: int                     # decode kernel's KV splits
     sliding_window: int | None = None
     calibrate: bool = False             # compute fp8 scales from this batch (first real prefill)
+    cpu_plan: list | None = None        # the CPU path's row groups (cpu_attention.plan), made at layer 0 of each
+                                        # forward: a graph's batch is replayed with new contents
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                rope: Callable | None = None) -> torch.Tensor:
@@ -41,11 +44,14 @@ class ForwardBatch:
             if rope is not None:
                 q, k = rope(q, k)
             cache.write(layer, k, v, self.slot_mapping, self.calibrate)
+        if not cache.triton:
+            if layer == 0 or self.cpu_plan is None:
+                self.cpu_plan = cpu_attention.plan(self.block_tables, self.seq_lens, self.query_start_loc,
+                                                   cache.block_size, self.sliding_window)
+            return cpu_attention.attend(q, k_cache, v_cache, self.cpu_plan, scale, cache.k_scale[layer],
+                                        cache.v_scale[layer], cache.fmt)
         kw = dict(sliding_window=self.sliding_window, k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer],
                   fmt=cache.fmt)
-        if not cache.triton:
-            return paged_attention.reference(q, k_cache, v_cache, self.block_tables, self.seq_lens,
-                                             self.query_start_loc, scale, **kw)
         out = torch.empty_like(q)
         nd = self.num_decodes
         if nd:

@@ -1,8 +1,11 @@
-"""Plain float weights: torch's own matmul (cuBLAS / MKL / oneDNN)."""
+"""Plain float weights: torch's own matmul (cuBLAS; on the CPU MKL / oneDNN in batch-invariant row pieces,
+cpu_matmul)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from quanta.kernels import cpu_matmul
 
 NAME = "dense"
 
@@ -16,6 +19,8 @@ def prepare(weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> t
 
 
 def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if x.device.type == "cpu":
+        return cpu_matmul.linear(x, state, bias)
     return F.linear(x, state, bias)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quanta.kernels import cpu_matmul
 from quanta.quant.qtensor import QTensor
 
 NAME = "dequantized"
@@ -27,6 +28,8 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> torch.
 
 
 def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if x.device.type == "cpu":
+        return cpu_matmul.linear(x, state, bias)
     return F.linear(x, state, bias)
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from quanta.engine.layers import Cut, Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
 from quanta.engine.parallel import TensorParallel, kv_head_range, vocab_range
+from quanta.kernels import cpu_matmul
 from quanta.loaders.checkpoint import ModelConfig
 
 
@@ -132,6 +133,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, torch.device(device), triton, tp)
+        self._head_colmax: torch.Tensor | None = None      # max |lm_head weight| per column (compute_logits)
         if tp is None:
             self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
         else:
@@ -147,6 +149,14 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype)."""
-        logits = self.lm_head(hidden.to(self.lm_head.dtype)).float()
+        """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype).
+        A 16-bit plain-weight lm_head under float32 activations on the CPU has the entries that can be a row's
+        largest recomputed in float32 (cpu_matmul.refine_top; per rank, before the vocabulary is gathered)."""
+        head = self.lm_head
+        logits = head(hidden.to(head.dtype)).float()
+        if hidden.dtype == torch.float32 != head.dtype and hidden.device.type == "cpu" \
+                and isinstance(head.state, torch.Tensor):
+            if self._head_colmax is None:                  # made once: the weights never change
+                self._head_colmax = cpu_matmul.column_max(head.state)
+            logits = cpu_matmul.refine_top(logits, hidden, head.state, self._head_colmax)
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)
