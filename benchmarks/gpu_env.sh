@@ -4,7 +4,19 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/quanta-gpu}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+if ls .whl/*.whl >/dev/null 2>&1; then         # once per machine: scripts may run side by side
+  [ -f /tmp/site/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.done; }
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1
+
+# staged LIMIT CMD...: run CMD; past LIMIT seconds CMD and every tensor-parallel rank it spawned get SIGABRT,
+# on which each prints where its threads were (PYTHONFAULTHANDLER), so a hang shows where it hangs.
+staged() {
+  local limit=$1; shift
+  ( sleep "$limit"; pkill -ABRT -f worker_entry ) & local dog=$!
+  timeout -s ABRT -k 15 "$limit" "$@"; local rc=$?
+  kill "$dog" 2>/dev/null
+  return $rc
+}

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a multi-GPU host: the TP GPU tests (eager first, then CUDA graphs), then
-# benchmarks/tp_decode.py (batch-1 decode and throughput at TP = N beside TP = 1 in the same call, greedy tokens
-# compared), each stage under its own limit. A stage that hangs is stopped with SIGABRT, on which every Python
-# process of the stage (the ranks included) prints where it was (PYTHONFAULTHANDLER).
-#   usage: bash benchmarks/gpu_tp.sh            (TP=2 MODEL=... TP_ARGS=... to change)
+# Tensor parallelism on a multi-GPU host: benchmarks/tp_decode.py (batch-1 decode and throughput at TP = N beside
+# TP = 1 in the same call, greedy tokens compared), then the TP GPU tests (eager, then CUDA graphs), each stage
+# under its own limit; a stage that hangs prints every rank's traceback (gpu_env.sh's staged) and ends the script.
+#   usage: bash benchmarks/gpu_tp.sh            (TP=2 MODEL=... TP_ARGS=... STAGES="decode eager graphs")
 source "$(dirname "$0")/gpu_env.sh"
-export PYTHONFAULTHANDLER=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device-tp.txt"
-for mode in eager graphs; do
-  echo "== TP GPU tests ($mode)"
-  timeout -s ABRT -k 10 ${TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short -k "$mode" \
-    tests/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp-tests-$mode.log" | tail -n ${TEST_LINES:-8}
+for stage in ${STAGES:-decode eager graphs}; do
+  echo "== TP stage $stage"
+  if [ "$stage" = decode ]; then
+    staged ${DECODE_TIMEOUT:-240} python3 benchmarks/tp_decode.py --model "${MODEL:-synthetic:llama3-8b:w4g128}" \
+      --tp "${TP:-2}" ${TP_ARGS:-} --out "$OUT/tp-decode-${TP:-2}.json" 2>&1 | tee "$OUT/tp-decode.log" | tail -n 6
+  else
+    staged ${TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short -k "$stage" \
+      tests/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp-tests-$stage.log" | tail -n ${TEST_LINES:-8}
+  fi
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ] || [ "$rc" -ge 128 ]; then echo "stage $stage stopped (rc $rc); see $OUT for tracebacks"; break; fi
 done
-echo "== tp_decode TP=${TP:-2}"
-timeout -s ABRT -k 10 ${DECODE_TIMEOUT:-240} python3 benchmarks/tp_decode.py --model "${MODEL:-synthetic:llama3-8b:w4g128}" \
-  --tp "${TP:-2}" ${TP_ARGS:-} --out "$OUT/tp-decode-${TP:-2}.json" 2>&1 | tee "$OUT/tp-decode.log" | tail -n 6

@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/quant_quality.sh                   # JSON per run in $OUT, the markdown table on stdout
 #   WINDOWS=20 SAMPLES=32 OUT=/tmp/qq bash benchmarks/quant_quality.sh
+#   LLMC_PY=/work/venv-fp8/bin/python bash benchmarks/quant_quality.sh   # + llm-compressor's FP8 (llmc_fp8.py)
 #
 # hidden_size 576 is not a multiple of 128 (576 = 4.5 x 128), so group 128 cannot tile the q/k/v/gate/up
 # inputs: the integer schemes use group 64 on this model.
@@ -39,9 +40,25 @@ run gptq-w4g64 --method gptq --group-size 64
 run gptq-w4g64-act-order --method gptq --group-size 64 --act-order
 run nf4 --method nf4
 run fp8 --method fp8
+run gptq-fp8 --method gptq --scheme fp8
 run q8_0 --method gguf --type Q8_0
 run q4_0 --method gguf --type Q4_0
 run q4_k_m --method gguf --type Q4_K_M
+
+if [[ -n "${LLMC_PY:-}" ]]; then     # the outside baseline: llm-compressor on the same float32 weights and windows
+    $PY -m quanta.tools.cli -q convert "$SRC" --to hf --dtype float32 --out "$WORK/hf32" --no-validate --force
+    $PY -c "import sys, torch; from quanta.loaders import load; from quanta.quant.calibration import load_calibration
+torch.save(load_calibration(load(sys.argv[1]).tokenizer, n_samples=$SAMPLES, seqlen=$SEQLEN).tokens, sys.argv[2])" \
+        "$SRC" "$WORK/calibration.pt"
+    for mode in rtn gptq; do
+        echo "== llm-compressor FP8_DYNAMIC $mode" >&2
+        $LLMC_PY benchmarks/llmc_fp8.py "$WORK/hf32" "$WORK/llmc-$mode" $mode "$OUT/llmc-fp8-$mode.quantize.json" \
+            "$WORK/calibration.pt" >&2
+        $PY -m quanta.tools.cli -q validate "$WORK/llmc-$mode" "${EVAL[@]}" > "$OUT/llmc-fp8-$mode.validate.json"
+        rm -rf "$WORK/llmc-$mode"
+    done
+    rm -rf "$WORK/hf32"
+fi
 
 $PY - "$OUT" <<'EOF'
 import json, sys

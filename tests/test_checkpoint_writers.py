@@ -20,6 +20,7 @@ from quanta.loaders import load
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import WRITERS, write
 from quanta.loaders.hf import canonical_shapes
+from quanta.quant import chunks
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine, Codebook, Fp8
 from quanta.quant.qtensor import QTensor
@@ -136,6 +137,16 @@ def test_rewriting_tool_checkpoint_reproduces_it(fixture: str, tmp_path: Path):
     back = load(out, tokenizer=False)
     for name in ck.tensors:
         assert_same_weights(ck.tensors[name], back.tensors[name], name)
+
+
+# Unpacking and packing go a block of rows at a time (quant.chunks): with blocks of a few rows, every weight
+# takes many passes (3-bit words straddling, AWQ's column order, GPTQ's packing along dim 0), and the tools'
+# bytes still come out.
+@pytest.mark.parametrize("fixture", ["awq/gemm_g32", "gptq/b3_g32_asym", "gptq/b2_g32_asym_v2",
+                                     "gptq/b8_gm1_sym_optimum", "ct/w4a16_g32_asym_pack", "ct/w8a16_channel_pack"])
+def test_rewriting_in_small_row_blocks_reproduces_it(fixture: str, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(chunks, "CHUNK", 100)
+    test_rewriting_tool_checkpoint_reproduces_it(fixture, tmp_path)
 
 
 # --- round trips at odd-but-legal shapes ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
+from quanta.quant import chunks  # noqa: E402
 from quanta.quant.errors import ShapeError, UnsupportedError  # noqa: E402
 from quanta.quant.ggml_quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
 from quanta.quant.kinds.affine import Affine  # noqa: E402
@@ -57,7 +58,10 @@ def test_bit_exact_with_llama_cpp(goldens, name, suffix):
     assert np.array_equal(ours.dequantize().numpy(), ref)
 
 
-def test_affine_round_trip_is_exact(goldens):
+@pytest.mark.parametrize("chunk", [None, 64], ids=["one-pass", "row-blocks"])
+def test_affine_round_trip_is_exact(goldens, chunk, monkeypatch):
+    if chunk:                               # to_affine reads the codes a few ggml blocks at a time
+        monkeypatch.setattr(chunks, "CHUNK", chunk)
     x = goldens["x"][:, :256]
     for name in LEGACY:
         blocks = gguf.quants.quantize(x, _qtype(name))

@@ -11,7 +11,7 @@ import torch
 
 from quanta.loaders.gguf_mix import assign, use_more_bits
 from quanta.engine.gpus import parse_gpus
-from quanta.engine.memory_plan import RUNTIME_OVERHEAD, format_verdict, plan
+from quanta.engine.memory_plan import NCCL_OVERHEAD, RUNTIME_OVERHEAD, format_verdict, plan
 from quanta.engine.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.engine.weight_bytes import WeightFormat, gemm_bytes
@@ -112,10 +112,12 @@ def test_llama3_70b_awq_on_4x24gib_fp8_kv_fits_at_tp4_with_hand_computed_capacit
     logits = 4 * 256 * 128256 * 4
     assert logits > mlp
     assert p.activation_peak == stream + logits == 927_989_760
-    kv = int(24 * GIB * 0.9) - weights - (stream + logits) - GRAPHS - RUNTIME_OVERHEAD
-    assert p.kv_capacity_tokens == kv // (16 * 40_960) * 16 == 269_680
-    assert p.max_concurrent_seqs == 269_680 // 8192 == 32
-    assert "fits:" in format_verdict(p) and "269,680 tokens" in format_verdict(p)
+    # each rank also holds NCCL's communicator beside the CUDA runtime
+    kv = int(24 * GIB * 0.9) - weights - (stream + logits) - GRAPHS - RUNTIME_OVERHEAD - NCCL_OVERHEAD
+    assert NCCL_OVERHEAD == GIB and p.runtime_overhead == RUNTIME_OVERHEAD + GIB
+    assert p.kv_capacity_tokens == kv // (16 * 40_960) * 16 == 243_472
+    assert p.max_concurrent_seqs == 243_472 // 8192 == 29
+    assert "fits:" in format_verdict(p) and "243,472 tokens" in format_verdict(p)
 
 
 def test_llama3_8b_awq_on_a_t4_fits_with_hand_computed_context():
@@ -247,7 +249,7 @@ def test_cli_prints_the_verdict(capsys):
     out = run_cli(["llama-3-70b", "--quantization", "awq", "--gpus", "4x24GiB", "--kv-cache-dtype", "fp8",
                    "--max-model-len", "8192"], capsys)
     assert "tensor-parallel size 4" in out and "40,960 bytes per token" in out
-    assert "fits: llama-3-70b" in out and "269,680 tokens" in out
+    assert "fits: llama-3-70b" in out and "243,472 tokens" in out
     out = run_cli(["llama-3-70b", "--quantization", "fp16"], capsys)
     assert "does not fit: llama-3-70b (fp16) on 1x80GiB" in out and "would fit with quantization awq" in out
 
@@ -279,3 +281,17 @@ def test_load_peak_of_llama3_70b_is_its_weights_as_the_lm_head_loads_last():
     """At 70B the last module, a dense 128256 x 8192 fp16 lm_head, outweighs any layer's transient."""
     p = plan("llama-3-70b", quantization="awq")
     assert p.load_peak == p.weights.total - p.weights.norms
+
+
+def test_act_order_at_tp4_holds_o_proj_dequantized_and_down_proj_packed():
+    # a GPTQ desc_act checkpoint: o_proj's contiguous piece of scattered groups is held as 2-byte weights; down_proj's
+    # groups are sorted before the cut (quant/group_sort.py), so it stays packed like the rest
+    source = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": True}}
+    plain = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": False}}
+    kw = dict(gpus="4x24GiB", kv_cache_dtype="fp8", max_model_len=8192)
+    act, base = plan("llama-3-70b", source=source, **kw), plan("llama-3-70b", source=plain, **kw)
+    o_packed = 2048 // 8 * 8192 * 4 + 8 * 8192 * 4         # codes + symmetric scale words (two groups a word)
+    assert act.weights.total - base.weights.total == 80 * (8192 * 2048 * 2 - o_packed) == 1_992_294_400
+    assert plan("llama-3-70b", source=source, gpus="1x80GiB").weights.total == \
+        plan("llama-3-70b", source=plain, gpus="1x80GiB").weights.total       # one GPU: every group whole
+    assert "act-order" in format_verdict(act)

@@ -147,3 +147,62 @@ def test_delta_rebuilds_text_tokens_and_logprobs():
         snap = stream.snapshot("q").outputs[0]
         assert (snap.text, snap.token_ids, len(snap.logprobs), snap.finish_reason) == (text, ids, len(ids), reason)
     assert sent == {}                                       # a finished request is forgotten
+
+
+def test_writer_sends_the_steps_queued_behind_a_slow_send_as_one():
+    import queue
+    import threading
+
+    from quanta.engine.core_process import _write
+    sent, sending, release = [], threading.Event(), threading.Event()
+
+    class SlowPipe:                                    # the parent busy serving: the first send waits
+        def send(self, msg):
+            sent.append(msg)
+            sending.set()
+            release.wait(5)
+
+    outbox = queue.SimpleQueue()
+    writer = threading.Thread(target=_write, args=(SlowPipe(), outbox))
+    writer.start()
+    outbox.put(("step", [("a", False, None, [1])], [], ["a"], {"running": 1}))
+    assert sending.wait(5)
+    outbox.put(("step", [("a", False, None, [2])], [("b", "refused")], ["b"], {"running": 1}))
+    outbox.put(("step", [("a", True, None, [3])], [], [], {"running": 0}))
+    outbox.put(("dead", "boom"))
+    outbox.put(None)
+    release.set()
+    writer.join(5)
+    assert sent == [("step", [("a", False, None, [1])], [], ["a"], {"running": 1}),
+                    ("step", [("a", False, None, [2]), ("a", True, None, [3])], [("b", "refused")], ["b"],
+                     {"running": 0}),
+                    ("dead", "boom")]
+
+
+def test_steps_larger_than_the_pipe_buffer_arrive_whole_under_uvloop():
+    # uvicorn runs on uvloop where installed, and uvloop puts a descriptor it watches in non-blocking mode: a step
+    # message over the pipe's 64 KiB, read there, came in part (BlockingIOError) and the server took the engine for
+    # dead. A stalled event loop makes the engine's queued steps go as one large message.
+    uvloop = pytest.importorskip("uvloop")
+    engine = _engine(num_kv_blocks=128, max_num_seqs=32)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True, logprobs=20)
+
+    async def one(i: int):
+        outs = [out async for out in engine.generate([3 + i, 7, 9, 11], params, f"big{i}")]
+        return outs[-1]
+
+    async def main():
+        await engine.start()
+        try:
+            tasks = [asyncio.create_task(one(i)) for i in range(32)]
+            await asyncio.sleep(0.05)
+            import time
+            time.sleep(3)                               # the loop stalls: the engine's steps queue up behind it
+            return await asyncio.gather(*tasks)
+        finally:
+            await engine.stop()
+
+    finals = uvloop.run(main())
+    assert engine.error is None
+    assert [len(f.outputs[0].token_ids) for f in finals] == [100] * 32
+    assert all(len(f.outputs[0].logprobs) == 100 for f in finals)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from quanta.quant import chunks
 from quanta.quant.awq_search import clip_weight, search_clip, search_scale
 from quanta.quant.codebook_quant import dynamic_map, quantize_4bit
 from quanta.quant.errors import ConfigError
@@ -28,7 +29,15 @@ def golden():
     return load_file(GOLDEN)
 
 
+@pytest.fixture(params=[None, 50], ids=["one-pass", "row-blocks"])
+def row_blocks(request, monkeypatch):
+    """RTN, NF4/FP4 and FP8 run a block of rows at a time (quant.chunks): also in blocks of a row or two."""
+    if request.param:
+        monkeypatch.setattr(chunks, "CHUNK", request.param)
+
+
 @pytest.mark.parametrize("bits,group,sym", [(4, 32, False), (3, 64, False), (4, 32, True), (8, -1, False)])
+@pytest.mark.usefixtures("row_blocks")
 def test_rtn_awq_convention_matches_autoawq(golden, bits, group, sym):
     key = f"awq_rtn.b{bits}g{group}{'sym' if sym else 'asym'}"
     a = rtn_affine(golden["input.w"], bits, group, symmetric=sym, convention="awq")
@@ -40,6 +49,7 @@ def test_rtn_awq_convention_matches_autoawq(golden, bits, group, sym):
 
 
 @pytest.mark.parametrize("bits,group,sym", [(4, 32, True), (3, 64, False), (8, -1, False), (2, 32, True)])
+@pytest.mark.usefixtures("row_blocks")
 def test_rtn_gptq_convention_matches_autogptq_quantizer(golden, bits, group, sym):
     a = rtn_affine(golden["input.w"], bits, group, symmetric=sym, convention="gptq")
     want = golden[f"gptq_rtn.b{bits}g{group}{'sym' if sym else 'asym'}.w"]
@@ -155,6 +165,7 @@ def _unpack(packed: torch.Tensor, numel: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("qt", ["nf4", "fp4"])
 @pytest.mark.parametrize("case", ["b64", "b64dq", "b128dqodd", "b128odd"])
+@pytest.mark.usefixtures("row_blocks")
 def test_4bit_matches_bitsandbytes(golden, qt, case):
     w = golden["input.w"] if "odd" not in case else golden["input.w"][:, :100].contiguous()
     bs = int(case[1:].split("d")[0].split("o")[0])
@@ -182,6 +193,7 @@ def test_4bit_rejects_bad_options():
 
 
 @pytest.mark.parametrize("strategy", ["tensor", "channel"])
+@pytest.mark.usefixtures("row_blocks")
 def test_fp8_weight_matches_compressed_tensors_formula(strategy):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 80, generator=g) * torch.linspace(0.01, 2, 48).unsqueeze(1)

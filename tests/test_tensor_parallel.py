@@ -90,3 +90,20 @@ def test_start_up_plan_is_per_rank():
     p = check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=2), mc, source,
                    40 * 2**30)
     assert p.fits and p.tensor_parallel_size == 2 and 15 * 2**30 < p.weights.total < 20 * 2**30
+
+
+def test_kept_pieces_hold_only_their_own_memory():
+    # the embedding and the dense lm_head keep their piece as cut: a view would pin the whole table on every rank
+    with LLM("synthetic:tiny-tp:w4g64", **(BASE | dict(dtype="float16")), tensor_parallel_size=2) as llm:
+        for t in (llm.model.model.embed_tokens.table, llm.model.lm_head.state):
+            assert t.shape[0] == 255 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def test_async_scheduling_under_tp_equals_tp1():
+    # rank 0 launches each decode step before the last one's tokens reach the host: the workers get them on the device
+    tokens = run("synthetic:tiny-tp:w4g64")[0]
+    with LLM("synthetic:tiny-tp:w4g64", **BASE, tensor_parallel_size=2, async_scheduling=True) as llm:
+        assert llm.scheduler.async_scheduling
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts(llm.model.config.vocab_size)], GREEDY,
+                            use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == tokens

@@ -309,13 +309,15 @@ class EngineCore:
             return
         self._closed = True
         tp = self.__dict__.get("tp")
-        if tp is not None and not tp.closed:
-            if not tp.is_worker and "runner" in self.__dict__:
-                send_stop(tp)
-            tp.close()
+        if tp is not None and not tp.closed and not tp.is_worker and "runner" in self.__dict__:
+            send_stop(tp)
         for name in HELD:
             self.__dict__.pop(name, None)
         gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if tp is not None:          # after the CUDA graphs are gone: NCCL waits on work they captured
+            tp.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

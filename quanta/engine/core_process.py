@@ -16,7 +16,8 @@ The wire, pickled over a multiprocessing Connection:
                    gauges: scheduler and pool figures for /metrics;
                    ("dead", message) when the core failed (the process then ends).
 A request's updates carry only what is new since the last one (tokens, text, logprobs), so a step's
-message stays small whatever the output lengths.
+message stays small whatever the output lengths. A writer thread sends them, so a parent that reads
+slowly never stalls the loop; passes that queue up meanwhile go as one step message (merge_steps).
 """
 from __future__ import annotations
 
@@ -88,22 +89,52 @@ def run(config, conn, parent_end=None) -> None:
         return
     conn.send(("ready", {"max_model_len": core.max_model_len, "num_kv_blocks": core.num_kv_blocks}))
     inbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read, args=(conn, inbox), name="quanta-engine-inbox", daemon=True).start()
+    writer = threading.Thread(target=_write, args=(conn, outbox), name="quanta-engine-outbox", daemon=True)
+    writer.start()
     try:
-        _loop(core, conn, inbox)
-    except (BrokenPipeError, EOFError):
-        pass
+        _loop(core, outbox, inbox)
     except BaseException as e:
         log.exception("engine loop failed")
-        try:
-            conn.send(("dead", f"{e!r}"))
-        except OSError:
-            pass
+        outbox.put(("dead", f"{e!r}"))
     finally:
+        outbox.put(None)
+        writer.join(10)
         core.close()
 
 
-def _loop(core, conn, inbox: queue.SimpleQueue) -> None:
+def _write(conn, outbox: queue.SimpleQueue) -> None:
+    """Send the loop's messages to the parent, so that the loop never waits on a parent busy serving (a
+    full pipe would block its send). Step messages that queued up while a send waited go as one."""
+    try:
+        while (msg := outbox.get()) is not None:
+            while msg[0] == "step" and not outbox.empty():
+                nxt = outbox.get_nowait()
+                if nxt is None or nxt[0] != "step":
+                    conn.send(msg)
+                    msg = nxt
+                    break
+                msg = merge_steps(msg, nxt)
+            if msg is None:
+                return
+            conn.send(msg)
+    except OSError:                                 # the parent is gone: the reader ends the loop
+        return
+    except Exception as e:                          # a message that cannot be sent: the engine is done for
+        log.exception("engine message not sent")
+        try:
+            conn.send(("dead", f"{e!r}"))
+        except Exception:                           # noqa: BLE001 -- nothing more can reach the parent
+            pass
+
+
+def merge_steps(a: tuple, b: tuple) -> tuple:
+    """Two consecutive step messages as one: updates, rejects and added in order, b's gauges."""
+    return ("step", a[1] + b[1], a[2] + b[2], a[3] + b[3], b[4])
+
+
+def _loop(core, outbox: queue.SimpleQueue, inbox: queue.SimpleQueue) -> None:
     sent: dict[str, dict] = {}
     while True:
         batches = [] if core.has_unfinished() else [inbox.get()]       # idle: sleep until told something
@@ -126,4 +157,4 @@ def _loop(core, conn, inbox: queue.SimpleQueue) -> None:
                     updates.append(delta_of(out, sent))
         if core.has_unfinished():
             updates += [delta_of(out, sent) for out in core.step(True)]
-        conn.send(("step", updates, rejects, added, gauges(core)))
+        outbox.put(("step", updates, rejects, added, gauges(core)))

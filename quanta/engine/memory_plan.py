@@ -43,6 +43,9 @@ GIB = 2**30
 # loaded kernels: memory a process holds outside torch's allocator, which the engine measures as
 # total - free - reserved once it runs. A stated constant here, since the plan runs before any GPU work.
 RUNTIME_OVERHEAD = 512 * 2**20
+# Under tensor parallelism each rank also holds NCCL's communicator outside torch: the channel buffers for
+# every peer, for each protocol it may pick, plus the gloo group's host side (none on the device).
+NCCL_OVERHEAD = 1 * GIB
 LOGIT_ROW_COPIES = 4                 # float32 [rows, vocab] alive in sampling: logits, probs, noise, probs/noise
 FORMATS = {"fp16": "dense", "float16": "dense", "bf16": "dense", "bfloat16": "dense", "fp32": "dense",
            "float32": "dense", "awq": "affine", "gptq": "affine", "nf4": "codebook", "fp8": "fp8"}
@@ -181,14 +184,15 @@ def _source_format(config: ModelConfig, source: dict[str, Any], bits, group_size
         if fmt.startswith("gguf-"):
             return parse_format(f"gguf:{fmt[5:]}", None, None, config, {})
         w = fmt[1:].removesuffix("act").split("g")
-        return parse_format("gptq", int(w[0]), int(w[1]) if len(w) > 1 else -1, config, {})
+        return replace(parse_format("gptq", int(w[0]), int(w[1]) if len(w) > 1 else -1, config, {}),
+                       act_order=fmt.endswith("act"))
     qc = source.get("quant_config", {})
     if family == "awq":
         return parse_format("awq", qc.get("bits", qc.get("w_bit", 4)),
                             qc.get("group_size", qc.get("q_group_size", 128)), config, {})
     if family == "gptq":
         fmt = parse_format("gptq", int(qc.get("bits", 4)), int(qc.get("group_size", 128)), config, {})
-        return replace(fmt, symmetric=bool(qc.get("sym", True)))
+        return replace(fmt, symmetric=bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act", False)))
     if family == "bnb" and qc.get("load_in_4bit", True) and not qc.get("load_in_8bit", False):
         return parse_format("nf4", None, None, config, {})
     if family == "fp8":
@@ -263,12 +267,13 @@ def _plan(name: str, config: ModelConfig, source: dict[str, Any], *, quantizatio
     graphs = 0 if enforce_eager else GRAPH_MEMORY_MARGIN
     budget = int(cards.memory * gpu_memory_utilization)
     per_token = kv_bytes_per_token(config, s.kv_heads, kv_cache_dtype, e)
-    kv_bytes = max(0, budget - weights.total - peak - graphs - RUNTIME_OVERHEAD)
+    runtime = RUNTIME_OVERHEAD + (NCCL_OVERHEAD if tp > 1 else 0)
+    kv_bytes = max(0, budget - weights.total - peak - graphs - runtime)
     blocks = kv_bytes // (per_token * block_size)
     seqs = blocks // cdiv(length, block_size)
     return MemoryPlan(
         model=name, quantization=fmt.describe(), gpus=str(cards), tensor_parallel_size=tp, gpu_memory=cards.memory,
-        budget=budget, weights=weights, activation_peak=peak, cuda_graphs=graphs, runtime_overhead=RUNTIME_OVERHEAD,
+        budget=budget, weights=weights, activation_peak=peak, cuda_graphs=graphs, runtime_overhead=runtime,
         kv_cache_dtype=kv_cache_dtype, kv_bytes_per_token=per_token, kv_cache_bytes=kv_bytes,
         kv_capacity_tokens=blocks * block_size, max_model_len=length, max_concurrent_seqs=min(seqs, max_num_seqs),
         fits=seqs >= 1, notes=tuple(_notes(config, fmt, cards, s, e)), load_peak=load_peak(config, fmt, s, e))

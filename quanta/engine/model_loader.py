@@ -29,6 +29,7 @@ from quanta.engine.synthetic import is_synthetic, load_synthetic
 from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
+from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
 
 
 def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
@@ -74,15 +75,28 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
         return tensors[stored]
 
     modules = list(weight_modules(model))
+    early: dict[str, object] = {}                 # down_proj weights read ahead by their MLP's gate_up_proj
+    sort_groups = declares_act_order(ckpt.quant_config)     # until an MLP shows no act-order down_proj
     for name, module in tqdm(modules, desc="loading", disable=quiet, leave=False):
         if isinstance(module, MergedQuantLinear):
             parts = module.part_names(name)
-            module.load([take(f"{n}.weight") for n in parts], [take(f"{n}.bias", module.has_bias) for n in parts],
-                        device, dtype, names=[f"{n}.weight" for n in parts], force_kernel=force_kernel)
+            weights = [take(f"{n}.weight") for n in parts]
+            biases = [take(f"{n}.bias", module.has_bias) for n in parts]
+            if sort_groups and name.endswith("mlp.gate_up_proj"):    # act-order groups: see group_sort
+                down = name.removesuffix("gate_up_proj") + "down_proj.weight"
+                early[down] = take(down)
+                sort_groups = group_order(early[down]) is not None
+                gate, up, early[down], *biases = sort_mlp(*weights, early[down], *biases)
+                weights = [gate, up]
+            module.load(weights, biases, device, dtype, names=[f"{n}.weight" for n in parts],
+                        force_kernel=force_kernel)
+            del weights
         elif isinstance(module, QuantLinear):
             module_dtype = (lm_head_dtype or dtype) if module is model.lm_head else dtype
-            module.load(take(f"{name}.weight"), take(f"{name}.bias", module.has_bias), device, module_dtype,
-                        name=f"{name}.weight", force_kernel=force_kernel)
+            weight = early.pop(f"{name}.weight", None)
+            module.load(take(f"{name}.weight") if weight is None else weight, take(f"{name}.bias", module.has_bias),
+                        device, module_dtype, name=f"{name}.weight", force_kernel=force_kernel)
+            del weight
         elif isinstance(module, Embedding):
             module.load(take(f"{name}.weight"), device, dtype)
         else:

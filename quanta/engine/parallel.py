@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import pickle
 import shutil
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,6 +35,8 @@ from quanta.engine.config import EngineConfig
 from quanta.quant.errors import ConfigError
 
 TIMEOUT = datetime.timedelta(minutes=10)
+LEAVE_TIMEOUT_S = 60
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -104,10 +108,21 @@ class TensorParallel:
 
     # --- shut-down -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Leave the process group (rank 0 first waits for the ranks it spawned to exit). Idempotent."""
+        """Leave the process group, then (rank 0) wait for the ranks it spawned to exit. Idempotent.
+        NCCL tears a communicator down collectively: every live rank must destroy the group together, so
+        rank 0 leaves before it waits for its workers (which leave as their loop ends), never after, and
+        skips the teardown where a worker has died (it could not take part)."""
         if self.closed:
             return
         self.closed = True
+        dead = [p for p in self.procs if p.poll() not in (None, 0)]
+        if dist.is_initialized() and not dead:
+            leave = threading.Thread(target=dist.destroy_process_group, name="quanta-tp-leave", daemon=True)
+            leave.start()
+            leave.join(LEAVE_TIMEOUT_S)
+            if leave.is_alive():              # a peer that never leaves must not hang this process's close
+                log.warning("tensor-parallel rank %d: the process group did not tear down in %d s; left as is",
+                            self.rank, LEAVE_TIMEOUT_S)
         for p in self.procs:
             try:
                 p.wait(timeout=60)
@@ -115,8 +130,6 @@ class TensorParallel:
                 p.kill()
         if self.rank == 0 and self.errors is not None:
             shutil.rmtree(self.errors, ignore_errors=True)
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def check_world(cfg: EngineConfig) -> int:
@@ -133,12 +146,14 @@ def check_world(cfg: EngineConfig) -> int:
 
 
 def rank_config(cfg: EngineConfig, rank: int, world: int) -> EngineConfig:
-    """The config rank `rank` runs: its own GPU (cuda:rank, torchrun's LOCAL_RANK) and no async
-    scheduling (a step's inputs are broadcast only once rank 0 knows its tokens)."""
+    """The config rank `rank` runs: its own GPU (cuda:rank, torchrun's LOCAL_RANK). Async scheduling
+    stays as configured: a step launched ahead takes its input ids from the previous step's tokens on
+    the device, and the inputs' broadcast is ordered after them on the device, so the workers need no
+    host round trip either."""
     device = cfg.device
     if torch.device(device).type == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
-    return replace(cfg, device=device, async_scheduling=False, tensor_parallel_size=world)
+    return replace(cfg, device=device, tensor_parallel_size=world)
 
 
 def start(cfg: EngineConfig) -> TensorParallel | None:
@@ -181,8 +196,13 @@ def _join(cfg: EngineConfig, rank: int, world: int, init: str, torchrun: bool = 
 
 
 def worker_entry() -> None:
-    """A spawned rank's process: its arguments come pickled on stdin (see start)."""
+    """A spawned rank's process: its arguments come pickled on stdin (see start). It ends with os._exit
+    once it has left the group: nothing it holds needs the interpreter's teardown, which could wait on
+    the communicator's threads."""
     worker_main(*pickle.loads(sys.stdin.buffer.read()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def worker_main(cfg: EngineConfig, rank: int, world: int, init: str, errors: str) -> None:

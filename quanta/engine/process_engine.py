@@ -6,8 +6,10 @@ AsyncEngine's interface (generate, abort, check_prompt, stats, healthy, gauges) 
     async for out in engine.generate(prompt_ids, params, request_id):
         ...
 
-The event loop reads the engine's per-step messages as they arrive (add_reader on the pipe) and folds
-each request's update into its running state. A consumer gets the latest state when it asks: one that
+A reader thread receives the engine's per-step messages as they arrive (blocking reads: an event loop
+such as uvloop puts a watched descriptor in non-blocking mode, where a message larger than the pipe's
+buffer would be read in part) and hands each to the event loop, which folds each request's update into
+its running state. A consumer gets the latest state when it asks: one that
 falls behind the engine (a slow client, a busy loop) gets several steps' tokens in one RequestOutput
 instead of a backlog of one per step, so the serving work per token shrinks exactly when it would
 otherwise hold the engine back (vLLM's output collector does the same). Requests and aborts issued in
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -98,6 +101,7 @@ class ProcessEngine:
         self._gauges = {"running": 0, "waiting": 0, "free_blocks": self.num_kv_blocks,
                         "total_blocks": self.num_kv_blocks, "preemptions": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
         self.error: BaseException | None = None
 
     def _ready(self, timeout: float | None) -> None:
@@ -116,12 +120,11 @@ class ProcessEngine:
     async def start(self) -> None:
         """Start reading the engine's messages on the running event loop."""
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        threading.Thread(target=self._read, name="quanta-engine-reader", daemon=True).start()
 
     async def stop(self) -> None:
         """Ask the engine process to end, wait for it (then end it), and fail what is still running."""
-        if self._loop is not None:
-            self._loop.remove_reader(self._conn.fileno())
+        self._stopping = True
         try:
             self._conn.send(None)
         except OSError:
@@ -194,17 +197,28 @@ class ProcessEngine:
                 self._died(f"the engine process is gone: {e!r}")
 
     # --- the engine's messages --------------------------------------------------------------------
-    def _on_readable(self) -> None:
+    def _read(self) -> None:
+        """The reader thread: each message to the event loop, in order, until the pipe ends."""
         try:
-            while self._conn.poll():
-                msg = self._conn.recv()
-                if msg[0] == "step":
-                    self._apply(*msg[1:])
-                else:
-                    self._died(f"the engine failed: {msg[1]}")
-                    return
+            while True:
+                self._call(self._on_message, self._conn.recv())
         except (EOFError, OSError) as e:
-            self._died(f"the engine process exited ({self._proc.exitcode}): {e!r}")
+            if not self._stopping:
+                self._call(self._died, f"the engine process exited ({self._proc.exitcode}): {e!r}")
+
+    def _call(self, fn, arg) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:                               # the loop is closed: nobody is left to tell
+            pass
+
+    def _on_message(self, msg: tuple) -> None:
+        if self.error is not None:
+            return
+        if msg[0] == "step":
+            self._apply(*msg[1:])
+        else:
+            self._died(f"the engine failed: {msg[1]}")
 
     def _apply(self, updates: list[tuple], rejects: list[tuple], added: list[str], gauges: dict) -> None:
         now = time.monotonic()
@@ -236,8 +250,6 @@ class ProcessEngine:
         log.error("%s", message)
         if self.error is None:
             self.error = EngineDiedError(message)
-        if self._loop is not None:
-            self._loop.remove_reader(self._conn.fileno())
         self._fail_all(self.error)
 
     def _fail_all(self, error: BaseException) -> None:

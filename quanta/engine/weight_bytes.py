@@ -16,6 +16,10 @@ Layouts, as each kernel's prepare() stores a linear weight [N, K] (merged q/k/v 
 The embedding and lm_head stay 16-bit for awq / gptq / nf4 / fp8, as quantized checkpoints keep them;
 GGUF keeps its own types for the embedding (rows are decoded on lookup). A tied lm_head is loaded as a
 second device copy of the table, so it is counted twice.
+Act-order (GPTQ desc_act) weights pack with their columns sorted by group. Under tensor parallelism
+o_proj's piece of them (a contiguous range of attention-head columns) holds uneven groups, which the
+kernels do not take: it is held dequantized. down_proj's groups are sorted first (quant/group_sort.py),
+so its pieces stay packed.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class WeightFormat:
     group_size: int | None = None     # None: one group per row (per channel)
     symmetric: bool = True            # False: a zero point per group (AWQ)
     gguf: GgufTypes | None = None
+    act_order: bool = False           # GPTQ desc_act: groups scattered over K (g_idx)
 
     def describe(self) -> str:
         if self.kind == "dense":
@@ -55,7 +60,8 @@ class WeightFormat:
         if self.kind in ("affine", "codebook"):
             groups = f"groups of {self.group_size}" if self.group_size else "per channel"
             zeros = "" if self.symmetric else ", zero points"
-            return f"{self.name} ({self.bits}-bit, {groups}{zeros})"
+            order = ", act-order" if self.act_order else ""
+            return f"{self.name} ({self.bits}-bit, {groups}{zeros}{order})"
         if self.kind == "fp8":
             return "fp8 (per-channel scales)"
         return self.name
@@ -179,10 +185,7 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
     linears = 0
     for i in range(layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
-        linears += gemm_bytes(fmt, [(s.q, t("attn_q")), (s.kv, t("attn_k")), (s.kv, t("attn_v"))], h, e)
-        linears += gemm_bytes(fmt, [(h, t("attn_output"))], s.q, e)
-        linears += gemm_bytes(fmt, [(s.inter, t("ffn_gate")), (s.inter, t("ffn_up"))], h, e)
-        linears += gemm_bytes(fmt, [(h, t("ffn_down"))], s.inter, e)
+        linears += sum(held_bytes(fmt, s, roles, k, e, t) for roles, k in layer_gemms(s, h))
     if config.attention_bias:
         linears += layers * (s.q + 2 * s.kv) * e
     if g:
@@ -192,6 +195,20 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
         embedding = lm_head = s.vocab * h * e
     norms = (2 * layers + 1) * h * e + (2 * layers * config.head_dim * e if config.qk_norm else 0)
     return WeightBytes(embedding, linears, lm_head, norms)
+
+
+def layer_gemms(s: Shard, h: int) -> tuple:
+    """One decoder layer's GEMMs in load order, each ((role, N), ...) and its K, for one rank's shard."""
+    return (((("attn_q", s.q), ("attn_k", s.kv), ("attn_v", s.kv)), h), ((("attn_output", h),), s.q),
+            ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter))
+
+
+def held_bytes(fmt: WeightFormat, s: Shard, roles: tuple, k: int, e: int, t) -> int:
+    """gemm_bytes of one GEMM of layer_gemms (`t`: role -> GGML type or None), but o_proj's act-order piece
+    under tensor parallelism held dequantized (see the module docstring)."""
+    if fmt.act_order and s.tp > 1 and roles[0][0] == "attn_output":
+        return sum(n for _, n in roles) * k * e
+    return gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
 
 
 def canonical_bytes(fmt: WeightFormat, n: int, k: int, e: int, gguf_type: str | None = None) -> int:
@@ -226,11 +243,12 @@ def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
     held = peak = embedding
     for i in range(config.num_hidden_layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
-        for roles, k in (((("attn_q", s.q), ("attn_k", s.kv), ("attn_v", s.kv)), h), ((("attn_output", h),), s.q),
-                         ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter)):
-            final = gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
+        for roles, k in layer_gemms(s, h):
+            final = held_bytes(fmt, s, roles, k, e, t)
             canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
-            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final)
+            # act-order: down_proj is read with gate/up, to sort its groups (quant/group_sort.py)
+            ahead = canonical_bytes(fmt, h, s.inter, e) if fmt.act_order and roles[0][0] == "ffn_gate" else 0
+            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final + ahead)
             held += final
     return max(peak, held + lm_head)
 

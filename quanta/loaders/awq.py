@@ -16,6 +16,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.config_fields import get_bool, get_int, get_str, get_str_list
 from quanta.loaders.quantized import check_shapes, group_geometry, group_size, load_packed, need, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
 
@@ -41,10 +42,15 @@ def awq_settings(qc: dict[str, Any], source: Path) -> dict[str, Any]:
 
 
 def unpack_gemm(packed: torch.Tensor) -> torch.Tensor:
-    """AWQ GEMM int32 [R, N/8] -> uint8 [R, N] in logical column order."""
+    """AWQ GEMM int32 [R, N/8] -> uint8 [R, N] in logical column order (a few rows at a time: bounded
+    int64 scratch)."""
     shifts = 4 * torch.tensor(AWQ_REVERSE_ORDER, dtype=torch.int64, device=packed.device)
-    nib = (packed.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
-    return nib.reshape(packed.shape[0], -1).to(torch.uint8)
+    out = torch.empty(packed.shape[0], 8 * packed.shape[1], dtype=torch.uint8, device=packed.device)
+    step = chunk_rows(out.shape[1], packed.device)
+    for r in range(0, packed.shape[0], step):
+        nib = (packed[r:r + step].to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
+        out[r:r + step] = nib.reshape(nib.shape[0], -1)
+    return out
 
 
 def read_awq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[str, Any]) -> Affine | None:

@@ -17,6 +17,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.checkpoint_write import (DEFAULT_SHARD_SIZE, Layout, Tensor, affine_of, common_group_size,
                                              exact_cast, module_of, write_checkpoint, zeros_of)
 from quanta.loaders.pack import pack_bits
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.qtensor import QTensor
 
@@ -24,11 +25,16 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
 def pack_gemm(values: torch.Tensor) -> torch.Tensor:
-    """uint8 [R, N] (logical column order, values < 16) -> AWQ GEMM int32 [R, N/8]."""
+    """uint8 [R, N] (logical column order, values < 16) -> AWQ GEMM int32 [R, N/8], a block of rows at a time
+    (the reordered copy of the values stays as small as pack_bits' scratch)."""
     r, n = values.shape
     order = torch.tensor(AWQ_ORDER, device=values.device)
     cols = (torch.arange(0, n, 8, device=values.device).unsqueeze(1) + order).reshape(-1)
-    return pack_bits(values[:, cols], 4, dim=1)
+    out = torch.empty(r, n // 8, dtype=torch.int32, device=values.device)
+    step = chunk_rows(n, values.device)
+    for i in range(0, r, step):
+        out[i:i + step] = pack_bits(values[i:i + step, cols], 4, dim=1)
+    return out
 
 
 class AwqLayout(Layout):

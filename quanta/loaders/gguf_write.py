@@ -122,7 +122,7 @@ def _spill(spill, name: str, hf: str, t: torch.Tensor | QTensor, config: ModelCo
             data = t.to(GGML_TYPES_BY_NAME[type_name].float_dtype).contiguous().view(torch.uint8)
         elif t.dim() == 2:
             weights = None if imatrix is None else imatrix.get(hf)
-            data, type_name = quantize(t.float(), want, weights, what=f"{hf} ({name})").data, want
+            data, type_name = quantize(t, want, weights, what=f"{hf} ({name})").data, want
         else:
             raise UnsupportedError(f"GGUF writer: tensor {hf!r} has {t.dim()} dimensions")
     dims = tuple(t.shape)

@@ -7,6 +7,7 @@ lazy reading. `unpack_bits` is the one bit unpacker the families share (vectoriz
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
                                model_config_from_hf)
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.qtensor import QTensor
 
@@ -86,17 +88,24 @@ def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.T
 
     Value i sits at bit offset i*bits of the concatenated words, as GPTQ (2/3/4/8-bit) and
     compressed-tensors `pack_to_int32` write it; 2/4/8 bits reduce to the plain sequential layout.
-    Returns uint8 with `count` values along `dim`.
+    Returns uint8 with `count` values along `dim`, unpacked a few rows at a time (bounded int64 scratch).
     """
-    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
-    w = torch.cat([w, torch.zeros_like(w[..., :1])], dim=-1)            # a zero word for straddling reads
+    w = words.movedim(dim, -1)
+    lead, nwords = w.shape[:-1], w.shape[-1]
     offsets = torch.arange(count, device=w.device) * bits
     idx, shift = offsets // 32, offsets % 32
-    if idx[-1] + 1 >= w.shape[-1] + (0 if shift[-1] + bits > 32 else 1):
+    if idx[-1] + 1 >= nwords + 1 + (0 if shift[-1] + bits > 32 else 1):
         raise ShapeError(f"packed tensor of {words.shape[dim]} words along dim {dim} cannot hold "
                          f"{count} values of {bits} bits")
-    pair = w[..., idx] | (w[..., idx + 1] << 32)
-    return ((pair >> shift) & ((1 << bits) - 1)).to(torch.uint8).movedim(-1, dim)
+    rows = w.reshape(math.prod(lead), nwords)
+    out = torch.empty(rows.shape[0], count, dtype=torch.uint8, device=w.device)
+    step = chunk_rows(count, w.device)
+    for r in range(0, rows.shape[0], step):
+        c = rows[r:r + step].to(torch.int64) & 0xFFFFFFFF
+        c = torch.cat([c, torch.zeros_like(c[:, :1])], dim=-1)          # a zero word for straddling reads
+        pair = c[:, idx] | (c[:, idx + 1] << 32)
+        out[r:r + step] = (pair >> shift) & ((1 << bits) - 1)
+    return out.reshape(*lead, count).movedim(-1, dim)
 
 
 def check_shape(qt: QTensor, name: str, shape: tuple[int, int], store: TensorStore) -> QTensor:

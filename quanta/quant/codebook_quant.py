@@ -15,8 +15,11 @@ Results are float32 computations of the float32 weight, as bitsandbytes computes
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError
 from quanta.quant.kinds.codebook import FP4_TABLE, NF4_TABLE, Codebook
 
@@ -102,8 +105,15 @@ def quantize_4bit(w: torch.Tensor, quant_type: str = "nf4", blocksize: int = 64,
     if w.dim() != 2 or not w.is_floating_point():
         raise ConfigError(f"{name}: 4-bit quantization needs a 2-D float weight, got {w.dtype} {list(w.shape)}")
     table = torch.tensor(TABLES[quant_type], dtype=torch.float32)
-    absmax, scaled = blockwise_absmax(w.reshape(-1).float(), blocksize)
-    codes = nearest_code(scaled, table).reshape(w.shape)
+    n, k = w.shape
+    codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    absmax = torch.empty(-(-n * k // blocksize), dtype=torch.float32, device=w.device)
+    unit = blocksize // math.gcd(k, blocksize)                  # rows that end on a block boundary
+    step = -(-chunk_rows(k, w.device) // unit) * unit
+    for r in range(0, n, step):                                 # a block of rows at a time: bounded scratch
+        am, scaled = blockwise_absmax(w[r:r + step].reshape(-1).float(), blocksize)
+        absmax[r * k // blocksize:][:am.numel()] = am
+        codes[r:r + step] = nearest_code(scaled, table).reshape(-1, k)
     kw = {}
     if double_quant:
         offset = absmax.mean()

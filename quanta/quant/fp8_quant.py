@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError
 from quanta.quant.kinds.fp8 import Fp8
 
@@ -42,13 +43,15 @@ def fp8_weight(w: torch.Tensor, strategy: str = "tensor", input_scale: torch.Ten
         raise ConfigError(f"{name}: FP8 weight strategy must be one of {STRATEGIES}, got {strategy!r}")
     if w.dim() != 2 or not w.is_floating_point():
         raise ConfigError(f"{name}: FP8 needs a 2-D float weight, got {w.dtype} {list(w.shape)}")
-    w = w.float()
+    blocks = range(0, w.shape[0], chunk_rows(w.shape[1], w.device))      # bounded float32 scratch
+    step = blocks.step
     if strategy == "tensor":
-        scale = amax_scale(w.abs().max())
-        data = fp8_cast(w, scale)
+        scale = amax_scale(torch.stack([w[r:r + step].float().abs().max() for r in blocks]).max())
     else:
-        scale = amax_scale(w.abs().amax(dim=1))
-        data = fp8_cast(w, scale.unsqueeze(1))
+        scale = torch.cat([amax_scale(w[r:r + step].float().abs().amax(dim=1)) for r in blocks])
+    data = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    for r in blocks:
+        data[r:r + step] = fp8_cast(w[r:r + step], scale if strategy == "tensor" else scale[r:r + step].unsqueeze(1))
     if input_scale is not None:
         input_scale = torch.as_tensor(input_scale, dtype=torch.float32).reshape(())
     return Fp8(data=data, scale=scale, input_scale=input_scale)

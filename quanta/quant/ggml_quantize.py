@@ -137,13 +137,13 @@ def quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None = Non
                          f"{t.block_size}; use a type with 32-element blocks (q5_0, q8_0) for this tensor")
     if imatrix is not None and tuple(imatrix.shape) != (k,):
         raise ShapeError(f"{what} {[n, k]}: imatrix must have shape [{k}], got {list(imatrix.shape)}")
-    w = w.detach().float()                        # stays on its device: CUDA float ops round as the C does
+    w = w.detach()                                # stays on its device: CUDA float ops round as the C does
     qw = None if imatrix is None else imatrix.detach().to(w.device, torch.float32).expand(n, k)
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
     rows = max(1, _CHUNK // k)
     out = torch.empty(n, t.row_bytes(k), dtype=torch.uint8, device=w.device)
     for start in range(0, n, rows):
-        x = w[start:start + rows].reshape(-1, t.block_size)
+        x = w[start:start + rows].float().reshape(-1, t.block_size)     # float32 a chunk at a time
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])

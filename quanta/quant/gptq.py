@@ -1,8 +1,10 @@
-"""GPTQ: second-order weight quantization into the `Affine` kind (Frantar et al.; AutoGPTQ's `fasterquant`).
+"""GPTQ: second-order weight quantization (Frantar et al.; AutoGPTQ's `fasterquant`), onto an integer
+grid into the `Affine` kind or onto the FP8 e4m3 grid into the `Fp8` kind.
 
     h = Hessian(in_features); h.add_batch(x [B, T, K] or [T, K]) ...     H = 2/n Σ x xᵀ (running mean)
     gptq_quantize(w [N, K], h, bits, group_size, symmetric, act_order, static_groups, damp, blocksize)
         -> (Affine, loss)
+    gptq_fp8(w [N, K], h, strategy="channel"|"tensor", act_order, damp, blocksize) -> (Fp8, loss)
 
 The algorithm follows the reference loop step for step so that results agree with it:
   * dead columns (diag(H) == 0): H[d, d] = 1 and W[:, d] = 0;
@@ -14,16 +16,25 @@ The algorithm follows the reference loop step for step so that results agree wit
   * dampening: H += damp * mean(diag(H)) * I, then the upper Cholesky factor of H⁻¹;
   * lazy batch updates over `blocksize` columns; group parameters are found on the working weight
     when a group starts (GPTQ `Quantizer.find_params`, see rtn.gptq_params).
+Only the grid differs between the two: a `Grid` finds a group's parameters and rounds one column.
+The FP8 grid has one group per row (channel) or one for the weight (tensor): its scale, amax / 448,
+is found once on the weight as given, before any update, as llm-compressor's GPTQ takes it from
+the weight observer, and every column rounds as compressed-tensors does (clamp to
+±448, cast to e4m3). With no off-diagonal Hessian terms the result is plain round-to-nearest FP8.
+Act-order costs nothing in the FP8 format: the scale does not depend on the column order.
 `loss` is the reference's sum of (w - q)² / d² / 2 over all weights, divided by nsamples.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
 from quanta.quant.errors import ConfigError
+from quanta.quant.fp8_quant import STRATEGIES, amax_scale, fp8_cast
 from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.fp8 import Fp8
 from quanta.quant.rtn import check_scheme, gptq_params, quantize_codes
 
 
@@ -43,6 +54,39 @@ class Hessian:
         self.nsamples += batch
         x = (2 / self.nsamples) ** 0.5 * x.reshape(-1, x.shape[-1]).float().t()
         self.H += x.matmul(x.t())
+
+
+class IntGrid(NamedTuple):
+    """GPTQ's integer grid: params (scale [R], zero [R]) of rows by `find_params`, codes 0 .. 2^b - 1."""
+    bits: int
+    symmetric: bool
+
+    def params(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return gptq_params(x, self.bits, self.symmetric)
+
+    def code(self, c: torch.Tensor, p: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return quantize_codes(c, p[0], p[1], self.bits)
+
+    def value(self, code: torch.Tensor, p: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return p[0] * (code - p[1])
+
+
+class Fp8Grid(NamedTuple):
+    """The e4m3 grid: params (scale [R],) = amax / 448 per row (channel) or over all rows (tensor)."""
+    strategy: str
+
+    def params(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        amax = x.abs().amax(dim=1) if self.strategy == "channel" else x.abs().max().expand(x.shape[0])
+        return (amax_scale(amax),)
+
+    def code(self, c: torch.Tensor, p: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return fp8_cast(c, p[0]).float()        # an e4m3 value, exact in float32
+
+    def value(self, code: torch.Tensor, p: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return code * p[0]
+
+
+Grid = IntGrid | Fp8Grid
 
 
 @contextlib.contextmanager
@@ -69,19 +113,29 @@ def _inverse_factor(H: torch.Tensor, damp: float, name: str) -> torch.Tensor:
     return torch.linalg.cholesky(inverse, upper=True)
 
 
-def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: int = 128, symmetric: bool = True,
-                  act_order: bool = False, static_groups: bool = False, damp: float = 0.01, blocksize: int = 128,
-                  name: str = "weight") -> tuple[Affine, float]:
-    """GPTQ of w [N, K] against `hessian`'s inputs: (Affine, average loss). See the module docstring."""
-    n, k = w.shape
-    group = check_scheme(name, (n, k), bits, group_size)
-    grouped = group < k
+class _Result(NamedTuple):
+    codes: torch.Tensor           # [N, K] float, original column order
+    params: list[tuple]           # one grid parameter tuple per group, in group order
+    perm: torch.Tensor            # the column order quantized (arange(K) without act-order)
+    loss: float
+
+
+def _check(w: torch.Tensor, hessian: Hessian, damp: float, name: str) -> None:
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ConfigError(f"{name}: GPTQ needs a 2-D float weight, got {w.dtype} {list(w.shape)}")
     if not 0 < damp < 1:
         raise ConfigError(f"{name}: GPTQ damp must be in (0, 1), got {damp!r}")
-    if hessian.H.shape != (k, k):
-        raise ConfigError(f"{name}: Hessian is {list(hessian.H.shape)}, weight has in_features {k}")
+    if hessian.H.shape != (w.shape[1], w.shape[1]):
+        raise ConfigError(f"{name}: Hessian is {list(hessian.H.shape)}, weight has in_features {w.shape[1]}")
+
+
+def _gptq(w: torch.Tensor, hessian: Hessian, grid: Grid, group: int, act_order: bool, static_groups: bool,
+          damp: float, blocksize: int, name: str) -> _Result:
+    """The GPTQ loop of w [N, K] onto `grid` in groups of `group` columns (see the module docstring)."""
+    n, k = w.shape
+    grouped = group < k
     W = w.detach().float().clone()
-    scale, zero = gptq_params(W, bits, symmetric)     # the whole-row parameters (per-channel case)
+    params = grid.params(W)              # the whole-row parameters (per-channel case), as the references
     H = hessian.H.clone()
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
@@ -89,7 +143,7 @@ def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: 
 
     static = []
     if grouped and static_groups:
-        static = [gptq_params(W[:, i:i + group], bits, symmetric) for i in range(0, k, group)]
+        static = [grid.params(W[:, i:i + group]) for i in range(0, k, group)]
     perm = torch.arange(k)
     if act_order:
         perm = torch.argsort(torch.diag(H), descending=True)
@@ -101,7 +155,7 @@ def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: 
     WT = W.t().contiguous()
     codes = torch.zeros_like(WT)
     losses = torch.zeros_like(WT)
-    scales, zeros = [], []
+    found = []
     with one_thread():
         for i1 in range(0, k, blocksize):
             i2 = min(i1 + blocksize, k)
@@ -111,17 +165,16 @@ def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: 
             for i in range(i2 - i1):
                 col = i1 + i
                 if grouped and static_groups:
-                    scale, zero = static[int(perm[col]) // group]
+                    params = static[int(perm[col]) // group]
                 elif grouped and col % group == 0:
                     # the reference reads the lazily-updated W here, not the in-block W1
-                    scale, zero = gptq_params(WT[col:col + group].t(), bits, symmetric)
-                    scales.append(scale)
-                    zeros.append(zero)
+                    params = grid.params(WT[col:col + group].t())
+                    found.append(params)
                 c = W1[i]
                 d = Hinv1[i, i]
-                q_int = quantize_codes(c, scale, zero, bits)
-                q = scale * (q_int - zero)
-                codes[col] = q_int
+                code = grid.code(c, params)
+                q = grid.value(code, params)
+                codes[col] = code
                 losses[col] = (c - q) ** 2 / d ** 2 / 2
                 err = (c - q) / d
                 W1[i:].addr_(Hinv1[i, i:], err, alpha=-1)
@@ -129,19 +182,38 @@ def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: 
             if i2 < k:
                 WT[i2:].addmm_(Hinv[i1:i2, i2:].t(), Err1, alpha=-1)
     codes = codes.t()
-
-    if grouped and static_groups:
-        scales, zeros = [s for s, _ in static], [z for _, z in static]
-    elif not grouped:
-        scales, zeros = [scale], [zero]
-    g_idx = None
     if act_order:
-        invperm = torch.argsort(perm)
-        codes = codes[:, invperm]
-        if grouped and not static_groups:
-            g_idx = (invperm // group).to(torch.int32)
-    scale_t = torch.stack(scales, dim=1)
-    zero_t = 2 ** (bits - 1) if symmetric else torch.stack(zeros, dim=1).to(torch.uint8)
-    affine = Affine(codes=codes.to(torch.uint8), scales=scale_t, bits=bits, group_size=group, zeros=zero_t,
+        codes = codes[:, torch.argsort(perm)]
+    if grouped and static_groups:
+        found = static
+    elif not grouped:
+        found = [params]
+    return _Result(codes, found, perm, float(losses.sum()) / max(hessian.nsamples, 1))
+
+
+def gptq_quantize(w: torch.Tensor, hessian: Hessian, bits: int = 4, group_size: int = 128, symmetric: bool = True,
+                  act_order: bool = False, static_groups: bool = False, damp: float = 0.01, blocksize: int = 128,
+                  name: str = "weight") -> tuple[Affine, float]:
+    """GPTQ of w [N, K] onto the integer grid against `hessian`'s inputs: (Affine, average loss)."""
+    _check(w, hessian, damp, name)
+    group = check_scheme(name, tuple(w.shape), bits, group_size)
+    r = _gptq(w, hessian, IntGrid(bits, symmetric), group, act_order, static_groups, damp, blocksize, name)
+    g_idx = None
+    if act_order and group < w.shape[1] and not static_groups:
+        g_idx = (torch.argsort(r.perm) // group).to(torch.int32)
+    scales = torch.stack([s for s, _ in r.params], dim=1)
+    zeros = 2 ** (bits - 1) if symmetric else torch.stack([z for _, z in r.params], dim=1).to(torch.uint8)
+    affine = Affine(codes=r.codes.to(torch.uint8), scales=scales, bits=bits, group_size=group, zeros=zeros,
                     g_idx=g_idx)
-    return affine, float(losses.sum()) / max(hessian.nsamples, 1)
+    return affine, r.loss
+
+
+def gptq_fp8(w: torch.Tensor, hessian: Hessian, strategy: str = "channel", act_order: bool = False,
+             damp: float = 0.01, blocksize: int = 128, name: str = "weight") -> tuple[Fp8, float]:
+    """GPTQ of w [N, K] onto the e4m3 grid (dynamic activations) against `hessian`'s inputs: (Fp8, average loss)."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"{name}: FP8 weight strategy must be one of {STRATEGIES}, got {strategy!r}")
+    _check(w, hessian, damp, name)
+    r = _gptq(w, hessian, Fp8Grid(strategy), w.shape[1], act_order, False, damp, blocksize, name)
+    scale = r.params[0][0]
+    return Fp8(data=r.codes.to(torch.float8_e4m3fn), scale=scale if strategy == "channel" else scale[0]), r.loss

@@ -24,7 +24,7 @@ import torch
 
 from quanta.quant.awq_search import clip_weight, fold_scale_into_linear, fold_scale_into_norm, search_clip, search_scale
 from quanta.quant.fp8_quant import AmaxObserver, fp8_weight
-from quanta.quant.gptq import Hessian, gptq_quantize
+from quanta.quant.gptq import Hessian, gptq_fp8, gptq_quantize
 from quanta.quant.rtn import rtn_affine
 
 SEQUENTIAL = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -108,6 +108,14 @@ def _input_of(module: torch.nn.Module, run, xs: list[torch.Tensor]) -> torch.Ten
     return torch.cat(seen)
 
 
+def gptq_weight(w: torch.Tensor, hessian: Hessian, spec, name: str):
+    """GPTQ of one weight onto the spec's grid: an Affine (scheme "int") or an Fp8 (scheme "fp8")."""
+    if spec.scheme == "fp8":
+        return gptq_fp8(w, hessian, spec.fp8_strategy, spec.act_order, spec.damp, name=name)[0]
+    return gptq_quantize(w, hessian, spec.bits, spec.group_size, spec.symmetric, spec.act_order,
+                         spec.static_groups, spec.damp, name=name)[0]
+
+
 def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, errors) -> None:
     """GPTQ of the linears `names`, which all read `inputs` (chunks); weights replaced by their dequantized form."""
     hessian = Hessian(inputs[0].shape[-1])          # one for the group: gptq_quantize does not modify it
@@ -115,12 +123,11 @@ def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, error
         hessian.add_batch(chunk)
     for name in names:
         w = layer.get_submodule(name).weight.data
-        affine, _ = gptq_quantize(w, hessian, spec.bits, spec.group_size, spec.symmetric,
-                                  spec.act_order, spec.static_groups, spec.damp, name=name)
-        wq = affine.dequantize()
+        q = gptq_weight(w, hessian, spec, name)
+        wq = q.dequantize()
         d, H = wq - w, hessian.H
         errors[name] = float(((d @ H * d).sum() / (w @ H * w).sum().clamp(min=1e-30)).clamp(min=0).sqrt())
-        quantized[name] = affine
+        quantized[name] = q
         _set(layer, name, wq)
 
 

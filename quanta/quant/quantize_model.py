@@ -8,8 +8,9 @@
     run.kv_cache_scales                 # {"model.layers.{i}.self_attn.k_scale": float32 [], ...} (fp8 kv)
 
 Methods: "rtn" (Affine, AutoAWQ convention when asymmetric, GPTQ when symmetric), "awq", "gptq"
-(Affine), "fp8" (Fp8, dynamic activations unless fp8_activation="static"), "nf4" (Codebook, NF4 or FP4
-by quant_type). rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one
+(Affine; with scheme="fp8" GPTQ rounds onto the e4m3 grid instead: Fp8, dynamic activations),
+"fp8" (Fp8, dynamic activations unless fp8_activation="static"), "nf4" (Codebook, NF4 or FP4 by
+quant_type). rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one
 decoder layer at a time (quant/calibration.py), quantize that layer's linears, and feed the quantized
 layer's output to the next. Embeddings, norms and lm_head stay in full precision (lm_head is
 quantized with the same scheme when `quantize_lm_head`, by RTN for AWQ). Every option and every
@@ -27,12 +28,13 @@ from quanta.quant.calibration import CalibrationData, LayerRunner
 from quanta.quant.codebook_quant import BLOCKSIZES, TABLES, quantize_4bit
 from quanta.quant.errors import ConfigError
 from quanta.quant.fp8_quant import STRATEGIES, amax_scale, fp8_weight
-from quanta.quant.gptq import Hessian, gptq_quantize
-from quanta.quant.layer_quant import LINEARS, awq_layer, fp8_layer, gptq_layer
+from quanta.quant.gptq import Hessian
+from quanta.quant.layer_quant import LINEARS, awq_layer, fp8_layer, gptq_layer, gptq_weight
 from quanta.quant.qtensor import QTensor
 from quanta.quant.rtn import check_scheme, rtn_affine
 
 METHODS = ("rtn", "awq", "gptq", "fp8", "nf4")
+SCHEMES = ("int", "fp8")                     # the grid GPTQ rounds onto
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
@@ -55,26 +57,32 @@ class QuantSpec:
     blocksize: int = 64
     double_quant: bool = False
     quantize_lm_head: bool = False
+    scheme: str = "int"                      # gptq: "int" (bits, group_size, symmetric) or "fp8" (fp8_strategy)
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ConfigError(f"quantize: method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.symmetric is None:
             self.symmetric = self.method == "gptq"
-        affine = self.method in ("rtn", "awq", "gptq")
+        if self.scheme not in SCHEMES or self.scheme == "fp8" and self.method != "gptq":
+            raise ConfigError(f"quantize: scheme must be one of {SCHEMES}, 'fp8' with method gptq only "
+                              f"(plain FP8 is method 'fp8'); got {self.scheme!r} for {self.method}")
+        affine = self.method in ("rtn", "awq", "gptq") and self.scheme == "int"
         if affine and (not isinstance(self.bits, int) or not 2 <= self.bits <= 8):
             raise ConfigError(f"quantize: {self.method} bits must be an integer 2..8, got {self.bits!r}")
         if (self.act_order or self.static_groups) and self.method != "gptq":
             raise ConfigError(f"quantize: act_order / static_groups are GPTQ options, not {self.method}")
         if self.method == "gptq" and not 0 < self.damp < 1:
             raise ConfigError(f"quantize: gptq damp must be in (0, 1), got {self.damp!r}")
-        if self.method == "fp8":
+        if self.method == "fp8" or self.scheme == "fp8":
             if self.fp8_strategy not in STRATEGIES:
                 raise ConfigError(f"quantize: fp8_strategy must be one of {STRATEGIES}, got {self.fp8_strategy!r}")
             if self.fp8_activation not in ("dynamic", "static"):
                 raise ConfigError(f"quantize: fp8_activation must be 'dynamic' or 'static', got {self.fp8_activation!r}")
-        elif self.fp8_activation != "dynamic" or self.kv_cache_scales:
-            raise ConfigError(f"quantize: fp8_activation / kv_cache_scales are FP8 options, not {self.method}")
+        if self.method != "fp8" and (self.fp8_activation != "dynamic" or self.kv_cache_scales):
+            why = " (GPTQ-FP8 has dynamic activations)" if self.scheme == "fp8" else ""
+            raise ConfigError(f"quantize: fp8_activation / kv_cache_scales are options of method fp8, "
+                              f"not {self.method}{why}")
         if self.method == "nf4" and (self.quant_type not in TABLES or self.blocksize not in BLOCKSIZES):
             raise ConfigError(f"quantize: nf4 needs quant_type in {tuple(TABLES)} and blocksize in {BLOCKSIZES}, "
                               f"got {self.quant_type!r} and {self.blocksize!r}")
@@ -128,7 +136,7 @@ class QuantizeRun:
             raise ConfigError(f"quantize: {ckpt.path}: no tensor {missing[0]} (and {len(missing) - 1} more)")
         if spec.quantize_lm_head:
             shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
-        if spec.method in ("rtn", "awq", "gptq"):
+        if spec.method in ("rtn", "awq", "gptq") and spec.scheme == "int":
             for name, shape in shapes.items():
                 check_scheme(name, shape, spec.bits, spec.group_size)
         self.targets = set(shapes)
@@ -229,8 +237,7 @@ class QuantizeRun:
             hess = Hessian(w.shape[1])
             for c in range(0, h.shape[0], 8):
                 hess.add_batch(h[c:c + 8])
-            q, _ = gptq_quantize(w, hess, spec.bits, spec.group_size, spec.symmetric, spec.act_order,
-                                 spec.static_groups, spec.damp, name=name)
+            q = gptq_weight(w, hess, spec, name)
         elif spec.method == "fp8":
             static = amax_scale(h.abs().max()) if spec.fp8_activation == "static" else None
             q = fp8_weight(w, spec.fp8_strategy, static, name=name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError
 from quanta.quant.kinds.affine import Affine
 
@@ -98,10 +99,16 @@ def rtn_affine(w: torch.Tensor, bits: int, group_size: int = -1, symmetric: bool
         raise ConfigError(f"{name}: convention must be one of {CONVENTIONS}, got {convention!r}")
     group = check_scheme(name, tuple(w.shape), bits, group_size)
     n, k = w.shape
-    x = w.float().reshape(n * (k // group), group)
-    scale, zero = (awq_params if convention == "awq" else gptq_params)(x, bits, symmetric)
-    codes = quantize_codes(x, scale.unsqueeze(1), zero.unsqueeze(1), bits)
-    scales = scale.reshape(n, k // group)
-    zeros = 2 ** (bits - 1) if symmetric else zero.reshape(n, k // group).to(torch.uint8)
-    return Affine(codes=codes.reshape(n, k).to(torch.uint8), scales=scales, bits=bits, group_size=group,
-                  zeros=zeros)
+    params = awq_params if convention == "awq" else gptq_params
+    codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    scales = torch.empty(n, k // group, dtype=torch.float32, device=w.device)
+    zeros = torch.empty(n, k // group, dtype=torch.uint8, device=w.device)
+    step = chunk_rows(k, w.device)
+    for r in range(0, n, step):                 # a block of rows at a time: bounded float32 scratch
+        x = w[r:r + step].float().reshape(-1, group)
+        scale, zero = params(x, bits, symmetric)
+        codes[r:r + step] = quantize_codes(x, scale.unsqueeze(1), zero.unsqueeze(1), bits).reshape(-1, k)
+        scales[r:r + step] = scale.reshape(-1, k // group)
+        zeros[r:r + step] = zero.reshape(-1, k // group)
+    return Affine(codes=codes, scales=scales, bits=bits, group_size=group,
+                  zeros=2 ** (bits - 1) if symmetric else zeros)

@@ -135,6 +135,18 @@ def _affine_cols(w: Affine, start: int, stop: int, name: str) -> Affine:
 
 
 def cut(w, dim: int, start: int, stop: int, name: str = "weight"):
-    """take_rows (dim 0) or take_cols (dim 1) of `w`."""
-    return take_rows(w, start, stop, name) if dim == 0 else take_cols(w, start, stop, name)
+    """take_rows (dim 0) or take_cols (dim 1) of `w`, holding only its own memory: a piece kept as it is
+    cut (a dense lm_head or embedding table, which no kernel repacks) would otherwise pin the whole
+    weight's storage on every rank."""
+    piece = take_rows(w, start, stop, name) if dim == 0 else take_cols(w, start, stop, name)
+    if isinstance(piece, torch.Tensor):
+        return _own(piece)
+    fields = {f.name: _own(getattr(piece, f.name)) for f in dataclasses.fields(piece)
+              if isinstance(getattr(piece, f.name), torch.Tensor)}
+    return dataclasses.replace(piece, **fields)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied where it is a view into a larger storage."""
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 

@@ -31,7 +31,7 @@ from quanta.toolkit.convert_target import CALIBRATED, Target, parse_target
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SHARD_SIZE = "1GB"        # the output shard buffered in memory: the constant of the memory bound
+DEFAULT_SHARD_SIZE = "1GB"        # the output shard buffered in memory: a term of the memory bound
 DEFAULT_WINDOWS, DEFAULT_CTX = 4, 512
 
 
@@ -44,10 +44,11 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
     gguf[:TYPE]) at `out` (a directory; a file for gguf) and return the ConvertReport, also stored beside the
     output (DST/quanta_convert.json, or DST.convert.json next to a GGUF file).
 
-    The conversion streams tensor by tensor: peak host memory is a small multiple of the largest tensor in
-    float32 (its float32 copy, the quantizer's temporaries and the writers' int64 bit-packing scratch: at
-    most 8x) plus one output shard (`max_shard_size`, the constant; GGUF output spills each tensor to disk
-    instead), never the whole model.
+    The conversion streams tensor by tensor: peak host memory is at most twice the largest tensor in float32
+    (a quantized tensor re-quantized is dequantized once, beside its source and output forms; quantizers,
+    bit packing, casts and error sums go a block of rows at a time, quant.chunks), plus one output shard
+    (`max_shard_size`; GGUF output spills each tensor to disk instead) and a few MB of fixed scratch, never
+    the whole model.
     Memory-mapped source pages are not counted: the kernel reclaims them. With `calibration` (AWQ / GPTQ)
     one decoder layer and the calibration activations are held instead.
 

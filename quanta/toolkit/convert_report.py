@@ -21,14 +21,6 @@ def scheme_of(t: torch.Tensor | QTensor) -> str:
     return f"dense {str(t.dtype).removeprefix('torch.')}"
 
 
-def rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """||approx - exact|| / ||exact|| in float32 (0 for an all-zero exact tensor that is matched)."""
-    a, e = approx.float(), exact.float()
-    norm = float(e.norm())
-    diff = float((a - e).norm())
-    return diff / norm if norm > 0 else diff
-
-
 @dataclass(slots=True)
 class TensorRecord:
     """One tensor: its scheme in the source and in the output, what was done, the relative error."""

@@ -21,7 +21,8 @@ from quanta.quant.kinds import Affine
 from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor
 from quanta.quant.rtn import rtn_affine
-from quanta.toolkit.convert_report import TensorRecord, rel_error, scheme_of
+from quanta.toolkit.convert_report import TensorRecord, scheme_of
+from quanta.toolkit.convert_rows import cast, dequantize, rel_error
 from quanta.toolkit.convert_target import Target
 
 LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
@@ -64,29 +65,24 @@ class TensorConverter:
             return self._plain(name, t)
         if isinstance(t, QTensor) and self._exact(name, t):
             return t, TensorRecord(name, scheme_of(t), scheme_of(t), "lossless", True, 0.0)
-        w = t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float()
+        w = dequantize(t) if isinstance(t, QTensor) else t       # the quantizers take any float dtype
         q, method = self._quantize(name, w)
         action = "requantized" if isinstance(t, QTensor) else "quantized"
-        return q, TensorRecord(name, scheme_of(t), scheme_of(q), action, False,
-                               rel_error(q.dequantize(torch.float32), w), method)
+        return q, TensorRecord(name, scheme_of(t), scheme_of(q), action, False, rel_error(q, w), method)
 
     # --- float tensors and HF output ---------------------------------------------------------------
     def _plain(self, name: str, t: Tensor) -> tuple[torch.Tensor, TensorRecord]:
         """A float tensor in the output dtype (hf: always; others: when --dtype is given or it was quantized)."""
         if isinstance(t, QTensor):
-            exact = t.dequantize(torch.float32)
-            out = exact.to(self.dtype)
-            same = bool(torch.equal(out.float(), exact))
-            return out, TensorRecord(name, scheme_of(t), scheme_of(out), "dequantized", same,
-                                     0.0 if same else rel_error(out, exact))
+            out, same, error = cast(t, self.dtype)
+            return out, TensorRecord(name, scheme_of(t), scheme_of(out), "dequantized", same, error)
         if not t.is_floating_point():
             return t, TensorRecord(name, scheme_of(t), scheme_of(t), "copied", True, 0.0)
         dtype = self.dtype if self.target.fmt == "hf" or self.target.dtype is not None else t.dtype
         if t.dtype == dtype:
             return t, TensorRecord(name, scheme_of(t), scheme_of(t), "copied", True, 0.0)
-        out = t.to(dtype)
-        same = bool(torch.equal(out.to(t.dtype), t))
-        return out, TensorRecord(name, scheme_of(t), scheme_of(out), "cast", same, 0.0 if same else rel_error(out, t))
+        out, same, error = cast(t, dtype)
+        return out, TensorRecord(name, scheme_of(t), scheme_of(out), "cast", same, error)
 
     # --- exactness through the writer's layout -----------------------------------------------------
     def _exact(self, name: str, qt: QTensor) -> bool:
@@ -178,19 +174,16 @@ class TensorConverter:
             t = affine_to_gguf(t.to_affine()) or t
         if isinstance(t, Gguf) and want in (None, t.type.name):
             return t, TensorRecord(name, scheme_of(src), scheme_of(t), "lossless", True, 0.0)
-        w = t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float()
         float_type = want if want in ("f16", "f32", "bf16") else "f16" if want is None else None
         if float_type is not None:
             dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[float_type]
-            out = w.to(dtype)
-            same = bool(torch.equal(out.float(), w))
+            out, same, error = cast(t, dtype)
             action = "dequantized" if isinstance(src, QTensor) else ("copied" if src.dtype == dtype else "cast")
-            return out, TensorRecord(name, scheme_of(src), f"gguf {float_type}", action, same,
-                                     0.0 if same else rel_error(out, w))
+            return out, TensorRecord(name, scheme_of(src), f"gguf {float_type}", action, same, error)
+        w = dequantize(t) if isinstance(t, QTensor) else t        # quantize takes any float dtype
         q = quantize(w, want, None, what=f"{name} ({gguf_name(name)})")
         action = "requantized" if isinstance(src, QTensor) else "quantized"
-        return q, TensorRecord(name, scheme_of(src), scheme_of(q), action, False,
-                               rel_error(q.dequantize(torch.float32), w), f"gguf {want}")
+        return q, TensorRecord(name, scheme_of(src), scheme_of(q), action, False, rel_error(q, w), f"gguf {want}")
 
 
 def default_gptq_format(ckpt: Checkpoint) -> str:

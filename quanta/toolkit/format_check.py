@@ -18,7 +18,7 @@ import torch
 from quanta.loaders.checkpoint_write import WRITERS
 from quanta.quant.errors import ConfigError, UnsupportedError
 from quanta.quant.kinds import Affine
-from quanta.toolkit.quantize_options import AFFINE, QuantizeOptions
+from quanta.toolkit.quantize_options import QuantizeOptions
 
 # Writer options quantize passes: scales are computed in float32 and stored as the format's float16.
 WRITER_OPTIONS = {"awq": {"round_scales": True}, "gptq": {"round_scales": True}}
@@ -46,7 +46,7 @@ def check_model(opts: QuantizeOptions, ckpt) -> None:
     if opts.method == "gguf":
         _check_gguf(opts, cfg)
         return
-    if opts.method in AFFINE:
+    if opts.affine:
         from quanta.quant.rtn import check_scheme
         for name, shape in shapes.items():
             check_scheme(name, shape, opts.bits, opts.group_size)
@@ -56,14 +56,14 @@ def check_model(opts: QuantizeOptions, ckpt) -> None:
 def _sample(opts: QuantizeOptions, name: str, shape: tuple[int, int]):
     """A weight of `shape` in the scheme `opts` produces (values irrelevant, layout exact)."""
     n, k = shape
-    if opts.method in AFFINE:
+    if opts.affine:
         group = k if opts.group_size in (-1, 0) else opts.group_size
         groups = k // group
         zeros = 1 << (opts.bits - 1) if opts.symmetric else torch.ones(n, groups, dtype=torch.uint8)
         g_idx = (torch.arange(k) // group).to(torch.int32) if opts.act_order and groups > 1 else None
         return Affine(codes=torch.zeros(n, k, dtype=torch.uint8), scales=torch.ones(n, groups), bits=opts.bits,
                       group_size=group, zeros=zeros, g_idx=g_idx)
-    if opts.method == "fp8":
+    if opts.method == "fp8" or opts.scheme == "fp8":
         from quanta.quant.fp8_quant import fp8_weight
         return fp8_weight(torch.zeros(n, k), opts.spec().fp8_strategy, name=name)
     from quanta.quant.codebook_quant import quantize_4bit

@@ -2,6 +2,7 @@
 
     summary = quanta.quantize("model.gguf", "model-awq", "awq", bits=4, group_size=64)
     summary = quanta.quantize("model/", "model-Q4_K_M.gguf", "gguf", type="Q4_K_M", imatrix=True)
+    summary = quanta.quantize("model.gguf", "model-fp8", "gptq", scheme="fp8")     # GPTQ onto FP8 e4m3
 
 Steps, in this order: the options (toolkit/quantize_options.py), the destination, the model (loaded
 lazily), the scheme against the model and the format's writer (toolkit/format_check.py), the
@@ -22,15 +23,17 @@ from quanta.toolkit.quantize_summary import QuantizeSummary, summarize
 
 
 def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | None = None,
-             group_size: int | None = None, symmetric: bool | None = None, act_order: bool = False,
+             group_size: int | None = None, symmetric: bool | None = None, act_order: bool | None = None,
              type: str | None = None, format: str | None = None, calibration: str | Path | None = None,
              n_samples: int | None = None, seqlen: int | None = None, imatrix: bool = False,
-             overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
+             scheme: str | None = None, overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
     """Quantize checkpoint `model` with `method` (rtn, awq, gptq, fp8, nf4, gguf) into `out`.
 
     bits / group_size / symmetric / act_order: the integer scheme (rtn, awq, gptq; defaults 4, 128,
-    asymmetric except gptq); group_size is the blocksize for nf4. type: the GGUF type or mix (Q4_0 ..
-    Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M). format: the output layout (default per method, see
+    asymmetric except gptq, no act-order); group_size is the blocksize for nf4. scheme: the grid gptq
+    rounds onto, "int" (default) or "fp8" (e4m3 per channel, dynamic activations, written as --method
+    fp8 writes it; act-order unless act_order=False; no bits / group_size / symmetric). type: the GGUF
+    type or mix (Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M). format: the output layout (default per method, see
     quantize_options). calibration: a UTF-8 text file for awq, gptq and gguf with `imatrix` (default
     WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512).
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
@@ -38,7 +41,7 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     start = time.perf_counter()
     opts = QuantizeOptions.resolve(method, bits=bits, group_size=group_size, symmetric=symmetric,
                                    act_order=act_order, type=type, format=format, calibration=calibration,
-                                   n_samples=n_samples, seqlen=seqlen, imatrix=imatrix)
+                                   n_samples=n_samples, seqlen=seqlen, imatrix=imatrix, scheme=scheme)
     out = _destination(out, opts, overwrite)
     from quanta.loaders import load
     from quanta.toolkit.format_check import check_model, writer_options

@@ -2,12 +2,14 @@
 check that can fail made before any weight is touched.
 
     opts = QuantizeOptions.resolve("gptq", bits=4, group_size=128, act_order=True, ...)   # option errors
+    opts = QuantizeOptions.resolve("gptq", scheme="fp8")     # GPTQ onto the FP8 e4m3 grid
     opts.check_model(ckpt)            # the scheme against every linear, the format's writer against it
 
 Output formats by method (`format=None` picks the first):
     rtn   awq (asymmetric 4-bit) or gptq (otherwise), compressed-tensors
     awq   awq, gptq, compressed-tensors
-    gptq  gptq, compressed-tensors (no act-order), awq (asymmetric 4-bit, no act-order)
+    gptq  gptq, compressed-tensors (no act-order), awq (asymmetric 4-bit, no act-order);
+          with scheme "fp8" (e4m3 per channel, dynamic activations): compressed-tensors, act-order by default
     fp8   compressed-tensors
     nf4   bnb
     gguf  gguf (`type`: Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M)
@@ -22,6 +24,7 @@ from pathlib import Path
 from quanta.quant.errors import ConfigError
 
 METHODS = ("rtn", "awq", "gptq", "fp8", "nf4", "gguf")
+SCHEMES = ("int", "fp8")              # the grid gptq rounds onto
 FORMATS = {"rtn": ("awq", "gptq", "compressed-tensors"), "awq": ("awq", "gptq", "compressed-tensors"),
            "gptq": ("gptq", "compressed-tensors", "awq"), "fp8": ("compressed-tensors",), "nf4": ("bnb",),
            "gguf": ("gguf",)}
@@ -44,15 +47,27 @@ class QuantizeOptions:
     n_samples: int
     seqlen: int
     imatrix: bool
+    scheme: str = "int"               # gptq: "int" or "fp8"
 
     @classmethod
-    def resolve(cls, method: str, *, bits=None, group_size=None, symmetric=None, act_order=False, type=None,
-                format=None, calibration=None, n_samples=None, seqlen=None, imatrix=False) -> QuantizeOptions:
+    def resolve(cls, method: str, *, bits=None, group_size=None, symmetric=None, act_order=None, type=None,
+                format=None, calibration=None, n_samples=None, seqlen=None, imatrix=False,
+                scheme=None) -> QuantizeOptions:
         """Defaults filled in per method; ConfigError naming the option for anything that cannot apply."""
         if method not in METHODS:
             raise ConfigError(f"quantize: method must be one of {', '.join(METHODS)}, got {method!r}")
         name = f"quantize --method {method}"
-        if method in AFFINE:
+        scheme = "int" if scheme is None else scheme
+        if act_order is None:             # on for FP8 (as llm-compressor's GPTQ): per-channel scales make it free
+            act_order = scheme == "fp8"
+        if scheme not in SCHEMES or scheme == "fp8" and method != "gptq":
+            raise ConfigError(f"{name}: scheme must be one of {', '.join(SCHEMES)}, and fp8 goes with --method gptq "
+                              f"only (plain round-to-nearest FP8 is --method fp8); got {scheme!r}")
+        if scheme == "fp8":
+            if bits not in (None, 8) or group_size is not None or symmetric is not None:
+                raise ConfigError(f"{name} --scheme fp8: e4m3 per channel has no bits, group_size or --sym/--asym "
+                                  f"to choose; got bits={bits!r}, group_size={group_size!r}, symmetric={symmetric!r}")
+        elif method in AFFINE:
             bits = 4 if bits is None else bits
             group_size = 128 if group_size is None else group_size
             if not isinstance(bits, int) or not 2 <= bits <= 8:
@@ -76,10 +91,12 @@ class QuantizeOptions:
                                              else f"type={type!r} is for --method gguf only"))
         if imatrix and method != "gguf":
             raise ConfigError(f"{name}: imatrix is a GGUF option (AWQ and GPTQ always use calibration data)")
-        fmt = format or _default_format(method, bits, symmetric, act_order)
-        if fmt not in FORMATS[method]:
-            raise ConfigError(f"{name}: cannot write format {fmt!r}; this method writes "
-                              f"{', '.join(FORMATS[method])}")
+        formats = ("compressed-tensors",) if scheme == "fp8" else FORMATS[method]
+        if format is None:
+            format = formats[0] if scheme == "fp8" else _default_format(method, bits, symmetric, act_order)
+        if format not in formats:
+            raise ConfigError(f"{name}: cannot write format {format!r}; this method writes {', '.join(formats)}"
+                              + (" with --scheme fp8" if scheme == "fp8" else ""))
         uses_data = method in CALIBRATED or imatrix
         if calibration is not None and not uses_data:
             raise ConfigError(f"{name}: calibration data is used by awq, gptq and gguf with imatrix only")
@@ -92,13 +109,20 @@ class QuantizeOptions:
         seqlen = DEFAULT_SEQLEN if seqlen is None else seqlen
         if not isinstance(n_samples, int) or n_samples <= 0 or not isinstance(seqlen, int) or seqlen <= 1:
             raise ConfigError(f"{name}: n_samples must be > 0 and seqlen > 1, got {n_samples!r} and {seqlen!r}")
-        return cls(method, fmt, bits, group_size, symmetric, act_order, type, calibration if uses_data else None,
-                   n_samples, seqlen, imatrix)
+        return cls(method, format, bits, group_size, symmetric, act_order, type, calibration if uses_data else None,
+                   n_samples, seqlen, imatrix, scheme)
+
+    @property
+    def affine(self) -> bool:
+        """Whether the method produces integer (Affine) weights."""
+        return self.method in AFFINE and self.scheme == "int"
 
     def spec(self):
         """The QuantSpec of quant/quantize_model.py for the affine, fp8 and nf4 methods."""
         from quanta.quant.quantize_model import QuantSpec
 
+        if self.scheme == "fp8":
+            return QuantSpec("gptq", scheme="fp8", act_order=self.act_order)
         if self.method in AFFINE:
             return QuantSpec(self.method, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
                              act_order=self.act_order)
@@ -108,7 +132,7 @@ class QuantizeOptions:
 
     def describe(self) -> str:
         """The scheme in a few words, e.g. "gptq w4g128 sym act-order -> gptq"."""
-        if self.method in AFFINE:
+        if self.affine:
             group = "pc" if self.group_size in (-1, 0) else f"g{self.group_size}"
             scheme = f"w{self.bits}{group} {'sym' if self.symmetric else 'asym'}" + \
                      (" act-order" if self.act_order else "")
@@ -117,7 +141,8 @@ class QuantizeOptions:
         elif self.method == "nf4":
             scheme = f"blocksize {64 if self.group_size is None else self.group_size}"
         else:
-            scheme = "e4m3 per-channel, dynamic activations"
+            scheme = "fp8 " * (self.method == "gptq") + "e4m3 per-channel, dynamic activations" + \
+                     (" act-order" if self.act_order else "")
         return f"{self.method} {scheme} -> {self.format}"
 
 

@@ -2,6 +2,7 @@
 
     quanta quantize model.gguf --method rtn --bits 4 --group-size 64 --out model-awq
     quanta quantize model/ --method gptq --act-order --samples 32 --seqlen 512 --out model-gptq
+    quanta quantize model.gguf --method gptq --scheme fp8 --out model-fp8
     quanta quantize model/ --method gguf --type Q4_K_M --imatrix --out model-Q4_K_M.gguf
 
 SIGTERM is turned into an exception while it runs, so an interrupted run removes its temporary
@@ -14,7 +15,7 @@ import signal
 import sys
 
 from quanta.tools.options import quiet_parent
-from quanta.toolkit.quantize_options import DEFAULT_SAMPLES, DEFAULT_SEQLEN, FORMATS, METHODS
+from quanta.toolkit.quantize_options import DEFAULT_SAMPLES, DEFAULT_SEQLEN, FORMATS, METHODS, SCHEMES
 
 
 class Terminated(SystemExit):
@@ -35,7 +36,8 @@ def cmd_quantize(args) -> None:
         summary = quantize(model, args.out, args.method, bits=args.bits, group_size=args.group_size,
                            symmetric=args.symmetric, act_order=args.act_order, type=args.type, format=args.format,
                            calibration=args.calibration, n_samples=args.samples, seqlen=args.seqlen,
-                           imatrix=args.imatrix, overwrite=args.overwrite, quiet=args.quiet or args.json)
+                           imatrix=args.imatrix, scheme=args.scheme, overwrite=args.overwrite,
+                           quiet=args.quiet or args.json)
     except KeyboardInterrupt:
         print(f"quanta: interrupted; nothing was written to {args.out}", file=sys.stderr)
         raise SystemExit(130) from None
@@ -61,7 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     sym = p.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="symmetric", action="store_true", default=None, help="symmetric (gptq default)")
     sym.add_argument("--asym", dest="symmetric", action="store_false", help="zero points (rtn/awq default)")
-    p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing activation")
+    p.add_argument("--scheme", choices=SCHEMES, help="gptq: the grid it rounds onto: int (default; --bits, "
+                                                     "--group-size) or fp8 (e4m3 per channel, compressed-tensors)")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--act-order", action="store_true", default=None,
+                       help="gptq: quantize columns by decreasing activation (default with --scheme fp8)")
+    order.add_argument("--no-act-order", dest="act_order", action="store_false", help="gptq: in column order")
     p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M Q5_K_M")
     p.add_argument("--imatrix", action="store_true", help="gguf: weight the rounding by an importance matrix "
                                                           "collected on the calibration text")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml_blocks import legacy_codes
 from quanta.quant.ggml_types import GgmlType, ggml_type
@@ -64,10 +65,14 @@ class Gguf(QTensor, kind="gguf"):
         bits, zero = t.affine
         n, k = self.shape
         blocks = self.data.reshape(-1, t.type_size)
-        if t.name == "q8_0":
-            codes = (blocks[:, 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-        else:
-            codes = legacy_codes(t.name, blocks).to(torch.uint8)
+        codes = torch.empty(blocks.shape[0], 32, dtype=torch.uint8, device=self.data.device)
+        step = chunk_rows(32, self.data.device)                 # blocks per pass: bounded int scratch
+        for start in range(0, blocks.shape[0], step):
+            b = blocks[start:start + step]
+            if t.name == "q8_0":
+                codes[start:start + step] = b[:, 2:].view(torch.int8).to(torch.int16) + 128
+            else:
+                codes[start:start + step] = legacy_codes(t.name, b)
 
         def half(at):
             return blocks[:, at:at + 2].contiguous().view(torch.float16).view(n, k // 32)
