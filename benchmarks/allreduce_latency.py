@@ -1,6 +1,7 @@
 """Latency of the small all-reduces tensor-parallel decode makes (one [batch, hidden] fp16 row block after each
 row-parallel layer): torch.distributed over NCCL, eager and captured in a CUDA graph (as the engine's decode
-graphs hold them), and torch's symmetric-memory one-shot all-reduce (in bf16) where this torch has it.
+graphs hold them), and the engine's one-shot all-reduce over symmetric memory (engine/one_shot_all_reduce.py) in
+fp16 and bf16, eager and in a graph, with its largest error against the exact sum.
 
     python benchmarks/allreduce_latency.py --world 4 --hidden 8192 --rows 1 --ops 160
 
@@ -19,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from bench_io import emit
+
+from quanta.engine.one_shot_all_reduce import OneShotAllReduce
 
 
 def timed(fn, ops: int, reps: int) -> float:
@@ -61,20 +64,22 @@ def rank_main(rank: int, args, port: int, queue) -> None:
             dist.all_reduce(x)
             x.mul_(0.25)
     result["nccl_eager_us"], result["nccl_graph_us"] = eager_and_graph(nccl, args.ops, args.reps)
-    try:                                        # torch's one-shot kernel takes bf16 but not fp16: same bytes
-        import torch.distributed._symmetric_memory as symm_mem
-        group = dist.group.WORLD.group_name
-        buf = symm_mem.empty(args.rows, args.hidden, dtype=torch.bfloat16, device=device)
-        symm_mem.rendezvous(buf, group)
-        buf.copy_(x)
+    for dtype in (torch.float16, torch.bfloat16):   # the engine's one-shot kernel: fp16 staged in fp32
+        name = f"one_shot_{str(dtype).removeprefix('torch.')}"
+        try:
+            reducer = OneShotAllReduce(dist.group.WORLD, device, dtype)
+            y = x.to(dtype)
+            expect = y.float() * args.world          # every rank holds the same rows here
+            got = reducer(y)
+            result[f"{name}_max_error"] = float((got.float() - expect).abs().max())
 
-        def one_shot():
-            for _ in range(args.ops):
-                buf.copy_(torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group).mul_(0.25))
-        result["symm_mem_one_shot_eager_us"], result["symm_mem_one_shot_graph_us"] = eager_and_graph(
-            one_shot, args.ops, args.reps)
-    except Exception as e:                      # noqa: BLE001 -- reported, not fatal: the NCCL figures stand
-        result["symm_mem_error"] = f"{type(e).__name__}: {e}"[:300]
+            def one_shot():
+                z = y
+                for _ in range(args.ops):
+                    z = reducer(z).mul_(0.25)
+            result[f"{name}_eager_us"], result[f"{name}_graph_us"] = eager_and_graph(one_shot, args.ops, args.reps)
+        except Exception as e:                  # noqa: BLE001 -- reported, not fatal: the NCCL figures stand
+            result[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
     torch.cuda.synchronize()
     if rank == 0:
         queue.put(result)

@@ -7,7 +7,9 @@ One engine (FP8 KV cache, each rank capped at --max-gpu-memory, as a 24 GB card 
   decode       batch-1 greedy tokens/s against the roofline of the GPUs together: one rank's weight bytes
                per token over one GPU's measured copy bandwidth;
   throughput   --num-prompts requests of --input-len in / --output-len out, output tokens/s;
-  long         --long-seqs prompts filling max_model_len less 128 tokens, served together, no OOM.
+  long         --long-seqs prompts filling max_model_len less 128 tokens, served together, no OOM;
+  profile      where a decode token's time goes on rank 0's GPU (decode_profile.py), after the others so
+               that the profiler cannot slow them.
 Memory: each GPU's use as the driver reports it (nvidia-smi, every rank's process, context included), sampled
 through the whole run; its peak against the plan's per-GPU budget (`quanta plan` for the same configuration,
 the engine's own start-up plan). JSON on the last line.
@@ -21,6 +23,7 @@ import time
 
 import torch
 from bench_io import emit
+from decode_profile import decode_profile
 from memory_fit import batch1_decode, long_contexts, ratio
 
 from quanta.engine import LLM, SamplingParams
@@ -78,7 +81,9 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--long-seqs", type=int, default=16)
-    ap.add_argument("--stages", default="decode,throughput,long")
+    ap.add_argument("--stages", default="decode,throughput,long,profile")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--disable-custom-all-reduce", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     stages = args.stages.split(",")
@@ -86,10 +91,12 @@ def main() -> None:
     start = time.perf_counter()
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, kv_cache_dtype=args.kv_cache_dtype,
               max_gpu_memory=args.max_gpu_memory, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              enable_prefix_caching=False, quiet=True)
+              enable_prefix_caching=False, dtype=args.dtype,
+              disable_custom_all_reduce=args.disable_custom_all_reduce, quiet=True)
     plan, core = llm.core.plan, llm.core
     result = {"benchmark": "tp_fit", "model": args.model, "tp": args.tp, "max_gpu_memory": args.max_gpu_memory,
-              "kv_cache_dtype": args.kv_cache_dtype, "max_model_len": args.max_model_len,
+              "kv_cache_dtype": args.kv_cache_dtype, "max_model_len": args.max_model_len, "dtype": str(llm.core.dtype),
+              "one_shot_all_reduce": llm.core.tp is not None and llm.core.tp.one_shot is not None,
               "device": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
               "date": time.strftime("%Y-%m-%d"), "startup_s": round(time.perf_counter() - start, 1),
               "plan": format_verdict(plan), "plan_budget_bytes": plan.budget,
@@ -114,6 +121,9 @@ def main() -> None:
     if "long" in stages:
         result["long"] = long_contexts(llm, torch, SamplingParams, seqs=args.long_seqs)
         print("long", result["long"], flush=True)
+    if "profile" in stages:
+        result["profile"] = decode_profile(llm)
+        print("profile", result["profile"], flush=True)
     llm.close()
     peaks = sampler.stop()
     used = [peaks[i] * 2**20 for i in range(args.tp) if i in peaks]

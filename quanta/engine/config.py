@@ -40,6 +40,8 @@ class EngineConfig:
                                               # name ("t4"); held as bytes once validated; per rank under TP
     tensor_parallel_size: int = 1       # ranks, one process and one GPU each (engine/parallel.py); torchrun's
                                         # WORLD_SIZE when started by torchrun
+    disable_custom_all_reduce: bool = False   # TP on GPUs: NCCL for every all-reduce, never the one-shot
+                                              # kernel (engine/one_shot_all_reduce.py)
     allow_pickle: bool = False          # load an HF checkpoint's .bin/.pt weights (torch.load(weights_only=True));
                                         # off, they are refused: unpickling can run code
 

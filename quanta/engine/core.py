@@ -165,6 +165,8 @@ class EngineCore:
                           if self.device.type == "cuda" else None)
         if self.tp is not None:
             self.tp.agree(None)
+            if self.device.type == "cuda" and not cfg.disable_custom_all_reduce:
+                self.tp.start_one_shot(self.dtype)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:

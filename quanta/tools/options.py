@@ -74,6 +74,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
                    help="do not reuse KV blocks of shared prompt prefixes")
+    p.add_argument("--disable-custom-all-reduce", action="store_true", default=None,
+                   help="tensor parallelism: NCCL for every all-reduce, not the one-shot kernel for small ones")
     p.add_argument("--allow-pickle", action="store_true", default=None,
                    help="load an HF checkpoint's pickle weights (.bin/.pt) with torch.load(weights_only=True); "
                         "without it they are refused, since unpickling a file can run code")
@@ -81,7 +83,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The LLM(...) keywords the user gave (the rest keep the engine's defaults)."""
-    names = [dest for _, dest, _ in ENGINE_OPTIONS] + ["enforce_eager", "enable_prefix_caching", "allow_pickle"]
+    names = [dest for _, dest, _ in ENGINE_OPTIONS] + ["enforce_eager", "enable_prefix_caching", "allow_pickle",
+                                                    "disable_custom_all_reduce"]
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     kwargs["seed"] = args.seed
     if getattr(args, "quiet", False):

@@ -1,0 +1,52 @@
+"""Where a batch-1 decode token's time goes on this process's GPU: torch.profiler (CUPTI) over a greedy
+generation, kernels inside CUDA graph replays included.
+
+    decode_profile(llm, tokens=64) -> {"wall_ms_per_token", "kernel_ms_per_token", "busy_ms_per_token",
+                                       "idle_ms_per_token", "top": [[kernel, µs per token, calls per token]]}
+
+kernel_ms sums every kernel's duration; busy_ms is the union of their intervals (what overlaps counts once);
+idle_ms = wall - busy is the GPU waiting on the host. Under tensor parallelism this is rank 0's GPU, whose
+all-reduce kernels include the time spent waiting for the slowest peer.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from quanta.engine import SamplingParams
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy
+
+
+def decode_profile(llm, tokens: int = 64, top: int = 14) -> dict:
+    prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(32)]}
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompt, params, use_tqdm=False)                   # warm-up outside the trace
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        by_name[e.name][0] += e.time_range.elapsed_us()
+        by_name[e.name][1] += 1
+    total = sum(v[0] for v in by_name.values())
+    busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"tokens": tokens, "wall_ms_per_token": round(wall * 1e3 / tokens, 3),
+            "kernel_ms_per_token": round(total / 1e3 / tokens, 3), "busy_ms_per_token": round(busy / 1e3 / tokens, 3),
+            "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3),
+            "top": [[name[:90], round(us / tokens, 1), round(n / tokens, 1)] for name, (us, n) in ranked]}
