@@ -8,8 +8,8 @@ One engine (FP8 KV cache, each rank capped at --max-gpu-memory, as a 24 GB card 
                per token over one GPU's measured copy bandwidth;
   throughput   --num-prompts requests of --input-len in / --output-len out, output tokens/s;
   long         --long-seqs prompts filling max_model_len less 128 tokens, served together, no OOM;
-  profile      where a decode token's time goes on rank 0's GPU (decode_profile.py), after the others so
-               that the profiler cannot slow them.
+  profile      where a decode token's time goes on rank 0's GPU (decode_profile.py), after the others and
+               after the memory sampling, so that the profiler neither slows them nor counts in the peak.
 Memory: each GPU's use as the driver reports it (nvidia-smi, every rank's process, context included), sampled
 through the whole run; its peak against the plan's per-GPU budget (`quanta plan` for the same configuration,
 the engine's own start-up plan). JSON on the last line.
@@ -24,6 +24,7 @@ import time
 import torch
 from bench_io import emit
 from decode_profile import decode_profile
+from latency import copy_bandwidth
 from memory_fit import batch1_decode, long_contexts, ratio
 
 from quanta.engine import LLM, SamplingParams
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     stages = args.stages.split(",")
+    bandwidth = copy_bandwidth(torch.device("cuda"))      # before the engine: its buffers must not stay reserved
+    torch.cuda.empty_cache()
     sampler = GpuMemorySampler()
     start = time.perf_counter()
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, kv_cache_dtype=args.kv_cache_dtype,
@@ -113,7 +116,7 @@ def main() -> None:
           f"(plan {plan.kv_capacity_tokens:,}); rank 0 {result['engine_memory_rank0']}, outside torch "
           f"{result['outside_torch_rank0_bytes']:,}", flush=True)
     if "decode" in stages:
-        result["decode"] = batch1_decode(llm, torch, SamplingParams)
+        result["decode"] = batch1_decode(llm, torch, SamplingParams, bandwidth)
         print("decode", result["decode"], flush=True)
     if "throughput" in stages:
         result["throughput"] = throughput(llm, args.num_prompts, args.input_len, args.output_len)
@@ -121,11 +124,11 @@ def main() -> None:
     if "long" in stages:
         result["long"] = long_contexts(llm, torch, SamplingParams, seqs=args.long_seqs)
         print("long", result["long"], flush=True)
+    peaks = sampler.stop()              # before the profile: the profiler's own buffers are not the engine's
     if "profile" in stages:
         result["profile"] = decode_profile(llm)
         print("profile", result["profile"], flush=True)
     llm.close()
-    peaks = sampler.stop()
     used = [peaks[i] * 2**20 for i in range(args.tp) if i in peaks]
     result["peak_used_per_gpu_bytes"] = used
     result["peak_used_vs_plan_budget"] = [ratio(u, plan.budget) for u in used]

@@ -57,6 +57,7 @@ from quanta.engine.kv_sizing import (
     blocks_from_gpu_memory,
     check_capacity,
     check_weights_under_cap,
+    use_expandable_segments,
 )
 from quanta.engine.kernel_report import kernel_report
 from quanta.engine.memory_plan import activation_peak as plan_activation_peak
@@ -146,6 +147,8 @@ class EngineCore:
             kv_scales = tuple(s[:, self.kv_heads[0]:self.kv_heads[1]] for s in kv_scales)
         if world > 1 and self.tp is None:
             self.tp = start_group(cfg)
+        if self.device.type == "cuda":
+            use_expandable_segments()
         allocated_before = self._allocated()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -2,12 +2,14 @@
 
 With num_kv_blocks given, or on the CPU (kv_cache_memory bytes), the count follows from the config
 alone, so an impossible configuration is refused before a weight is built. On a GPU the pool gets what
-is left of the budget, gpu_memory_utilization x total memory (at most max_gpu_memory), after the weights, the activation peak of a dry run,
-memory held outside torch, and (unless enforce_eager) head-room for the CUDA graphs' memory pool.
+is left of the budget, gpu_memory_utilization x total memory (at most max_gpu_memory), after the weights,
+the activation peak of a dry run, memory held outside torch or reserved by torch in no tensor, and
+(unless enforce_eager) head-room for the CUDA graphs' memory pool.
 """
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -44,14 +46,26 @@ def check_weights_under_cap(cfg: EngineConfig, weight_bytes: int) -> None:
                           f"{cfg.max_gpu_memory / 2**30:.2f} GiB")
 
 
+def use_expandable_segments() -> None:
+    """Let torch's allocator grow its segments in place and unmap their free pages (expandable_segments),
+    unless the user configured the allocator. A load interleaves transient and kept tensors; in fixed
+    segments the kept weights end up scattered with free holes between them that stay reserved, memory
+    the KV sizing cannot give out and the device still counts against the cap."""
+    if not any(k in os.environ for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 def blocks_from_gpu_memory(cfg: EngineConfig, block_bytes: int, weight_bytes: int, activation_peak: int) -> int:
     """This engine's share of the GPU (gpu_budget) less its weights, the activation peak, memory used
-    outside torch and the graph margin, in blocks of `block_bytes`."""
+    outside torch, memory the allocator holds in no tensor (what empty_cache could not return) and the
+    graph margin, in blocks of `block_bytes`."""
     device = torch.device(cfg.device)
     free, total = torch.cuda.mem_get_info(device)
-    non_torch = total - free - torch.cuda.memory_reserved(device)
+    reserved = torch.cuda.memory_reserved(device)
+    non_torch = total - free - reserved
+    idle = reserved - torch.cuda.memory_allocated(device)
     margin = 0 if cfg.enforce_eager else GRAPH_MEMORY_MARGIN
-    budget = gpu_budget(cfg, total) - weight_bytes - activation_peak - non_torch - margin
+    budget = gpu_budget(cfg, total) - weight_bytes - activation_peak - non_torch - idle - margin
     blocks = int(budget) // block_bytes
     log.info("KV cache: %d blocks (%.2f GiB); weights %.2f GiB, activation peak %.2f GiB", blocks,
              blocks * block_bytes / 2**30, weight_bytes / 2**30, activation_peak / 2**30)
