@@ -3,6 +3,10 @@ fixed rate, as a Poisson process, or all at once, under a concurrency cap, again
 `quanta serve` (or any OpenAI-compatible /v1/completions); TTFT, TPOT, ITL and end-to-end latency
 (mean, median, p99), requests/s and output tokens/s, as JSON.
 
+The client is aiohttp, as benchmark_serving's: at saturation a load generator in one Python process reads
+thousands of streamed chunks a second, and httpx's per-chunk cost made the generator, not the server, the
+slowest process (serving_overhead.py reports each process's CPU per token).
+
     quanta serve synthetic:llama3-8b:w4g128 --port 8000 &
     python benchmarks/serving.py --base-url http://127.0.0.1:8000 --num-prompts 500 \
         --request-rate 8 --max-concurrency 256 --input-len 512 --output-len 128 --out result.json
@@ -21,7 +25,7 @@ import random
 import statistics
 import time
 
-import httpx
+import aiohttp
 
 SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 202, 179     # ShareGPT's mean prompt / output tokens (vLLM's blog)
 
@@ -37,18 +41,18 @@ def lengths(args, rng: random.Random) -> list[tuple[int, int]]:
             for _ in range(args.num_prompts)]
 
 
-async def one(http: httpx.AsyncClient, args, prompt: list[int], max_tokens: int) -> dict:
+async def one(http: aiohttp.ClientSession, args, prompt: list[int], max_tokens: int) -> dict:
     """Stream one completion; its TTFT, chunk gaps, latency and output tokens."""
     body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}       # chunks carry their tokens, so a model without a tokenizer streams too
     start = time.perf_counter()
     stamps, tokens = [], 0
-    async with http.stream("POST", args.base_url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return {"ok": False, "error": (await r.aread()).decode()[:200]}
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    async with http.post(args.base_url + "/v1/completions", json=body) as r:
+        if r.status != 200:
+            return {"ok": False, "error": (await r.read()).decode()[:200]}
+        async for line in r.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
@@ -76,10 +80,12 @@ async def run(args) -> dict:
     rng = random.Random(args.seed)
     work = [([rng.randrange(args.vocab_low, args.vocab_high) for _ in range(i)], o) for i, o in lengths(args, rng)]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=args.max_concurrency)
-    async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=headers,
+                                     timeout=aiohttp.ClientTimeout(total=args.timeout)) as http:
         if args.model is None:
-            args.model = (await http.get(args.base_url + "/v1/models")).json()["data"][0]["id"]
+            async with http.get(args.base_url + "/v1/models") as r:
+                args.model = (await r.json())["data"][0]["id"]
         await one(http, args, work[0][0], 4)                         # warm-up, not counted
         gate = asyncio.Semaphore(args.max_concurrency)
 
