@@ -283,6 +283,13 @@ def test_load_peak_of_llama3_70b_is_its_weights_as_the_lm_head_loads_last():
     assert p.load_peak == p.weights.total - p.weights.norms
 
 
+def test_load_peak_at_tp4_holds_the_whole_lm_head_as_read_beside_its_piece():
+    """Under tensor parallelism a rank reads each tensor whole and then cuts its piece: at 70B TP=4 the peak
+    is the rank's weights with the whole 128256 x 8192 fp16 lm_head read last (what a 4x H200 run measured)."""
+    p = plan("llama-3-70b", quantization="awq", gpus="4x22GiB")
+    assert p.load_peak == p.weights.total - p.weights.norms + 128256 * 8192 * 2
+
+
 def test_act_order_at_tp4_holds_o_proj_dequantized_and_down_proj_packed():
     # a GPTQ desc_act checkpoint: o_proj's contiguous piece of scattered groups is held as 2-byte weights; down_proj's
     # groups are sorted before the cut (quant/group_sort.py), so it stays packed like the rest

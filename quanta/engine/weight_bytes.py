@@ -231,26 +231,36 @@ def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
     """The most device memory one rank holds while loading, as model_loader loads: module by module in
     model order (embedding; per layer q/k/v, o_proj, gate/up, down_proj; lm_head), each module holding the
     weights loaded before it, its canonical parts (and, for a merged group, their stacked copy) and its
-    final layout at once. The repack's own temporaries are bounded by layout.PACK_ROWS and left out; norms
-    are too small to count. Dense parts are counted as if made on the device (an upper bound for host
-    checkpoints, whose parts are stacked on the host)."""
+    final layout at once. Under tensor parallelism every part is read whole and then cut, so the whole
+    parts are held beside the pieces (the lm_head's whole 128k-row table, read last, is the largest).
+    The repack's own temporaries are bounded by layout.PACK_ROWS and left out; norms are too small to
+    count. Dense parts are counted as if made on the device (an upper bound for host checkpoints, whose
+    parts are stacked on the host)."""
     h, g = config.hidden_size, fmt.gguf
-    if g:
-        embedding = s.vocab * GGML_TYPES_BY_NAME[g.of("token_embd")].row_bytes(h)
-        lm_head = gemm_bytes(fmt, [(s.vocab, g.of("output"))], h, e)
-    else:
-        embedding = lm_head = s.vocab * h * e
-    held = peak = embedding
+    whole = shard(config, 1)
+
+    def table(sh: Shard) -> tuple[int, int]:
+        if g:
+            return (sh.vocab * GGML_TYPES_BY_NAME[g.of("token_embd")].row_bytes(h),
+                    gemm_bytes(fmt, [(sh.vocab, g.of("output"))], h, e))
+        return sh.vocab * h * e, sh.vocab * h * e
+    embedding, lm_head = table(s)
+    read_embedding, read_lm_head = table(whole) if s.tp > 1 else (0, 0)
+    held = embedding
+    peak = read_embedding + embedding
     for i in range(config.num_hidden_layers):
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
-        for roles, k in layer_gemms(s, h):
+        for (roles, k), (whole_roles, whole_k) in zip(layer_gemms(s, h), layer_gemms(whole, h)):
             final = held_bytes(fmt, s, roles, k, e, t)
             canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
+            read = sum(canonical_bytes(fmt, n, whole_k, e, t(role)) for role, n in whole_roles) if s.tp > 1 else 0
             # act-order: down_proj is read with gate/up, to sort its groups (quant/group_sort.py)
-            ahead = canonical_bytes(fmt, h, s.inter, e) if fmt.act_order and roles[0][0] == "ffn_gate" else 0
-            peak = max(peak, held + canonical * (2 if len(roles) > 1 else 1) + final + ahead)
+            ahead = 0
+            if fmt.act_order and roles[0][0] == "ffn_gate":
+                ahead = canonical_bytes(fmt, h, whole.inter if s.tp > 1 else s.inter, e)
+            peak = max(peak, held + read + canonical * (2 if len(roles) > 1 else 1) + final + ahead)
             held += final
-    return max(peak, held + lm_head)
+    return max(peak, held + read_lm_head + lm_head)
 
 
 def check_gguf_rows(config: ModelConfig, fmt: WeightFormat) -> None:
