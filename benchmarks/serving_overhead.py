@@ -18,19 +18,17 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import local_server  # noqa: E402
 import serving  # noqa: E402  (benchmarks/serving.py: the load generator and its request lengths)
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def requests(args) -> list[tuple[list[int], int]]:
@@ -77,26 +75,12 @@ def _tree_cpu(proc: psutil.Process) -> dict[str, float]:
 
 def server(args) -> dict:
     """`quanta serve` on a free port, loaded by serving.run at request rate inf."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = engine_flags(args)
-    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", args.model, "--port", str(port),
-           "--device", flags["device"], "--max-num-seqs", str(flags["max_num_seqs"]),
-           "--max-model-len", str(flags["max_model_len"]), *args.serve_flag]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = local_server.start(args.model, ["--device", flags["device"], "--max-num-seqs", str(flags["max_num_seqs"]),
+                                               "--max-model-len", str(flags["max_model_len"]), *args.serve_flag],
+                                   env=env, log=None, ready_s=300)
     try:
-        for _ in range(1200):
-            if proc.poll() is not None:
-                raise SystemExit(f"quanta serve exited with {proc.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
         load = argparse.Namespace(**vars(args))
         load.base_url, load.request_rate, load.arrivals, load.api_key, load.timeout = url, float("inf"), "poisson", None, 3600
         load.model = None
@@ -113,11 +97,7 @@ def server(args) -> dict:
             spy.send_signal(2)
             spy.wait(timeout=60)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        local_server.stop(proc)
     tokens = result["total_output_tokens"]
     per = {k: 1e3 * (v - before.get(k, 0.0)) / tokens for k, v in after.items()}
     return {k: result[k] for k in ("completed", "failed", "errors", "duration_s", "total_output_tokens",

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +37,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import local_server  # noqa: E402
+
 KEY, NAME = "soak-key", "soak"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The best way to learn is",
@@ -53,12 +54,6 @@ MALFORMED_CHAT = [b'{"messages": "hi"}', b'{"messages": []}', b'{"messages": [{"
 
 
 # --- the server process -------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tree_rss(pid: int) -> int:
     """VmRSS bytes of `pid` and its descendants (a server that runs its engine in a child counts too)."""
     total, todo = 0, [pid]
@@ -75,26 +70,10 @@ def tree_rss(pid: int) -> int:
 
 
 def start_server(model: str, args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", model, "--host", "127.0.0.1",
-           "--port", str(port), "--device", "cpu", "--api-key", KEY, "--served-model-name", NAME,
-           "--max-model-len", str(args.max_model_len), "--block-size", "16",
-           "--num-kv-blocks", str(args.num_kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
+    flags = ["--device", "cpu", "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", str(args.max_model_len),
+             "--block-size", "16", "--num-kv-blocks", str(args.num_kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
     log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"quanta serve exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("quanta serve did not become healthy in 180 s")
+    return local_server.start(model, flags, log=log, ready_s=180)
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -341,11 +320,7 @@ def soak(seconds: float, args) -> dict:
         rss_after = tree_rss(proc.pid)
         alive = proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        local_server.stop(proc)
     leaked = int(after["quanta:kv_cache_total_blocks"] - after["quanta:kv_cache_free_blocks"])
     delta = rss_after - rss_base
     reasons = {k.split('"')[1]: int(v - base.get(k, 0)) for k, v in after.items()
