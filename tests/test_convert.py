@@ -48,6 +48,15 @@ def dequantized(path: Path) -> dict[str, torch.Tensor]:
     return {n: t.dequantize(torch.float32) for n, t in ckpt.tensors.items() if isinstance(t, QTensor)}
 
 
+def assert_dequantizes_to_reference(out: Path, src: Path) -> None:
+    """Every weight of `out` dequantizes exactly to the source fixture's reference.safetensors (the dequantization
+    of the format's own reference code, AutoAWQ's or AutoGPTQ's)."""
+    reference = load_file(str(src / "reference.safetensors"))
+    got = dequantized(out)
+    for name, want in reference.items():
+        assert torch.equal(got[name].to(want.dtype), want), name
+
+
 # --- lossless pairs -------------------------------------------------------------------------------
 def test_awq_to_gptq_v2_and_back_is_bit_exact(tmp_path):
     src = FIXTURES / "awq" / "gemm_g32"
@@ -56,10 +65,7 @@ def test_awq_to_gptq_v2_and_back_is_bit_exact(tmp_path):
     cfg = json.loads((tmp_path / "gptq" / "config.json").read_text())["quantization_config"]
     assert cfg["checkpoint_format"] == "gptq_v2" and cfg["desc_act"] is False and cfg["group_size"] == 32
     # the GPTQ output dequantizes to AutoAWQ's own dequantization of the source (oracle: the fixture)
-    reference = load_file(str(src / "reference.safetensors"))
-    got = dequantized(tmp_path / "gptq")
-    for name, want in reference.items():
-        assert torch.equal(got[name].to(want.dtype), want), name
+    assert_dequantizes_to_reference(tmp_path / "gptq", src)
     r2 = conv(tmp_path / "gptq", "awq", tmp_path / "awq")
     assert r2.lossless
     a, b = stored(src), stored(tmp_path / "awq")
@@ -74,14 +80,10 @@ def test_symmetric_gptq_to_awq_is_lossless(tmp_path):
     src = FIXTURES / "gptq" / "b4_g32_sym_autogptq"
     report = conv(src, "awq", tmp_path / "awq")
     assert report.lossless
-    reference = load_file(str(src / "reference.safetensors"))
-    got = dequantized(tmp_path / "awq")
-    for name, want in reference.items():
-        assert torch.equal(got[name].to(want.dtype), want), name
+    assert_dequantizes_to_reference(tmp_path / "awq", src)
     back = conv(tmp_path / "awq", "gptq", tmp_path / "gptq")
     assert back.lossless
-    for name, want in reference.items():
-        assert torch.equal(dequantized(tmp_path / "gptq")[name].to(want.dtype), want), name
+    assert_dequantizes_to_reference(tmp_path / "gptq", src)
 
 
 def test_act_order_gptq_to_awq_is_requantized_and_reported(tmp_path):
