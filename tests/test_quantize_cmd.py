@@ -227,15 +227,19 @@ def test_interrupted_run_leaves_nothing(sig, tmp_path):
     path, _ = build_tiny_hf("llama", tmp_path / "m", num_hidden_layers=6)
     out = tmp_path / "o"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default; a test run started in the background
+    # (`pytest &`) would otherwise hand the child an ignored SIGINT, which Python then keeps ignoring.
     proc = subprocess.Popen([sys.executable, "-m", "quanta.tools.cli", "-q", "quantize", str(path), "--method", "awq",
                              "--group-size", "32", "--samples", "32", "--seqlen", "128", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".o.tmp-*")):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the writer never started"
         time.sleep(0.02)
     time.sleep(0.3)                      # well into the layers
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
