@@ -51,8 +51,9 @@ def use_expandable_segments() -> None:
     unless the user configured the allocator. A load interleaves transient and kept tensors; in fixed
     segments the kept weights end up scattered with free holes between them that stay reserved, memory
     the KV sizing cannot give out and the device still counts against the cap."""
-    if not any(k in os.environ for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    configure = getattr(torch.cuda.memory, "_set_allocator_settings", None)      # torch's own, not public
+    if configure is not None and not any(k in os.environ for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
+        configure("expandable_segments:True")
 
 
 def blocks_from_gpu_memory(cfg: EngineConfig, block_bytes: int, weight_bytes: int, activation_peak: int) -> int:
