@@ -3,6 +3,8 @@ fixed rate, as a Poisson process, or all at once, under a concurrency cap, again
 `quanta serve` (or any OpenAI-compatible /v1/completions); TTFT, TPOT, ITL and end-to-end latency
 (mean, median, p99), requests/s and output tokens/s, as JSON.
 
+With --server-pid it also reports CPU seconds per 1000 output tokens of the server's process and each of its
+children (the engine process) beside its own: the busiest process bounds what a saturated server can deliver.
 The client is aiohttp, as benchmark_serving's: at saturation a load generator in one Python process reads
 thousands of streamed chunks a second, and httpx's per-chunk cost made the generator, not the server, the
 slowest process (serving_overhead.py reports each process's CPU per token).
@@ -26,6 +28,7 @@ import statistics
 import time
 
 import aiohttp
+import psutil
 
 SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 202, 179     # ShareGPT's mean prompt / output tokens (vLLM's blog)
 
@@ -66,6 +69,18 @@ async def one(http: aiohttp.ClientSession, args, prompt: list[int], max_tokens: 
             "latency": end - start, "output_tokens": tokens, "input_tokens": len(prompt)}
 
 
+def tree_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of a process and of each of its live children, by "pid:name"."""
+    proc = psutil.Process(pid)
+    out = {}
+    for p in [proc] + proc.children(recursive=True):
+        try:
+            out[f"{p.pid}:{p.name()}"] = sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def summary(values: list[float]) -> dict:
     """Mean, median and p99 in milliseconds."""
     if not values:
@@ -93,6 +108,8 @@ async def run(args) -> dict:
             async with gate:
                 return await one(http, args, prompt, out)
 
+        server0 = tree_cpu(args.server_pid) if getattr(args, "server_pid", None) else {}
+        client0 = time.process_time()
         tasks, start = [], time.perf_counter()
         for prompt, out in work:
             tasks.append(asyncio.create_task(capped(prompt, out)))
@@ -101,8 +118,11 @@ async def run(args) -> dict:
                 await asyncio.sleep(gap)
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
+        client_cpu = time.process_time() - client0
+        server1 = tree_cpu(args.server_pid) if server0 else {}
     ok = [r for r in results if r["ok"]]
     out_tokens = sum(r["output_tokens"] for r in ok)
+    per_1k = 1e3 / max(out_tokens, 1)
     tpot = [(r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
     return {"base_url": args.base_url, "model": args.model, "num_prompts": args.num_prompts,
             "request_rate": args.request_rate, "arrivals": args.arrivals, "max_concurrency": args.max_concurrency,
@@ -112,7 +132,9 @@ async def run(args) -> dict:
             "total_output_tokens": out_tokens, "request_throughput": len(ok) / duration,
             "output_throughput": out_tokens / duration,
             "ttft": summary([r["ttft"] for r in ok]), "tpot": summary(tpot),
-            "itl": summary([g for r in ok for g in r["itl"]]), "e2el": summary([r["latency"] for r in ok])}
+            "itl": summary([g for r in ok for g in r["itl"]]), "e2el": summary([r["latency"] for r in ok]),
+            "client_cpu_s_per_1k_tokens": client_cpu * per_1k,
+            "server_cpu_s_per_1k_tokens": {k: (v - server0.get(k, 0.0)) * per_1k for k, v in server1.items()}}
 
 
 def main() -> None:
@@ -120,6 +142,8 @@ def main() -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="served model name (default: the server's first)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--server-pid", type=int, default=None, help="report this process' and its children's CPU "
+                                                                "time per 1000 output tokens")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf: all at once")
     p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")

@@ -62,17 +62,6 @@ def offline(args) -> dict:
             "cpu_s_per_1k_tokens": 1e3 * cpu / tokens}
 
 
-def _tree_cpu(proc: psutil.Process) -> dict[str, float]:
-    """CPU seconds (user + system) of a process and of each of its live children, by pid."""
-    out = {}
-    for p in [proc] + proc.children(recursive=True):
-        try:
-            out[f"{p.pid}:{p.name()}"] = sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def server(args) -> dict:
     """`quanta serve` on a free port, loaded by serving.run at request rate inf."""
     flags = engine_flags(args)
@@ -83,26 +72,19 @@ def server(args) -> dict:
     try:
         load = argparse.Namespace(**vars(args))
         load.base_url, load.request_rate, load.arrivals, load.api_key, load.timeout = url, float("inf"), "poisson", None, 3600
-        load.model = None
-        tree = psutil.Process(proc.pid)
+        load.model, load.server_pid = None, proc.pid
         spy = None if not args.py_spy else subprocess.Popen(
             ["py-spy", "record", "--subprocesses", "--nonblocking", "-f", "raw", "-o", args.py_spy, "-p", str(proc.pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        before, me = _tree_cpu(tree), psutil.Process()
-        client0 = sum(me.cpu_times()[:2])
         result = asyncio.run(serving.run(load))
-        after = _tree_cpu(tree)
-        client = sum(me.cpu_times()[:2]) - client0
         if spy is not None:
             spy.send_signal(2)
             spy.wait(timeout=60)
     finally:
         local_server.stop(proc)
-    tokens = result["total_output_tokens"]
-    per = {k: 1e3 * (v - before.get(k, 0.0)) / tokens for k, v in after.items()}
     return {k: result[k] for k in ("completed", "failed", "errors", "duration_s", "total_output_tokens",
-                                   "output_throughput", "ttft", "tpot")} | {
-        "server_cpu_s_per_1k_tokens": per, "client_cpu_s_per_1k_tokens": 1e3 * client / tokens}
+                                   "output_throughput", "ttft", "tpot", "server_cpu_s_per_1k_tokens",
+                                   "client_cpu_s_per_1k_tokens")}
 
 
 def main() -> None:
