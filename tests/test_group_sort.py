@@ -58,6 +58,23 @@ def test_engine_runs_an_act_order_down_proj_packed():
     assert kernels["o_proj"] == "dequantized"             # its K is the attention heads: not reorderable
 
 
+def test_synthetic_act_order_shares_g_idx_over_one_input_as_gptq_does():
+    """GPTQ orders columns by the Hessian of the layer's input, so q/k/v (and gate/up) of a real desc_act
+    checkpoint carry one g_idx and stack into one GEMM; the synthetic benchmark model must too, or it
+    measures separate GEMMs that real checkpoints do not run."""
+    from quanta.engine.synthetic import load_synthetic
+    tensors = load_synthetic("synthetic:tiny:w4g32act", "cpu").tensors
+    g = {n: tensors[f"model.layers.1.{n}.weight"].g_idx for n in
+         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")}
+    assert torch.equal(g["self_attn.q_proj"], g["self_attn.k_proj"]) and torch.equal(g["self_attn.q_proj"], g["self_attn.v_proj"])
+    assert torch.equal(g["mlp.gate_proj"], g["mlp.up_proj"])
+    assert not torch.equal(g["self_attn.q_proj"], g["mlp.gate_proj"])      # another input, another order
+    assert not torch.equal(g["self_attn.o_proj"], g["self_attn.q_proj"])
+    with LLM("synthetic:tiny:w4g32act", device="cpu", quiet=True) as llm:
+        names = [row["name"] for row in llm.kernels()]
+    assert "model.layers.0.self_attn.q_proj+k_proj+v_proj" in names and "model.layers.0.mlp.gate_proj+up_proj" in names
+
+
 def test_which_quantization_configs_declare_act_order():
     from quanta.quant.group_sort import declares_act_order
     assert declares_act_order({"quant_method": "gptq", "desc_act": True})

@@ -110,11 +110,23 @@ class SyntheticTensors(Mapping):
         std = shape[1] ** -0.5
         if role == "dense" or self.fmt in ("fp16", "bf16"):
             return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
-        return quantized_weight(self.fmt, shape, std, gen, self.device)
+        return quantized_weight(self.fmt, shape, std, gen, self.device, order=self._order(name))
+
+    def _order(self, name: str) -> torch.Generator:
+        """The generator of an act-order weight's column order. GPTQ orders a weight's columns by its
+        Hessian's diagonal, which comes from the layer's input alone, so weights over one input (q/k/v;
+        gate/up) share their g_idx in real checkpoints and stack into one GEMM: so do these."""
+        prefix, _, leaf = name.rpartition(".")[0].rpartition(".")
+        shared = {"q_proj": "attn_input", "k_proj": "attn_input", "v_proj": "attn_input",
+                  "gate_proj": "mlp_input", "up_proj": "mlp_input"}.get(leaf)
+        key = f"{prefix}.{shared}" if shared else name
+        return torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(key.encode()) + 1)
 
 
-def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Generator, device: torch.device):
-    """A random weight [N, K] of about `std` in synthetic format `fmt` (not fp16 / bf16)."""
+def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Generator, device: torch.device,
+                     order: torch.Generator | None = None):
+    """A random weight [N, K] of about `std` in synthetic format `fmt` (not fp16 / bf16); an act-order
+    format's column order is drawn from `order` (default `gen`)."""
     n, k = shape
     if fmt.startswith("gguf-"):
         return random_gguf(fmt[5:], shape, std, gen, device)
@@ -137,9 +149,9 @@ def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Ge
     scales = (std / code_std) * (0.9 + 0.2 * torch.rand(n, -(-k // group), generator=gen, device=device))
     g_idx = None
     if match[3]:
-        order = torch.randperm(k, generator=gen, device=device)
+        columns = torch.randperm(k, generator=gen if order is None else order, device=device)
         g_idx = torch.empty(k, dtype=torch.int32, device=device)
-        g_idx[order] = (torch.arange(k, device=device) // group).to(torch.int32)
+        g_idx[columns] = (torch.arange(k, device=device) // group).to(torch.int32)
     return Affine(codes=codes, scales=scales.to(torch.float16), bits=bits, group_size=group,
                   zeros=2 ** (bits - 1), g_idx=g_idx)
 
