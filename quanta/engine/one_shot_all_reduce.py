@@ -50,10 +50,11 @@ class OneShotAllReduce:
         return out.view(x.shape).to(x.dtype)
 
 
-def start(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, world: int) -> OneShotAllReduce | None:
+def start(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype) -> OneShotAllReduce | None:
     """A checked OneShotAllReduce for the group, or None where it cannot run here (not CUDA, no symmetric
     memory in this torch, GPUs without a peer path, a sum that comes out wrong), in which case NCCL
     serves every all-reduce. Every rank calls it together and every rank gets the same answer."""
+    world = dist.get_world_size(group)
     ok = device.type == "cuda" and all(torch.cuda.can_device_access_peer(device.index, peer)
                                        for peer in range(world) if peer != device.index)
     reducer, why = None, "not every pair of GPUs has a peer path"

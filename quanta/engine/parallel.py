@@ -58,7 +58,7 @@ class TensorParallel:
         """Every rank together, once the model is loaded: small all-reduces of `dtype` go through the
         one-shot kernel from now on where it runs here (each rank gets the same answer). Whether it does."""
         from quanta.engine import one_shot_all_reduce
-        self.one_shot = one_shot_all_reduce.start(dist.group.WORLD, self.device, dtype, self.world)
+        self.one_shot = one_shot_all_reduce.start(dist.group.WORLD, self.device, dtype)
         return self.one_shot is not None
 
     @property

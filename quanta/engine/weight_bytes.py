@@ -255,9 +255,7 @@ def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
             canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
             read = sum(canonical_bytes(fmt, n, whole_k, e, t(role)) for role, n in whole_roles) if s.tp > 1 else 0
             # act-order: down_proj is read with gate/up, to sort its groups (quant/group_sort.py)
-            ahead = 0
-            if fmt.act_order and roles[0][0] == "ffn_gate":
-                ahead = canonical_bytes(fmt, h, whole.inter if s.tp > 1 else s.inter, e)
+            ahead = canonical_bytes(fmt, h, whole.inter, e) if fmt.act_order and roles[0][0] == "ffn_gate" else 0
             peak = max(peak, held + read + canonical * (2 if len(roles) > 1 else 1) + final + ahead)
             held += final
     return max(peak, held + read_lm_head + lm_head)

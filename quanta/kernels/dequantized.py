@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quanta.kernels import cpu_matmul
+from quanta.kernels import dense
 from quanta.quant.qtensor import QTensor
 
 NAME = "dequantized"
@@ -27,10 +27,7 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> torch.
     return weight.to(device).dequantize(dtype)
 
 
-def apply(x: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if x.device.type == "cpu":
-        return cpu_matmul.linear(x, state, bias)
-    return F.linear(x, state, bias)
+apply = dense.apply         # the state is a plain float weight: dense's matmul, batch-invariant on the CPU
 
 
 def path(state: torch.Tensor, m: int) -> tuple[str, str]:
