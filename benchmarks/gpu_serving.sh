@@ -3,12 +3,14 @@
 # same model behind `quanta serve`, driven by benchmarks/serving.py at several request rates up to saturation
 # (all at once), the same 512-in / 128-out requests. A table last: output tokens/s per rate against offline,
 # TTFT / TPOT percentiles, and CPU seconds per 1000 tokens of the load generator and of each server process.
+# Both sides are timed warm: offline after one untimed pass of the same requests, the server after the lower rates,
+# so neither pays Triton's compiles of new batch shapes inside its timed run.
 source "$(dirname "$0")/gpu_env.sh"
 MODEL=${MODEL:-synthetic:llama3-8b:w4g128}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 echo "== offline"
-timeout ${OFFLINE_TIMEOUT:-150} python3 benchmarks/throughput.py --model "$MODEL" --num-prompts 1000 --input-len 512 \
-  --output-len 128 --quiet --out "$OUT/offline.json" 2>&1 | grep -v '^loading' | tail -n 2
+timeout ${OFFLINE_TIMEOUT:-200} python3 benchmarks/throughput.py --model "$MODEL" --num-prompts 1000 --input-len 512 \
+  --output-len 128 --warmup-prompts 1000 --quiet --out "$OUT/offline.json" 2>&1 | grep -v '^loading' | tail -n 2
 echo "== server"
 python3 -m quanta.tools.cli -q serve "$MODEL" --port 8000 > "$OUT/server.log" 2>&1 &
 server=$!

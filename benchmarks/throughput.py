@@ -101,7 +101,8 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
               enable_prefix_caching=not args.no_prefix_caching)
     init_s = time.perf_counter() - start
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0) for n in output_lens]
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params[:8], use_tqdm=False)   # warm-up
+    warm = args.warmup_prompts                          # untimed: Triton compiles the shapes it meets
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:warm]], params[:warm], use_tqdm=False)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     cached = triton_cache_entries()
@@ -144,6 +145,8 @@ def main() -> None:
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch-sizes", default="16,32,64")
+    ap.add_argument("--warmup-prompts", type=int, default=8,
+                    help="requests run untimed first (the whole set: every batch shape compiled before timing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", default=None, help="write the JSON result here too")
