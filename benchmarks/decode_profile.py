@@ -2,10 +2,14 @@
 generation, kernels inside CUDA graph replays included.
 
     decode_profile(llm, tokens=64) -> {"wall_ms_per_token", "kernel_ms_per_token", "busy_ms_per_token",
-                                       "idle_ms_per_token", "top": [[kernel, µs per token, calls per token]]}
+                                       "idle_ms_per_token",
+                                       "top": [[kernel, µs per token, exclusive µs per token, calls per token]]}
 
 kernel_ms sums every kernel's duration; busy_ms is the union of their intervals (what overlaps counts once);
-idle_ms = wall - busy is the GPU waiting on the host. Under tensor parallelism this is rank 0's GPU, whose
+idle_ms = wall - busy is the GPU waiting on the host. A kernel's exclusive time is the part of the busy union
+that ends with it: from the latest end of the kernels before it (or its start) to its own end. Under
+programmatic dependent launch a kernel starts while its predecessor runs and waits for it, so its duration
+holds that wait and its exclusive time does not; the exclusive times add up to busy_ms. Under tensor parallelism this is rank 0's GPU, whose
 all-reduce kernels include the time spent waiting for the slowest peer.
 """
 from __future__ import annotations
@@ -19,13 +23,14 @@ from torch.profiler import ProfilerActivity, profile
 from quanta.engine import SamplingParams
 
 
-def _busy_us(intervals: list[tuple[float, float]]) -> float:
-    busy, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
+def _exclusive_us(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Per name, the part of the intervals' union that each of its intervals adds, in start order."""
+    out, end = collections.defaultdict(float), float("-inf")
+    for s, e, name in sorted(intervals):
         if e > end:
-            busy += e - max(s, end)
+            out[name] += e - max(s, end)
             end = e
-    return busy
+    return out
 
 
 def decode_profile(llm, tokens: int = 64, top: int = 14) -> dict:
@@ -44,9 +49,11 @@ def decode_profile(llm, tokens: int = 64, top: int = 14) -> dict:
         by_name[e.name][0] += e.time_range.elapsed_us()
         by_name[e.name][1] += 1
     total = sum(v[0] for v in by_name.values())
-    busy = _busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    exclusive = _exclusive_us([(e.time_range.start, e.time_range.end, e.name) for e in kernels])
+    busy = sum(exclusive.values())
+    ranked = sorted(by_name.items(), key=lambda kv: -exclusive[kv[0]])[:top]
     return {"tokens": tokens, "wall_ms_per_token": round(wall * 1e3 / tokens, 3),
             "kernel_ms_per_token": round(total / 1e3 / tokens, 3), "busy_ms_per_token": round(busy / 1e3 / tokens, 3),
             "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3),
-            "top": [[name[:90], round(us / tokens, 1), round(n / tokens, 1)] for name, (us, n) in ranked]}
+            "top": [[name[:90], round(us / tokens, 1), round(exclusive[name] / tokens, 1), round(n / tokens, 1)]
+                    for name, (us, n) in ranked]}
