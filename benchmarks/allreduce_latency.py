@@ -1,12 +1,18 @@
-"""Latency of the small all-reduces tensor-parallel decode makes (one [batch, hidden] fp16 row block after each
-row-parallel layer): torch.distributed over NCCL, eager and captured in a CUDA graph (as the engine's decode
-graphs hold them), and the engine's one-shot all-reduce over symmetric memory (engine/one_shot_all_reduce.py) in
-fp16 and bf16, eager and in a graph, with its largest error against the exact sum.
+"""Latency of the small all-reduces tensor-parallel decode makes, each as decode makes it: a row-parallel layer's
+partial [rows, hidden] fp16 block summed over the ranks, added to the residual stream and normalized (RMSNorm)
+for the next layer. Three ways, eager and captured in a CUDA graph (as the engine's decode graphs hold them):
+  nccl             torch.distributed's all-reduce over NCCL in place, then the norm kernel (the engine's path for
+                   blocks past the one-shot size);
+  torch_one_shot   torch's symm_mem.one_shot_all_reduce, the block staged in a float32 symmetric buffer and cast
+                   back, then the norm kernel (the engine's path before the fused kernel);
+  fused            the engine's OneShotAllReduceNorm (engine/one_shot_all_reduce.py): one kernel.
+Each operation starts with a copy of the rank's partial block (a stand-in for the layer that makes it, the same
+in all three). Each rank's block differs; the fused result's largest error against the float32 sum is reported.
 
     python benchmarks/allreduce_latency.py --world 4 --hidden 8192 --rows 1 --ops 160
 
-One process per GPU. Each figure is the median over --reps of (time of --ops back-to-back all-reduces) / ops,
-in microseconds. JSON on the last line (rank 0).
+One process per GPU. Each figure is the median over --reps of (time of --ops back-to-back operations) / ops, in
+microseconds. JSON on the last line (rank 0).
 """
 from __future__ import annotations
 
@@ -21,7 +27,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from bench_io import emit
 
-from quanta.engine.one_shot_all_reduce import OneShotAllReduce
+from quanta.engine.one_shot_all_reduce import OneShotAllReduceNorm
+from quanta.kernels import fused_norm
+
+EPS = 1e-5
 
 
 def timed(fn, ops: int, reps: int) -> float:
@@ -51,34 +60,49 @@ def eager_and_graph(fn, ops: int, reps: int) -> tuple[float, float]:
     return eager, timed(graph.replay, ops, reps)
 
 
+def partial_block(rank: int, rows: int, hidden: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(rows, hidden, generator=g).to(device, torch.float16)
+
+
 def rank_main(rank: int, args, port: int, queue) -> None:
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world,
                             device_id=device)
-    x = torch.randn(args.rows, args.hidden, dtype=torch.float16, device=device)
-    result = {}
+    group = dist.group.WORLD
+    src = partial_block(rank, args.rows, args.hidden, device)
+    residual = torch.randn(args.rows, args.hidden, generator=torch.Generator().manual_seed(99)).to(device,
+                                                                                                      torch.float16)
+    weight = (torch.rand(args.hidden, generator=torch.Generator().manual_seed(98)) + 0.5).to(device, torch.float16)
 
-    def nccl():
-        for _ in range(args.ops):
-            dist.all_reduce(x)
-            x.mul_(0.25)
-    result["nccl_eager_us"], result["nccl_graph_us"] = eager_and_graph(nccl, args.ops, args.reps)
-    for dtype in (torch.float16, torch.bfloat16):   # the engine's one-shot kernel: fp16 staged in fp32
-        name = f"one_shot_{str(dtype).removeprefix('torch.')}"
+    def nccl(p, r):
+        dist.all_reduce(p)
+        return fused_norm.rms_norm(p, weight, EPS, r)
+
+    import torch.distributed._symmetric_memory as symm_mem
+    staging = symm_mem.empty(src.numel(), dtype=torch.float32, device=device)
+    symm_mem.rendezvous(staging, group.group_name)
+
+    def torch_one_shot(p, r):
+        staging.copy_(p.view(-1))
+        out = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", group.group_name)
+        return fused_norm.rms_norm(out.view(p.shape).to(p.dtype), weight, EPS, r)
+
+    fused = OneShotAllReduceNorm(group, device, torch.float16, args.hidden)
+    total = torch.stack([partial_block(r, args.rows, args.hidden, device).float()
+                         for r in range(args.world)]).sum(0).to(torch.float16)
+    result = {"fused_max_error_h": float((fused(src.clone(), residual, weight, EPS)[1].float()
+                                          - (total.float() + residual.float()).half().float()).abs().max())}
+    for name, step in (("nccl", nccl), ("torch_one_shot", torch_one_shot),
+                       ("fused", lambda p, r: fused(p, r, weight, EPS))):
+        def chain():
+            r = residual
+            for _ in range(args.ops):
+                _, r = step(src.clone(), r)
         try:
-            reducer = OneShotAllReduce(dist.group.WORLD, device, dtype)
-            y = x.to(dtype)
-            expect = y.float() * args.world          # every rank holds the same rows here
-            got = reducer(y)
-            result[f"{name}_max_error"] = float((got.float() - expect).abs().max())
-
-            def one_shot():
-                z = y
-                for _ in range(args.ops):
-                    z = reducer(z).mul_(0.25)
-            result[f"{name}_eager_us"], result[f"{name}_graph_us"] = eager_and_graph(one_shot, args.ops, args.reps)
-        except Exception as e:                  # noqa: BLE001 -- reported, not fatal: the NCCL figures stand
+            result[f"{name}_eager_us"], result[f"{name}_graph_us"] = eager_and_graph(chain, args.ops, args.reps)
+        except Exception as e:                  # noqa: BLE001 -- reported, not fatal: the other figures stand
             result[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
     torch.cuda.synchronize()
     if rank == 0:

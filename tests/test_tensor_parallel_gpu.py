@@ -1,6 +1,7 @@
 """Tensor parallelism on GPUs (NCCL, rank r on cuda:r, CUDA graphs with the all-reduce captured): the
 synthetic Llama-3-8B at TP = 2 gives TP = 1's greedy tokens, with the small all-reduces on the one-shot
-kernel and with NCCL for all. Run on a machine with two GPUs: -m gpu."""
+kernel and with NCCL for all; the fused one-shot all-reduce + norm kernel across two GPUs against the float32
+sum. Run on a machine with two GPUs: -m gpu."""
 from __future__ import annotations
 
 import pytest
@@ -36,3 +37,69 @@ def test_tp2_greedy_equals_tp1(tp1, enforce_eager, nccl):
     torch.testing.assert_close(logits, tp1[1], atol=0.25, rtol=0.05)
     assert (logits.argmax(-1) == tp1[1].argmax(-1)).float().mean() > 0.95
     assert tokens == tp1[0]
+
+
+def _one_shot_rank(rank: int, world: int, port: int, failures) -> None:
+    import torch.distributed as dist
+
+    from quanta.engine.one_shot_all_reduce import OneShotAllReduceNorm
+    from quanta.kernels import fused_norm
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=device)
+    try:
+        hidden = 4096
+        reducer = OneShotAllReduceNorm(dist.group.WORLD, device, torch.float16, hidden)
+        w = (torch.rand(hidden, generator=torch.Generator().manual_seed(1)) + 0.5).to(device, torch.float16)
+
+        def parts(rows: int, call: int) -> list[torch.Tensor]:
+            return [torch.randn(rows, hidden, generator=torch.Generator().manual_seed(100 * call + r))
+                    .to(device, torch.float16) for r in range(world)]
+
+        for call, (rows, residual) in enumerate([(1, True), (3, False), (reducer.rows, True), (1, True)] * 3):
+            xs = parts(rows, call)
+            r = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(call)).to(device, torch.float16)
+            r = r if residual else None
+            y, h = reducer(xs[rank], r, w, 1e-5)
+            total = torch.stack([x.float() for x in xs]).sum(0).half()
+            want_h = total if r is None else total + r
+            assert torch.equal(h, want_h), f"call {call}: sum differs"
+            torch.testing.assert_close(y, fused_norm.reference(want_h, w, 1e-5), atol=2e-3, rtol=2e-3)
+        # captured in a CUDA graph and replayed: each replay is a new epoch, both slots in turn
+        xs = parts(2, 99)
+        x_in, r_in = xs[rank].clone(), torch.ones(2, hidden, dtype=torch.float16, device=device)
+        reducer(x_in, r_in, w, 1e-5)                # warm-up: every rank, so the epochs stay together
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _, h_graph = reducer(x_in, r_in, w, 1e-5)
+        for replay in range(5):
+            x_in.copy_(xs[rank] * (replay + 1))
+            graph.replay()
+            want = torch.stack([(x * (replay + 1)).float() for x in xs]).sum(0).half() + r_in
+            assert torch.equal(h_graph, want), f"replay {replay}: sum differs"
+        torch.cuda.synchronize()
+    except Exception as e:                          # noqa: BLE001 -- reported to the test
+        failures.put(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_shot_all_reduce_norm_sums_exactly():
+    """The fused kernel across two GPUs: each rank's different block, rows from 1 to the buffer's, with and
+    without residual, eager and replayed from a CUDA graph: the sum equals the float32 sum rounded once."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    failures = ctx.Queue()
+    procs = [ctx.Process(target=_one_shot_rank, args=(r, 2, port, failures)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert failures.empty(), failures.get()

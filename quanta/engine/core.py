@@ -169,7 +169,7 @@ class EngineCore:
         if self.tp is not None:
             self.tp.agree(None)
             if self.device.type == "cuda" and not cfg.disable_custom_all_reduce:
-                self.tp.start_one_shot(self.dtype)
+                self.tp.start_one_shot(self.dtype, mc.hidden_size)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.activation_peak: int | None = None           # measured by the dry run, where one runs
         if num_blocks is None:

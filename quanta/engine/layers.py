@@ -50,13 +50,12 @@ class Cut:
 class QuantLinear(nn.Module):
     """y = x @ W.T + b for W a plain tensor or any QTensor; the kernel is picked once at load. Under
     tensor parallelism `cut` says which piece of the checkpoint's weight this rank holds (in/out_features
-    are the piece's) and `reduce` sums a row-parallel layer's partial outputs over the ranks."""
+    are the piece's); a row-parallel layer returns this rank's partial sum."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, cut: Cut | None = None,
-                 reduce: Callable | None = None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, cut: Cut | None = None):
         super().__init__()
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
-        self.cut, self.reduce = cut, reduce
+        self.cut = cut
         self.kernel = None
         self.kernel_reason = ""
         self.dtype: torch.dtype | None = None      # what the kernel computes in, set at load
@@ -84,8 +83,6 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.reduce is not None:
-            return self.reduce(self.kernel.apply(x, self.state, self.bias))
         return self.kernel.apply(x, self.state, self.bias)
 
     def extra_repr(self) -> str:
@@ -187,11 +184,11 @@ def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
 class Embedding(nn.Module):
     """Token embedding over a plain or quantized table; quantized rows are decoded on lookup. Vocab-parallel
     under tensor parallelism: this rank holds the rows of `cut`, looks up the ids that fall in them (zeros
-    for the others) and `reduce` sums the ranks' lookups."""
+    for the others): its output is this rank's partial sum of the ranks' lookups."""
 
-    def __init__(self, vocab_size: int, dim: int, cut: Cut | None = None, reduce: Callable | None = None):
+    def __init__(self, vocab_size: int, dim: int, cut: Cut | None = None):
         super().__init__()
-        self.vocab_size, self.dim, self.cut, self.reduce = vocab_size, dim, cut, reduce
+        self.vocab_size, self.dim, self.cut = vocab_size, dim, cut
         self.table: torch.Tensor | QTensor | None = None
         self.stored_bytes = 0                       # the table's bytes as read from the checkpoint
 
@@ -213,7 +210,7 @@ class Embedding(nn.Module):
             return self._lookup(ids)
         inside = (ids >= self.cut.start) & (ids < self.cut.stop)
         out = self._lookup(torch.where(inside, ids - self.cut.start, 0))
-        return self.reduce(out * inside.unsqueeze(-1).to(out.dtype))
+        return out * inside.unsqueeze(-1).to(out.dtype)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.table, QTensor):

@@ -1,15 +1,19 @@
-"""The small all-reduces of tensor-parallel decode as one-shot reductions over symmetric memory.
+"""The small all-reduces of tensor-parallel decode as one-shot reductions over symmetric memory, each fused
+with the residual add and RMSNorm that follow it.
 
-A decode step all-reduces one [batch, hidden] block after every row-parallel layer, two a layer: a few
-KB each, so each costs its latency, not its bytes. NCCL's ring pays a protocol's handshakes for each; a
-one-shot all-reduce (vLLM's custom all-reduce, torch's symm_mem.one_shot_all_reduce) has every rank
-put its block in a buffer that every peer can read over NVLink, meet the peers at one barrier, and sum
-all blocks itself: one kernel, no round trips. It reads world x the message, so it pays only for small
-messages; past MAX_BYTES (the threshold torch's compiler uses for the same choice) NCCL runs.
+A decode step all-reduces one [batch, hidden] block after every row-parallel layer (o_proj, down_proj) and
+the vocab-parallel embedding, and an RMSNorm always reads the sum next. Each block is a few KB, so each
+all-reduce costs its latency, not its bytes. NCCL's ring pays a protocol's handshakes for each; a one-shot
+all-reduce (vLLM's custom all-reduce, torch's symm_mem.one_shot_all_reduce) has every rank put its block
+where every peer can read it over NVLink, meet the peers at one barrier, and sum all blocks itself. Done
+inside the norm's kernel (kernels/all_reduce_norm.py), the staging copy, the reduction, the cast back and
+the norm are one kernel instead of four. It reads world x the message, so it pays only for small messages;
+past MAX_BYTES (the threshold torch's compiler uses for the same choice) NCCL's all-reduce and the norm
+kernel run.
 
-torch's one-shot kernel sums float32 and bfloat16; a float16 block is staged in a float32 buffer, which
-also keeps the sum in float32 before its one rounding back. The kernel holds its barrier inside itself,
-so it is captured in the decode CUDA graphs as NCCL's all-reduce is. NVLink multicast is never used
+The symmetric buffer, one per rank at the same layout: flags [rows, world] int32 (each rank's epoch for each
+row, raised by that rank), then two data slots of [rows, hidden] in the model's dtype. The kernel holds its
+barrier in itself, so the decode CUDA graphs capture it. NVLink multicast is never used
 (TORCH_SYMM_MEM_DISABLE_MULTICAST, which shared hosts require).
 """
 from __future__ import annotations
@@ -20,50 +24,79 @@ import os
 import torch
 import torch.distributed as dist
 
+from quanta.kernels import all_reduce_norm
+
 MAX_BYTES = 128 * 1024
-SUMMED_DTYPES = (torch.float32, torch.bfloat16)   # what torch's one-shot kernel reduces
+ALIGN = 256
 log = logging.getLogger(__name__)
 
 
-class OneShotAllReduce:
-    """Sum of a small tensor over the group's ranks, one kernel. Build it on every rank at the same point
-    (the buffer's rendezvous is collective); `usable(x)` says whether `x` may go through it."""
+class OneShotAllReduceNorm:
+    """(y, h) = (norm(sum over ranks of x + residual), sum + residual) for small x, in one kernel. Build it on
+    every rank at the same point (the buffer's rendezvous is collective); `usable(x)` says whether `x` may go
+    through it, and every rank must make the same calls over the same rows."""
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype):
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, hidden: int):
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
-        self.dtype = dtype
-        self.buffer_dtype = dtype if dtype in SUMMED_DTYPES else torch.float32
-        self.group_name = group.group_name
-        self.capacity = MAX_BYTES // dtype.itemsize                 # elements of the model's dtype
-        self.buffer = symm_mem.empty(self.capacity, dtype=self.buffer_dtype, device=device)
-        symm_mem.rendezvous(self.buffer, self.group_name)
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.dtype, self.hidden = dtype, hidden
+        self.rows = max(1, MAX_BYTES // (hidden * dtype.itemsize))
+        flag_bytes = -(-self.rows * self.world * 4 // ALIGN) * ALIGN
+        self.buffer = symm_mem.empty(flag_bytes + 2 * self.rows * hidden * dtype.itemsize, dtype=torch.uint8,
+                                     device=device)
+        handle = symm_mem.rendezvous(self.buffer, group.group_name)
+        self.flags = self.buffer[:self.rows * self.world * 4].view(torch.int32).view(self.rows, self.world)
+        self.data = self.buffer[flag_bytes:].view(dtype).view(2, self.rows, hidden)
+        # the buffer may sit at an offset in its allocation, the same on every rank
+        self.deltas = torch.tensor([p - handle.buffer_ptrs[self.rank] for p in handle.buffer_ptrs],
+                                   dtype=torch.int64, device=device)
+        self.flags.zero_()
+        self.epochs = torch.zeros(self.rows, dtype=torch.int32, device=device)
+        # no rank raises a flag in a peer's array before that peer has zeroed it: the collective below is
+        # ordered after each rank's zeroing on its stream, and every later kernel after the collective
+        done = torch.ones(1, device=device)
+        dist.all_reduce(done, group=group)
 
     def usable(self, x: torch.Tensor) -> bool:
-        return x.dtype == self.dtype and x.numel() <= self.capacity and x.is_contiguous()
+        return (x.dtype == self.dtype and x.dim() == 2 and x.shape[0] <= self.rows and x.shape[1] == self.hidden
+                and x.is_contiguous())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum of `x` over the ranks, a new tensor of x's shape and dtype (x is left as it was)."""
-        staged = self.buffer[:x.numel()]
-        staged.copy_(x.view(-1))
-        out = torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name)
-        return out.view(x.shape).to(x.dtype)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [R, hidden] this rank's partial sum -> (the norm of the total plus residual, that sum)."""
+        return all_reduce_norm.all_reduce_norm(x, residual, weight, eps, rank=self.rank, flags=self.flags,
+                                               data=self.data, deltas=self.deltas, epochs=self.epochs)
 
 
-def start(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype) -> OneShotAllReduce | None:
-    """A checked OneShotAllReduce for the group, or None where it cannot run here (not CUDA, no symmetric
-    memory in this torch, GPUs without a peer path, a sum that comes out wrong), in which case NCCL
-    serves every all-reduce. Every rank calls it together and every rank gets the same answer."""
+def _check(reducer: OneShotAllReduceNorm, device: torch.device) -> bool:
+    """A known sum, twice (both data slots): every rank adds rank + 1 to a residual of ones."""
+    rows = min(2, reducer.rows)
+    x = torch.full((rows, reducer.hidden), float(reducer.rank + 1), dtype=reducer.dtype, device=device)
+    ones = torch.ones_like(x)
+    weight = torch.ones(reducer.hidden, dtype=reducer.dtype, device=device)
+    want = reducer.world * (reducer.world + 1) // 2 + 1
+    ok = True
+    for _ in range(2):
+        y, h = reducer(x, ones, weight, 1e-6)
+        ok = ok and bool(torch.all(h == want)) and bool(torch.allclose(y.float(), torch.ones_like(y.float()),
+                                                                       atol=1e-2))
+    return ok
+
+
+def start(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype,
+          hidden: int) -> OneShotAllReduceNorm | None:
+    """A checked OneShotAllReduceNorm for the group, or None where it cannot run here (not CUDA, no symmetric
+    memory in this torch, GPUs without a peer path, a sum that comes out wrong), in which case NCCL and the
+    norm kernel serve every all-reduce. Every rank calls it together and every rank gets the same answer."""
     world = dist.get_world_size(group)
     ok = device.type == "cuda" and all(torch.cuda.can_device_access_peer(device.index, peer)
                                        for peer in range(world) if peer != device.index)
     reducer, why = None, "not every pair of GPUs has a peer path"
     if ok:
         try:
-            reducer = OneShotAllReduce(group, device, dtype)
-            probe = torch.full((4, 8), float(dist.get_rank(group) + 1), dtype=dtype, device=device)
-            ok = bool(torch.all(reducer(probe) == world * (world + 1) // 2))
-            why = "its check sum came out wrong"
+            reducer = OneShotAllReduceNorm(group, device, dtype, hidden)
+            ok, why = _check(reducer, device), "its check sum came out wrong"
         except Exception as e:                  # noqa: BLE001 -- any failure here means: use NCCL
             ok, why = False, f"{type(e).__name__}: {e}"
     agreed = torch.tensor([int(ok)], dtype=torch.int64, device=device)

@@ -5,9 +5,10 @@ ranks 1..N-1) or by torchrun (WORLD_SIZE / RANK / LOCAL_RANK in the environment)
 Every rank builds the same EngineCore over its shard (engine/models/llama.py says what each layer
 holds). Rank 0 alone schedules and samples: for each step it broadcasts what to run (tp_step.py) and
 the workers loop on it (ModelRunner.serve) until rank 0 closes, which broadcasts a stop. Collectives:
-  all_reduce      after the row-parallel o_proj and down_proj, and the vocab-parallel embedding:
-                  on GPUs a small one is a one-shot kernel over symmetric memory
-                  (one_shot_all_reduce.py), others NCCL's in place; CUDA graphs capture both;
+  reduce_norm     the partial outputs of the row-parallel o_proj and down_proj, and of the vocab-parallel
+                  embedding, summed, added to the residual stream and through the RMSNorm that reads them
+                  next: on GPUs a small one is one kernel over symmetric memory (one_shot_all_reduce.py),
+                  others NCCL's all-reduce in place and the norm; CUDA graphs capture both;
   gather_vocab    the lm_head's vocabulary pieces into full logits rows;
   agree           every rank's start-up status, so that a rank that fails to load makes all of them
                   raise (rank 0 re-raises the worker's own error) instead of waiting forever;
@@ -52,13 +53,14 @@ class TensorParallel:
     errors: str | None = None                     # folder where workers leave their start-up errors
     closed: bool = False
     agreed: bool = False
-    one_shot: object = None                       # a OneShotAllReduce once start_one_shot found it works
+    one_shot: object = None                       # a OneShotAllReduceNorm once start_one_shot found it works
 
-    def start_one_shot(self, dtype: torch.dtype) -> bool:
-        """Every rank together, once the model is loaded: small all-reduces of `dtype` go through the
-        one-shot kernel from now on where it runs here (each rank gets the same answer). Whether it does."""
+    def start_one_shot(self, dtype: torch.dtype, hidden: int) -> bool:
+        """Every rank together, once the model is loaded: small all-reduces of [rows, hidden] `dtype` blocks go
+        through the one-shot kernel from now on where it runs here (each rank gets the same answer). Whether
+        it does."""
         from quanta.engine import one_shot_all_reduce
-        self.one_shot = one_shot_all_reduce.start(dist.group.WORLD, self.device, dtype)
+        self.one_shot = one_shot_all_reduce.start(dist.group.WORLD, self.device, dtype, hidden)
         return self.one_shot is not None
 
     @property
@@ -66,13 +68,15 @@ class TensorParallel:
         return self.rank != 0
 
     # --- collectives in the model --------------------------------------------------------------
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks: the one-shot kernel's new tensor where x is small enough for it, else
-        x itself summed in place by NCCL (gloo on the CPU). Both are capturable in a CUDA graph."""
-        if self.one_shot is not None and self.one_shot.usable(x):
-            return self.one_shot(x)
+    def reduce_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: this rank's partial sum of a row-parallel layer's output -> (norm(total + residual), total +
+        residual), `norm` an engine.layers.RMSNorm; without residual the total is the new residual stream.
+        One kernel where the one-shot path takes x, else x summed in place by NCCL (gloo on the CPU) and the
+        norm. Both are capturable in a CUDA graph."""
+        if self.one_shot is not None and norm.triton and self.one_shot.usable(x):
+            return self.one_shot(x, residual, norm.weight, norm.eps)
         dist.all_reduce(x)
-        return x
+        return (norm(x), x) if residual is None else norm(x, residual)
 
     def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[R, piece] logits of this rank's vocabulary rows -> [R, vocab_size], every rank's piece in order

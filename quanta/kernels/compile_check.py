@@ -21,7 +21,7 @@ from quanta.kernels.triton_support import ZERO_BLOCK
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
          "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_vt", "stride_gm",
-         "stride_um", "HALF_D"}
+         "stride_um", "HALF_D", "slot_elems"}
 
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
@@ -152,6 +152,16 @@ CASES = {
     "rms_norm_residual_pdl": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
                               y_ptr="*fp16", h_ptr="*fp16", eps="fp32"),
                               dict(BLOCK_D=4096, HAS_RESIDUAL=True, PDL=True), 8, 1, 90),
+    "all_reduce_norm_pdl": ("all_reduce_norm", "_all_reduce_norm_kernel",
+                            dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16", y_ptr="*fp16", h_ptr="*fp16",
+                                 epoch_ptr="*i32", flag_ptr="*i32", data_ptr="*fp16", deltas="*i64",
+                                 eps="fp32"),
+                            dict(WORLD=4, BLOCK_W=4, BLOCK_D=8192, HAS_RESIDUAL=True, PDL=True), 16, 1, 90),
+    "all_reduce_norm_world3_bf16": ("all_reduce_norm", "_all_reduce_norm_kernel",
+                                    dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", h_ptr="*bf16",
+                                         epoch_ptr="*i32", flag_ptr="*i32", data_ptr="*bf16",
+                                         deltas="*i64", eps="fp32"),
+                                    dict(WORLD=3, BLOCK_W=4, BLOCK_D=4096, HAS_RESIDUAL=False), 16, 1, 80),
     "rotary_store_kv_pdl": ("rotary", "_rotary_kernel", dict(_ROPE, k_cache_ptr="*fp16", v_cache_ptr="*fp16"),
                             dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True, PDL=True), 4, 1, 90),
     "paged_decode_pdl": ("paged_attention", "_decode_kernel", dict(_DECODE, k_cache_ptr="*fp16",

@@ -12,8 +12,9 @@ stream is carried beside the hidden state so that each RMSNorm adds it in the sa
 Tensor parallelism (`tp`, engine/parallel.py), as Megatron / vLLM split a llama: q/k/v and gate/up are
 column-parallel (each part cut by rows: this rank's query heads, its KV heads -- one replicated head when
 there are fewer KV heads than ranks -- and its share of the intermediate rows); o_proj and down_proj are
-row-parallel (cut by input columns, outputs summed over the ranks); the embedding and lm_head are
-vocab-parallel (rows in pieces of cdiv(vocab, world); the logits pieces gathered). Norms and rotary are
+row-parallel (cut by input columns; their partial outputs summed over the ranks by the RMSNorm that reads
+them next, in one kernel on GPUs); the embedding and lm_head are vocab-parallel (rows in pieces of
+cdiv(vocab, world); the embedding's partial lookups summed by the first norm, the logits pieces gathered). Norms and rotary are
 replicated. Every cut happens as the weight is read (layers.Cut), before its kernel repacks it.
 """
 from __future__ import annotations
@@ -41,6 +42,15 @@ def _split(full: int, tp: TensorParallel | None, dim: int) -> Cut | None:
     return Cut(dim, tp.rank * per, (tp.rank + 1) * per, full, keep_bias=tp.rank == 0)
 
 
+def add_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
+             tp: TensorParallel | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), x alone where there is no residual yet; under tensor parallelism
+    x is this rank's partial sum, summed over the ranks in the same step (TensorParallel.reduce_norm)."""
+    if tp is not None:
+        return tp.reduce_norm(x, residual, norm)
+    return (norm(x), x) if residual is None else norm(x, residual)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
@@ -60,8 +70,7 @@ class LlamaAttention(nn.Module):
             cuts = [_rows(heads * d, q0, q0 + self.q_size)] + [_rows(kv_heads * d, kv0 * d, kv1 * d)] * 2
         self.qkv_proj = MergedQuantLinear(cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size,
                                                             "v_proj": self.kv_size}, bias, triton, cuts)
-        self.o_proj = QuantLinear(self.q_size, cfg.hidden_size, False, cut=_split(heads * d, tp, 1),
-                                  reduce=tp.all_reduce if tp else None)
+        self.o_proj = QuantLinear(self.q_size, cfg.hidden_size, False, cut=_split(heads * d, tp, 1))
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, triton) if cfg.qk_norm else None
 
@@ -85,8 +94,7 @@ class LlamaMLP(nn.Module):
         rows = _split(full, tp, 0)
         self.gate_up_proj = MergedQuantLinear(cfg.hidden_size, {"gate_proj": size, "up_proj": size}, triton=triton,
                                               cuts=None if rows is None else [rows, rows])
-        self.down_proj = QuantLinear(size, cfg.hidden_size, cut=_split(full, tp, 1),
-                                     reduce=tp.all_reduce if tp else None)
+        self.down_proj = QuantLinear(size, cfg.hidden_size, cut=_split(full, tp, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.forward_glu(x))
@@ -95,6 +103,7 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp
         self.self_attn = LlamaAttention(cfg, layer, triton, tp)
         self.mlp = LlamaMLP(cfg, triton, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
@@ -103,13 +112,11 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Callable,
                 ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's input x, the residual stream before it) -> (its output, the stream before that);
-        the layer's true output is their sum, formed by the next norm."""
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm(x, residual)
+        the layer's true output is their sum, formed by the next norm. Under tensor parallelism x and the
+        output are this rank's partial sums, which the next norm sums over the ranks first."""
+        h, residual = add_norm(self.input_layernorm, x, residual, self.tp)
         h = self.self_attn(h, rope, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = add_norm(self.post_attention_layernorm, h, residual, self.tp)
         return self.mlp(h), residual
 
 
@@ -117,7 +124,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, device: torch.device, triton: bool, tp: TensorParallel | None = None):
         super().__init__()
         vocab = None if tp is None else _rows(cfg.vocab_size, *vocab_range(cfg.vocab_size, tp.rank, tp.world))
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, vocab, tp.all_reduce if tp else None)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, vocab)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, triton, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, triton)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device, triton)
@@ -146,7 +153,7 @@ class LlamaForCausalLM(nn.Module):
         rope = self.model.rotary(positions, x.dtype)
         for layer in self.model.layers:
             x, residual = layer(x, residual, rope, ctx)
-        return self.model.norm(x, residual)[0]
+        return add_norm(self.model.norm, x, residual, self.tp)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype).
