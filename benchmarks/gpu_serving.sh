@@ -3,8 +3,9 @@
 # same model behind `quanta serve`, driven by benchmarks/serving.py at several request rates up to saturation
 # (all at once), the same 512-in / 128-out requests. A table last: output tokens/s per rate against offline,
 # TTFT / TPOT percentiles, and CPU seconds per 1000 tokens of the load generator and of each server process.
-# Both sides are timed warm: offline after one untimed pass of the same requests, the server after the lower rates,
-# so neither pays Triton's compiles of new batch shapes inside its timed run.
+# Both sides are timed warm, offline after an untimed pass of as many requests, the server after the lower rates,
+# so neither pays Triton's compiles of new batch shapes inside its timed run; every pass and every rate draws its
+# own random prompts, so none is served from the prefix cache.
 source "$(dirname "$0")/gpu_env.sh"
 MODEL=${MODEL:-synthetic:llama3-8b:w4g128}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
@@ -16,10 +17,11 @@ python3 -m quanta.tools.cli -q serve "$MODEL" --port 8000 > "$OUT/server.log" 2>
 server=$!
 for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 curl -sf http://127.0.0.1:8000/health >/dev/null || { echo "server did not start"; tail -n 20 "$OUT/server.log"; exit 1; }
+seed=0
 for spec in ${RATES:-8:160 16:320 32:640 48:960 inf:1000}; do
-  rate=${spec%%:*} n=${spec##*:}
+  rate=${spec%%:*} n=${spec##*:} seed=$((seed + 1))   # each rate its own prompts: no prefix-cache hits across rates
   timeout ${RATE_TIMEOUT:-100} python3 benchmarks/serving.py --num-prompts "$n" --request-rate "$rate" --input-len 512 \
-    --output-len 128 --max-concurrency 1000 --server-pid $server --out "$OUT/serving-$rate.json" > /dev/null 2>&1 \
+    --output-len 128 --max-concurrency 1000 --seed $seed --server-pid $server --out "$OUT/serving-$rate.json" > /dev/null 2>&1 \
     || echo "rate $rate failed"
 done
 curl -s http://127.0.0.1:8000/metrics | grep -E '^quanta:(num_preemptions|request_success)' > "$OUT/server-metrics.txt"

@@ -101,8 +101,12 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
               enable_prefix_caching=not args.no_prefix_caching)
     init_s = time.perf_counter() - start
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0) for n in output_lens]
-    warm = args.warmup_prompts                          # untimed: Triton compiles the shapes it meets
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:warm]], params[:warm], use_tqdm=False)
+    # untimed, on other prompts of the same lengths: Triton compiles the batch shapes it meets, and the timed
+    # prompts find nothing of theirs in the prefix cache
+    warm = args.warmup_prompts
+    others, other_lens = make_requests(warm, args.input_len, args.output_len, args.range_ratio, args.vocab, args.seed + 1)
+    llm.generate([{"prompt_token_ids": p} for p in others],
+                 [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0) for n in other_lens], use_tqdm=False)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     cached = triton_cache_entries()
@@ -146,12 +150,14 @@ def main() -> None:
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch-sizes", default="16,32,64")
     ap.add_argument("--warmup-prompts", type=int, default=8,
-                    help="requests run untimed first (the whole set: every batch shape compiled before timing)")
+                    help="requests run untimed first, other prompts of the same lengths (as many as the timed "
+                         "run: every batch shape compiled before timing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", default=None, help="write the JSON result here too")
     args = ap.parse_args()
     shape = model_shape(args.model)
+    args.vocab = shape["vocab_size"]
     prompts, output_lens = make_requests(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
                                          shape["vocab_size"], args.seed)
     result = {"benchmark": "throughput", "model": args.model, "num_prompts": args.num_prompts,
