@@ -9,8 +9,8 @@ kernel_ms sums every kernel's duration; busy_ms is the union of their intervals 
 idle_ms = wall - busy is the GPU waiting on the host. A kernel's exclusive time is the part of the busy union
 that ends with it: from the latest end of the kernels before it (or its start) to its own end. Under
 programmatic dependent launch a kernel starts while its predecessor runs and waits for it, so its duration
-holds that wait and its exclusive time does not; the exclusive times add up to busy_ms. Under tensor parallelism this is rank 0's GPU, whose
-all-reduce kernels include the time spent waiting for the slowest peer.
+holds that wait and its exclusive time does not; the exclusive times add up to busy_ms. Under tensor
+parallelism this is rank 0's GPU, whose all-reduce kernels include the time spent waiting for the slowest peer.
 """
 from __future__ import annotations
 

@@ -37,7 +37,9 @@ SHAPES = {"8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096
           "70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)},
           # Llama-3.2: not in the default tables, for probes of launch configs on smaller weights
           "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)},
-          "3b": {"qkv": (5120, 3072), "o": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192)}}
+          "3b": {"qkv": (5120, 3072), "o": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192)},
+          # one rank's pieces of 70B at tensor-parallel size 4 (its 16 query and 2 KV heads, a quarter of the MLP)
+          "70b-tp4": {"qkv": (2560, 8192), "o": (8192, 2048), "gate_up": (14336, 8192), "down": (8192, 7168)}}
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 

@@ -104,7 +104,8 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
     # untimed, on other prompts of the same lengths: Triton compiles the batch shapes it meets, and the timed
     # prompts find nothing of theirs in the prefix cache
     warm = args.warmup_prompts
-    others, other_lens = make_requests(warm, args.input_len, args.output_len, args.range_ratio, args.vocab, args.seed + 1)
+    others, other_lens = make_requests(warm, args.input_len, args.output_len, args.range_ratio, args.vocab,
+                                       args.seed + 1)
     llm.generate([{"prompt_token_ids": p} for p in others],
                  [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0) for n in other_lens], use_tqdm=False)
     if torch.cuda.is_available():

@@ -18,8 +18,8 @@ has finished reading epoch e's slot, so no row is overwritten while a peer still
 is needed at the end of the kernel. Flags compare by signed difference, so the counter may wrap.
 
 Every rank's buffer has the same layout (engine/one_shot_all_reduce.py's symmetric buffer); the kernel
-finds a peer's by the byte distance of its buffer from this rank's. The kernel holds its barrier in itself, so CUDA graphs
-capture it as any kernel.
+finds a peer's by the byte distance of its buffer from this rank's. The kernel holds its barrier in itself,
+so CUDA graphs capture it as any kernel.
 """
 from __future__ import annotations
 

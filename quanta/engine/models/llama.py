@@ -14,8 +14,8 @@ column-parallel (each part cut by rows: this rank's query heads, its KV heads --
 there are fewer KV heads than ranks -- and its share of the intermediate rows); o_proj and down_proj are
 row-parallel (cut by input columns; their partial outputs summed over the ranks by the RMSNorm that reads
 them next, in one kernel on GPUs); the embedding and lm_head are vocab-parallel (rows in pieces of
-cdiv(vocab, world); the embedding's partial lookups summed by the first norm, the logits pieces gathered). Norms and rotary are
-replicated. Every cut happens as the weight is read (layers.Cut), before its kernel repacks it.
+cdiv(vocab, world); the embedding's partial lookups summed by the first norm, the logits pieces gathered).
+Norms and rotary are replicated. Every cut happens as the weight is read (layers.Cut), before its kernel repacks it.
 """
 from __future__ import annotations
 
