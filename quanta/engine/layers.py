@@ -172,6 +172,10 @@ class RMSNorm(nn.Module):
             return fused_norm.rms_norm(x, self.weight, self.eps, residual)
         return fused_norm.reference(x, self.weight, self.eps, residual)
 
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed, the new residual stream): x + residual, or x itself where there is no residual yet."""
+        return (self(x), x) if residual is None else self(x, residual)
+
 
 def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
     """SwiGLU's gate: silu(x[..., :I]) * x[..., I:] for the fused gate_up output, on the Triton kernel or

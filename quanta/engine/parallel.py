@@ -76,7 +76,7 @@ class TensorParallel:
         if self.one_shot is not None and norm.triton and self.one_shot.usable(x):
             return self.one_shot(x, residual, norm.weight, norm.eps)
         dist.all_reduce(x)
-        return (norm(x), x) if residual is None else norm(x, residual)
+        return norm.add_norm(x, residual)
 
     def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[R, piece] logits of this rank's vocabulary rows -> [R, vocab_size], every rank's piece in order

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import device_caps
+from quanta.kernels.fused_norm import add_rms_norm
 from quanta.kernels.fused_norm import reference as norm_reference
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
@@ -97,14 +98,8 @@ def _all_reduce_norm_kernel(
     for r in tl.static_range(WORLD):
         src = _peer(data_ptr, deltas, r, dtype.primitive_bitwidth // 8)
         acc += tl.load(src + at + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    h = acc.to(dtype)
-    if HAS_RESIDUAL:
-        h = (h.to(tl.float32) + tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-             ).to(dtype)
+    h, y = add_rms_norm(acc.to(dtype), r_ptr + row * stride_r + offs, w, mask, D, eps, HAS_RESIDUAL)
     tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
-    hf = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    y = w * (hf * inv).to(dtype).to(tl.float32)
     tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(epoch_ptr + row, epoch)
 

@@ -27,6 +27,19 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
 
 
 @triton.jit
+def add_rms_norm(h, r_ptrs, w, mask, D, eps, HAS_RESIDUAL: tl.constexpr):
+    """A row h (in its 16- or 32-bit dtype) plus the residual row at r_ptrs, and its RMSNorm scaled by the float32
+    weight w: (h + residual in h's dtype, y in float32). Arithmetic in fp32, rounded where the reference rounds: a
+    16-bit sum or product rounded once is the same number as the native 16-bit operation; the norm is taken in
+    fp32, rounded to the dtype, then scaled (the reference's order)."""
+    if HAS_RESIDUAL:
+        h = (h.to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)).to(h.dtype)
+    hf = h.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
+    return h, w * (hf * inv).to(h.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(
     # pointers
     x_ptr, r_ptr, w_ptr, y_ptr, h_ptr,
@@ -44,18 +57,10 @@ def _rms_norm_kernel(
     mask = offs < D
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: no predecessor wrote it
     pdl_wait(PDL)
-    # --- h = x (+ residual), written back for the next layer's residual
-    # (arithmetic in fp32, rounded where the reference rounds: a 16-bit sum or product rounded once is
-    # the same number as the native 16-bit operation)
-    h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        h = (h.to(tl.float32) + tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-             ).to(h.dtype)
+    h, y = add_rms_norm(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0), r_ptr + row * stride_r + offs,
+                        w, mask, D, eps, HAS_RESIDUAL)
+    if HAS_RESIDUAL:                                   # written back for the next layer's residual
         tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
-    # --- normalize in fp32, round to the dtype, then scale (the reference's order)
-    hf = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    y = w * (hf * inv).to(h.dtype).to(tl.float32)
     tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

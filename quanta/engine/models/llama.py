@@ -46,9 +46,7 @@ def add_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
              tp: TensorParallel | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), x alone where there is no residual yet; under tensor parallelism
     x is this rank's partial sum, summed over the ranks in the same step (TensorParallel.reduce_norm)."""
-    if tp is not None:
-        return tp.reduce_norm(x, residual, norm)
-    return (norm(x), x) if residual is None else norm(x, residual)
+    return tp.reduce_norm(x, residual, norm) if tp is not None else norm.add_norm(x, residual)
 
 
 class LlamaAttention(nn.Module):
