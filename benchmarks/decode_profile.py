@@ -57,3 +57,12 @@ def decode_profile(llm, tokens: int = 64, top: int = 14) -> dict:
             "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3),
             "top": [[name[:90], round(us / tokens, 1), round(exclusive[name] / tokens, 1), round(n / tokens, 1)]
                     for name, (us, n) in ranked]}
+
+
+def print_profile(p: dict) -> None:
+    """decode_profile's result as a table: µs per token of each kernel, in all and exclusive, and calls."""
+    print(f"per token: wall {p['wall_ms_per_token']} ms, GPU busy {p['busy_ms_per_token']} ms, "
+          f"idle {p['idle_ms_per_token']} ms, kernels' durations {p['kernel_ms_per_token']} ms")
+    print(f"{'us':>9} {'excl us':>9} {'calls':>6}  kernel")
+    for name, us, excl, calls in p["top"]:
+        print(f"{us:9.1f} {excl:9.1f} {calls:6.1f}  {name}")

@@ -39,8 +39,7 @@ timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --outp
 fi
 
 if [[ $STAGES == *profile* ]]; then
-echo "== batch-1 decode profile (GPU time per token by kernel, idle gaps; PDL off: with it, a kernel's time"
-echo "   includes the wait for its predecessor)"
+echo "== batch-1 decode profile (GPU time per token by kernel, and the part of it no other kernel overlaps; PDL off)"
 QUANTA_PDL=0 timeout 150 python benchmarks/latency.py --model "$MODEL" --input-len 128 --output-len 64 --runs 1 --profile 32 \
     2>&1 | grep -v 'loading\|warn' | tail -24 | tee "$OUT/profile.txt"
 fi

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
 
 import torch
 from bench_io import emit
+from decode_profile import decode_profile, print_profile
 
 from quanta.engine import LLM, SamplingParams
 from quanta.engine.layers import QuantLinear, RMSNorm
@@ -58,39 +58,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / best
 
 
-def profile(timed, tokens: int) -> None:
-    """GPU time per generated token of each kernel (CUDA graph replays included), from torch.profiler."""
-    from torch.profiler import ProfilerActivity
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        timed(tokens)
-    rows = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
-    rows.sort(key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in rows)
-    print(f"GPU time per token over {tokens} tokens: {total / tokens:.1f} us in {len(rows)} kernels")
-    for e in rows[:30]:
-        print(f"{e.device_time_total / tokens:9.1f} us {e.count / tokens:6.1f}x  {e.key[:110]}")
-    # --- where the GPU waits: gaps between kernels inside a step (graph launch) and between steps (host)
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    gpu = ("kernel", "gpu_memcpy", "gpu_memset")
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in gpu)
-    small = large = 0.0
-    n_large = 0
-    end = spans[0][1]
-    for start, stop in spans[1:]:
-        gap = start - end
-        if gap > 20:
-            large, n_large = large + gap, n_large + 1
-        elif gap > 0:
-            small += gap
-        end = max(end, stop)
-    print(f"GPU idle per token: {small / tokens:.1f} us in gaps <= 20 us (between kernels), "
-          f"{large / tokens:.1f} us in {n_large} gaps > 20 us (host between steps); "
-          f"span {(end - spans[0][0]) / tokens:.1f} us per token")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="synthetic:llama3-8b:w4g128")
@@ -104,7 +71,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="TOKENS",
-                    help="afterwards, profile a generation of TOKENS tokens and print GPU time per kernel per token")
+                    help="afterwards, profile a generation of TOKENS tokens: GPU time per kernel per token (decode_profile.py)")
     args = ap.parse_args()
     llm = LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
               async_scheduling=not args.no_async_scheduling,
@@ -135,7 +102,7 @@ def main() -> None:
                    "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "roofline_tokens_per_s": round(roofline, 1),
                    "share_of_roofline": round(result["decode_tokens_per_s"] / roofline, 3)}
     if args.profile:
-        profile(timed, args.profile)
+        print_profile(decode_profile(llm, args.profile, top=24))
     emit(result, args.out)
 
 

@@ -2,11 +2,13 @@
 
     ncu --clock-control none --kernel-name regex:gemv --section SpeedOfLight python benchmarks/profile_gemv.py
     python benchmarks/profile_gemv.py --sweep [--models 8b,70b]   # graphed µs per config and shape
+    python benchmarks/profile_gemv.py --sweep --configs "[(64, 8, 1, 64.0, 8, True)]"   # other configs
 Each swept config is first checked against the dequantized weight (relative error printed).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from pathlib import Path
@@ -36,6 +38,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="graphed timing of every config instead of profiling")
     ap.add_argument("--models", default="8b")
     ap.add_argument("--out")
+    ap.add_argument("--configs", type=ast.literal_eval, default=SWEEP,
+                    help="the configs to sweep, a Python list of SWEEP's tuples (None = the defaults)")
     ap.add_argument("--m", type=int, default=1, choices=(1, 2), help="activation rows")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -58,7 +62,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
             del fp16
             sts = copies(lambda: affine.prepare(w, "cuda", torch.float16), w.nbytes)
-            for cfg in SWEEP:
+            for cfg in args.configs:
                 err = float((run(x, sts[0], cfg).float() - ref).norm() / ref.norm())
                 us = bench(lambda x, s: run(x, s, cfg), [x], sts, w.nbytes)
                 rec = {"shape": f"{model} {layer}", "m": args.m, "config": cfg, "us": round(us, 2),
@@ -71,7 +75,7 @@ def main() -> None:
         print(f"\ncopy {bw:.0f} GB/s; share of copy bandwidth per config (columns) and shape (rows)")
         shapes = list(dict.fromkeys(r["shape"] for r in results))
         print(f"{'':>2} {'fp16 cuBLAS':>34} " + " ".join(f"{r['us']:>11.1f}" for r in results if r["config"] == "fp16"))
-        for i, cfg in enumerate(SWEEP):
+        for i, cfg in enumerate(args.configs):
             print(f"{i:>2} {str(cfg):>34} " + " ".join(
                 f"{r['us']:>6.1f}/{r['share']:.0%}" for r in results if r["config"] == cfg))
         print(" " * 38 + " ".join(f"{s:>11}" for s in shapes))

@@ -92,6 +92,20 @@ def test_start_up_plan_is_per_rank():
     assert p.fits and p.tensor_parallel_size == 2 and 15 * 2**30 < p.weights.total < 20 * 2**30
 
 
+def test_rank_of_4_shape_is_one_rank_of_70b_at_tp4():
+    # benchmarks time one rank's decode on one GPU with this shape: it must hold what TP = 4 gives a rank, piece by piece
+    from quanta.engine.config import EngineConfig
+    from quanta.engine.fit_check import check_fits
+    from quanta.engine.synthetic import load_synthetic
+    source = {"family": "synthetic", "format": "w4g128"}
+
+    def weights(model, tp):
+        mc = load_synthetic(model, "cpu").config
+        return check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=tp), mc, source,
+                          80 * 2**30).weights
+    assert weights("synthetic:llama3-70b-rank-of-4:w4g128", 1) == weights("synthetic:llama3-70b:w4g128", 4)
+
+
 def test_kept_pieces_hold_only_their_own_memory():
     # the embedding and the dense lm_head keep their piece as cut: a view would pin the whole table on every rank
     with LLM("synthetic:tiny-tp:w4g64", **(BASE | dict(dtype="float16")), tensor_parallel_size=2) as llm:

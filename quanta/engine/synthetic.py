@@ -33,6 +33,11 @@ SHAPES = {
     "llama3-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                        num_attention_heads=64, num_key_value_heads=8, rope_theta=500000.0,
                        max_position_embeddings=8192, rms_norm_eps=1e-5),
+    # one rank's share of llama3-70b at tensor-parallel size 4 (16 query and 2 KV heads, a quarter of the MLP and
+    # of the vocabulary) as a whole model: one rank's decode work on one GPU, without the all-reduces
+    "llama3-70b-rank-of-4": dict(vocab_size=32064, hidden_size=8192, intermediate_size=7168, num_hidden_layers=80,
+                                 num_attention_heads=16, num_key_value_heads=2, head_dim=128, rope_theta=500000.0,
+                                 max_position_embeddings=8192, rms_norm_eps=1e-5),
     # big enough for tensor-parallel cuts of 4 on every kind (256-wide K-quant blocks at 2); 8 heads over
     # 2 KV heads (replicated at 4 ranks); a vocabulary that 4 ranks pad
     "tiny-tp": dict(vocab_size=510, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
