@@ -2,7 +2,7 @@
 # One tensor-parallel rank's decode work on one GPU: the 70B TP = 4 rank's share as a whole model
 # (synthetic llama3-70b-rank-of-4: its GEMV shapes, heads and vocabulary piece, no all-reduces), then its GEMVs
 # alone under Nsight Compute and over the launch configs of GEMV_CONFIGS (default: block shapes x split counts).
-#   usage: bash benchmarks/gpu_rank_decode.sh      (STAGES="latency ncu sweep", GEMV_CONFIGS="[...]" to change)
+#   usage: bash benchmarks/gpu_rank_decode.sh      (STAGES="latency ncu sweep", GEMV_CONFIGS="[...]", GEMV_STAGES="1, 3")
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${STAGES:-latency ncu sweep}
 MODEL=synthetic:llama3-70b-rank-of-4:w4g128
@@ -21,9 +21,11 @@ if [[ $STAGES == *ncu* ]]; then
 fi
 if [[ $STAGES == *sweep* ]]; then
   echo "== GEMV launch configs at one rank's 70B TP = 4 shapes"
+  # block shapes x K tiles a program (64 waves: as many splits as min_tiles allows) x pipeline stages
   CONFIGS=${GEMV_CONFIGS:-$(python3 -c "
-print([None] + [(bn, rs, w, 64.0, t, True) for bn, rs, w in ((32, 16, 1), (64, 8, 1), (64, 16, 2), (128, 8, 2),
-       (128, 16, 4), (256, 4, 2), (256, 8, 4)) for t in (1, 2, 4, 8, 16)])")}
+print([None] + [(bn, rs, w, 64.0, t, True, s) for bn, rs, w in ((64, 8, 1), (64, 16, 2), (128, 8, 2),
+       (128, 16, 4), (256, 4, 2), (256, 8, 4)) for t in (1, 2, 4, 8) for s in (${GEMV_STAGES:-1, 2, 3, 4})
+       if s == 1 or t > 1])")}
   timeout 420 python3 benchmarks/profile_gemv.py --sweep --models 70b-tp4 --configs "$CONFIGS" \
-    --out "$OUT/gemv-sweep-70b-tp4.json" 2>&1 | grep -v '^{' | tail -n 45
+    --out "$OUT/gemv-sweep-70b-tp4.json" 2>&1 | grep -v '^{' | tail -n 80
 fi

@@ -146,6 +146,19 @@ def test_gemv_split_k_leaves_its_workspace_clean():
     assert rel_err(first, ref) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gemv_pipelined_tile_loop_matches_the_dequantized_weight(act_order):
+    """STAGES > 1 software-pipelines the K-tile loop; splits of several tiles, a ragged last split (7 tiles over
+    splits of 3) and act-order's permuted activations come out as the plain loop's."""
+    w = make_affine(64, 7 * 128, 4, 128, "asym", act_order=act_order)
+    st = affine.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(2, 7 * 128, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
+    plain = gemv.matmul(x, st, config=gemv.GemvConfig(32, 8, 2, 64.0, 3))
+    piped = gemv.matmul(x, st, config=gemv.GemvConfig(32, 8, 2, 64.0, 3, stages=3))
+    assert torch.equal(piped, plain)
+    assert rel_err(piped, x.double() @ w.dequantize().double().T) < TOL[torch.float16]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits,zero", [(4, "sym"), (4, "asym"), (8, "sym")])
 def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):

@@ -181,7 +181,7 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, GLU: tl.constexpr = False, PDL: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0, GLU: tl.constexpr = False, PDL: tl.constexpr = False, STAGES: tl.constexpr = 1,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
 
@@ -196,6 +196,8 @@ def _affine_gemv_kernel(
     BLOCK_N/2 gate columns and the same up columns, multiplied in the epilogue (rounded as the separate
     GEMV + activation.silu_and_mul round them).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
+    STAGES > 1: the K-tile loop is software-pipelined (Triton copies the next tiles' words and scales into shared
+    memory while this one is computed), so a program with several tiles keeps loads in flight.
     """
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
@@ -224,7 +226,7 @@ def _affine_gemv_kernel(
     acc = tl.zeros((RS, BLOCK_N), dtype=tl.float32)          # scaled per code (the group changes in a tile)
     acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)           # scaled per tile (TILE_SCALE)
     # --- main loop over tiles of TILE_K input columns, RS word rows at a time
-    for t in range(t_begin, t_end):
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
         kt = t * TILE_K
         part = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
         xsum = tl.zeros((RS,), dtype=tl.float32)
@@ -335,6 +337,7 @@ class GemvConfig(NamedTuple):
     warps: int
     waves: float
     min_tiles: int
+    stages: int = 1         # K tiles in flight per program (software pipelining through shared memory)
 
 
 # weight size N*K -> config, by code kind and whether PDL is on (swept on the H100 over the 8 Llama-3 shapes and
@@ -408,7 +411,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     caps = caps or device_caps(x2.device)
-    bn, rs, warps, waves, min_tiles = config or default_config(st, caps)
+    bn, rs, warps, waves, min_tiles, stages = GemvConfig(*(config or default_config(st, caps)))
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, caps) if h2 is None else h2
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
@@ -426,5 +429,6 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, num_warps=warps, **pdl_launch(caps))
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, num_warps=warps,
+        **pdl_launch(caps))
     return y
