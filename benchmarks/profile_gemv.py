@@ -23,7 +23,7 @@ from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E40
 from quanta.kernels import affine  # noqa: E402
 from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402
 
-# (BLOCK_N, RS, num_warps, waves, min_tiles, h2[, stages]); None = the defaults
+# (BLOCK_N, RS, num_warps, waves, min_tiles, h2[, stages[, max_registers]]); None = the defaults
 SWEEP = (None, (256, 4, 2, 8.0, 2, False), (256, 4, 2, 8.0, 2, True), (128, 8, 2, 16.0, 1, True),
          (128, 16, 2, 16.0, 1, True), (128, 8, 2, 32.0, 1, True), (128, 8, 4, 16.0, 1, True),
          (256, 8, 2, 16.0, 1, True), (128, 4, 2, 16.0, 1, True), (64, 8, 2, 16.0, 1, True))

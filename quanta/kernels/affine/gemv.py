@@ -338,6 +338,7 @@ class GemvConfig(NamedTuple):
     waves: float
     min_tiles: int
     stages: int = 1         # K tiles in flight per program (software pipelining through shared memory)
+    max_registers: int = 0  # ptxas's register cap a thread (0: its own choice); fewer registers, more programs an SM
 
 
 # weight size N*K -> config, by code kind and whether PDL is on (swept on the H100 over the 8 Llama-3 shapes and
@@ -411,7 +412,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     caps = caps or device_caps(x2.device)
-    bn, rs, warps, waves, min_tiles, stages = GemvConfig(*(config or default_config(st, caps)))
+    bn, rs, warps, waves, min_tiles, stages, max_registers = GemvConfig(*(config or default_config(st, caps)))
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, caps) if h2 is None else h2
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
@@ -430,5 +431,5 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
         H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, num_warps=warps,
-        **pdl_launch(caps))
+        **({"maxnreg": max_registers} if max_registers else {}), **pdl_launch(caps))
     return y
