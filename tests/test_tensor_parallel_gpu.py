@@ -66,7 +66,7 @@ def _one_shot_rank(rank: int, world: int, port: int, failures) -> None:
             want_h = total if r is None else total + r
             assert torch.equal(h, want_h), f"call {call}: sum differs"
             torch.testing.assert_close(y, fused_norm.reference(want_h, w, 1e-5), atol=2e-3, rtol=2e-3)
-        # captured in a CUDA graph and replayed: each replay is a new epoch, both slots in turn
+        # captured in a CUDA graph and replayed: each replay is the next call, every round in turn
         xs = parts(2, 99)
         x_in, r_in = xs[rank].clone(), torch.ones(2, hidden, dtype=torch.float16, device=device)
         reducer(x_in, r_in, w, 1e-5)                # warm-up: every rank, so the epochs stay together

@@ -11,10 +11,10 @@ the norm are one kernel instead of four. It reads world x the message, so it pay
 past MAX_BYTES (the threshold torch's compiler uses for the same choice) NCCL's all-reduce and the norm
 kernel run.
 
-The symmetric buffer, one per rank at the same layout: flags [rows, world] int32 (each rank's epoch for each
-row, raised by that rank), then two data slots of [rows, hidden] in the model's dtype. The kernel holds its
-barrier in itself, so the decode CUDA graphs capture it. NVLink multicast is never used
-(TORCH_SYMM_MEM_DISABLE_MULTICAST, which shared hosts require).
+The symmetric buffer, one per rank at the same layout: three rounds of [world, rows, hidden] slots in the
+model's dtype, each rank's row of each round in its own slot, an empty slot holding -0.0 (the kernel's
+Lamport scheme: the data is its own flag). The kernel holds its barrier in itself, so the decode CUDA graphs
+capture it. NVLink multicast is never used (TORCH_SYMM_MEM_DISABLE_MULTICAST, which shared hosts require).
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import torch.distributed as dist
 from quanta.kernels import all_reduce_norm
 
 MAX_BYTES = 128 * 1024
-ALIGN = 256
 log = logging.getLogger(__name__)
 
 
@@ -42,19 +41,16 @@ class OneShotAllReduceNorm:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.dtype, self.hidden = dtype, hidden
         self.rows = max(1, MAX_BYTES // (hidden * dtype.itemsize))
-        flag_bytes = -(-self.rows * self.world * 4 // ALIGN) * ALIGN
-        self.buffer = symm_mem.empty(flag_bytes + 2 * self.rows * hidden * dtype.itemsize, dtype=torch.uint8,
-                                     device=device)
+        shape = (all_reduce_norm.ROUNDS, self.world, self.rows, hidden)
+        self.buffer = symm_mem.empty(shape, dtype=dtype, device=device)
         handle = symm_mem.rendezvous(self.buffer, group.group_name)
-        self.flags = self.buffer[:self.rows * self.world * 4].view(torch.int32).view(self.rows, self.world)
-        self.data = self.buffer[flag_bytes:].view(dtype).view(2, self.rows, hidden)
         # the buffer may sit at an offset in its allocation, the same on every rank
         self.deltas = torch.tensor([p - handle.buffer_ptrs[self.rank] for p in handle.buffer_ptrs],
                                    dtype=torch.int64, device=device)
-        self.flags.zero_()
-        self.epochs = torch.zeros(self.rows, dtype=torch.int32, device=device)
-        # no rank raises a flag in a peer's array before that peer has zeroed it: the collective below is
-        # ordered after each rank's zeroing on its stream, and every later kernel after the collective
+        all_reduce_norm.empty_buffer(self.buffer)
+        self.rounds = torch.zeros(self.rows, dtype=torch.int32, device=device)
+        # no rank stores into a peer's buffer before that peer has emptied it: the collective below is
+        # ordered after each rank's fill on its stream, and every later kernel after the collective
         done = torch.ones(1, device=device)
         dist.all_reduce(done, group=group)
 
@@ -65,19 +61,19 @@ class OneShotAllReduceNorm:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, hidden] this rank's partial sum -> (the norm of the total plus residual, that sum)."""
-        return all_reduce_norm.all_reduce_norm(x, residual, weight, eps, rank=self.rank, flags=self.flags,
-                                               data=self.data, deltas=self.deltas, epochs=self.epochs)
+        return all_reduce_norm.all_reduce_norm(x, residual, weight, eps, rank=self.rank, data=self.buffer,
+                                               deltas=self.deltas, rounds=self.rounds)
 
 
 def _check(reducer: OneShotAllReduceNorm, device: torch.device) -> bool:
-    """A known sum, twice (both data slots): every rank adds rank + 1 to a residual of ones."""
+    """A known sum, once in each round: every rank adds rank + 1 to a residual of ones."""
     rows = min(2, reducer.rows)
     x = torch.full((rows, reducer.hidden), float(reducer.rank + 1), dtype=reducer.dtype, device=device)
     ones = torch.ones_like(x)
     weight = torch.ones(reducer.hidden, dtype=reducer.dtype, device=device)
     want = reducer.world * (reducer.world + 1) // 2 + 1
     ok = True
-    for _ in range(2):
+    for _ in range(all_reduce_norm.ROUNDS):
         y, h = reducer(x, ones, weight, 1e-6)
         ok = ok and bool(torch.all(h == want)) and bool(torch.allclose(y.float(), torch.ones_like(y.float()),
                                                                        atol=1e-2))

@@ -5,17 +5,21 @@ add and the RMSNorm that follow it: one kernel where unfused decode runs four (s
     y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
 returns (y, h): fused_norm's outputs for the all-reduced x, and with no residual h = s.
 
-Every rank runs the kernel on its own x over the same rows. One program per row:
-  1. it writes its row into its own symmetric buffer, which every peer can read (NVLink peer memory);
-  2. it raises its flag for the row in every rank's flag array (a release store at system scope: the row's
-     stores are visible to a peer that sees the flag) and spins until each peer's flag for the row has
-     reached this call's epoch (an acquire at system scope);
-  3. it reads the row from every rank's buffer, sums, adds the residual and normalizes.
-The epoch is a per-row call counter each rank keeps on its GPU; every rank runs the same calls over the same
-rows, so the counters agree. Calls alternate between two data slots by epoch: a rank may write slot e % 2
-again at epoch e + 2 only after every peer has raised its epoch e + 1 flag, which each peer does after it
-has finished reading epoch e's slot, so no row is overwritten while a peer still reads it, and no barrier
-is needed at the end of the kernel. Flags compare by signed difference, so the counter may wrap.
+Every rank runs the kernel on its own x over the same rows. One program per row, no flags (the Lamport
+scheme of TensorRT-LLM's one-shot all-reduce): a slot that holds no data holds the sentinel -0.0 in every
+element, which no data element ever is (a partial sum's -0.0 is sent as +0.0, the same number), so the
+data is its own flag:
+  1. the program stores its row into its own slot of this call's round in every rank's buffer (NVLink
+     peer stores, fire-and-forget: no fence, no handshake);
+  2. it reads the round's slots in its own buffer until no element is the sentinel: every peer's row has
+     landed, in whatever order its bytes arrived;
+  3. it sums them in rank order (the same number on every rank), adds the residual and normalizes;
+  4. it writes the sentinel back over its own buffer's slots of the previous round.
+Calls cycle over three rounds by a per-row counter each rank keeps on its GPU (every rank runs the same
+calls over the same rows, so the counters agree). A peer stores into round r + 3 (the same slots as r) only
+after this rank has sent its rows of r + 1 and r + 2, so after this rank's call r + 1 has cleared round r;
+and no peer's rows of round r + 1 can land in a slot this rank is still reading. The critical path is one
+NVLink store and local reads; nothing waits for a remote acknowledgement.
 
 Every rank's buffer has the same layout (engine/one_shot_all_reduce.py's symmetric buffer); the kernel
 finds a peer's by the byte distance of its buffer from this rank's. The kernel holds its barrier in itself,
@@ -49,80 +53,99 @@ def _peer(ptr, deltas, rank, unit: tl.constexpr):
     return ptr + tl.multiple_of(tl.load(deltas + rank) // unit, 16 // unit)
 
 
+ROUNDS = 3                       # rounds of slots a buffer cycles over (see the module's docstring)
+
+
+def sentinel_bits(dtype: torch.dtype) -> int:
+    """The bit pattern (as a signed integer of dtype's width) of -0.0, the value of an empty slot's elements."""
+    return -(1 << (dtype.itemsize * 8 - 1))
+
+
 @triton.jit
-def _lag(flags, is_rank, epoch):
-    """The slowest rank's flag minus `epoch` (0 once every rank has reached it), read with acquire at system
-    scope (an atomic add of 0: Triton's atomics carry the memory order, its loads do not)."""
-    seen = tl.atomic_add(flags, tl.zeros_like(is_rank.to(tl.int32)), mask=is_rank, sem="acquire", scope="sys")
-    return tl.min(tl.where(is_rank, seen - epoch, 0), axis=0)
+def _empty(v, mask):
+    """How many elements of row v (under mask) still hold the sentinel -0.0, read by bit pattern."""
+    BITS: tl.constexpr = v.dtype.primitive_bitwidth
+    ITYPE: tl.constexpr = tl.int16 if BITS == 16 else tl.int32
+    bits = v.to(ITYPE, bitcast=True)
+    return tl.sum(tl.where(mask & (bits == -(1 << (BITS - 1))), 1, 0), axis=0)
 
 
 @triton.jit
 def _all_reduce_norm_kernel(
-    # this rank's tensors, its buffer's flags and data
-    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, epoch_ptr, flag_ptr, data_ptr,
+    # this rank's tensors, its round counters and buffer
+    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, round_ptr, data_ptr,
     # every rank's buffer's address less this rank's, in bytes (int64 [WORLD])
     deltas,
     # sizes
-    rank, D, eps, slot_elems,
+    rank, D, eps, rows,
     # strides (rows)
     stride_x, stride_r, stride_y, stride_h,
     # meta
-    WORLD: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    PDL: tl.constexpr = False,
+    WORLD: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """One program per row of D features (BLOCK_D >= D: the row stays in registers; BLOCK_W >= WORLD)."""
+    """One program per row of D features (BLOCK_D >= D: the row stays in registers). The buffer holds
+    [ROUNDS, WORLD, rows, D] slots: round, sending rank, row."""
     pdl_launch_dependents(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
-    ranks = tl.arange(0, BLOCK_W)
-    is_rank = ranks < WORLD
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: no predecessor wrote it
     pdl_wait(PDL)
     dtype = x_ptr.dtype.element_ty
-    epoch = tl.load(epoch_ptr + row) + 1
-    at = (epoch & 1) * slot_elems + row * D
-    # --- 1. this rank's row into its own buffer
+    unit: tl.constexpr = dtype.primitive_bitwidth // 8
+    this_round = (tl.load(round_ptr + row) + 1) % 3
+    # --- 1. this rank's row into its slot of this round in every rank's buffer; -0.0 goes as +0.0
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    tl.store(data_ptr + at + offs, x, mask=mask)
-    tl.debug_barrier()
-    # --- 2. raise this rank's flag for the row everywhere, then wait for every rank's
-    theirs = flag_ptr + tl.load(deltas + ranks, mask=is_rank, other=0) // 4 + row * WORLD + rank
-    tl.atomic_xchg(theirs, tl.full([BLOCK_W], 0, tl.int32) + epoch, mask=is_rank, sem="release", scope="sys")
-    while _lag(flag_ptr + row * WORLD + ranks, is_rank, epoch) < 0:
-        pass
-    tl.debug_barrier()
-    # --- 3. the sum in rank order (the same number on every rank), the residual, the norm
+    x = tl.where(x == 0.0, tl.zeros_like(x), x)
+    mine = ((this_round * WORLD + rank) * rows + row) * D
+    for r in tl.static_range(WORLD):
+        tl.store(_peer(data_ptr, deltas, r, unit) + mine + offs, x, mask=mask)
+    # --- 2. every rank's row of this round, once all of it has landed, summed in rank order
     acc = tl.zeros([BLOCK_D], tl.float32)
     for r in tl.static_range(WORLD):
-        src = _peer(data_ptr, deltas, r, dtype.primitive_bitwidth // 8)
-        acc += tl.load(src + at + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        slot = data_ptr + ((this_round * WORLD + r) * rows + row) * D + offs
+        v = tl.load(slot, mask=mask, other=0.0, volatile=True)
+        while _empty(v, mask) > 0:
+            v = tl.load(slot, mask=mask, other=0.0, volatile=True)
+        acc += v.to(tl.float32)
+    # --- 3. the residual and the norm
     h, y = add_rms_norm(acc.to(dtype), r_ptr + row * stride_r + offs, w, mask, D, eps, HAS_RESIDUAL)
     tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
     tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(epoch_ptr + row, epoch)
+    # --- 4. the previous round's slots of this row emptied for its next use, three calls on
+    empty = tl.full([BLOCK_D], -(1 << (dtype.primitive_bitwidth - 1)),
+                    tl.int16 if unit == 2 else tl.int32).to(dtype, bitcast=True)
+    for r in tl.static_range(WORLD):
+        tl.store(data_ptr + ((((this_round + 2) % 3) * WORLD + r) * rows + row) * D + offs, empty, mask=mask)
+    tl.store(round_ptr + row, this_round)
 
 
 def all_reduce_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                    rank: int, flags: torch.Tensor, data: torch.Tensor, deltas: torch.Tensor,
-                    epochs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    rank: int, data: torch.Tensor, deltas: torch.Tensor,
+                    rounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, D] this rank's partial rows (and residual, same shape) -> (y, h) as `reference` over all ranks'
-    x. This rank's buffer: flags [rows, world] int32 and data [2, rows, D] of x's dtype, every rank's at
-    deltas[r] bytes from this rank's (int64 [world] on x's device, multiples of 16), epochs [rows] int32.
-    Every rank calls it with the same R <= rows."""
-    rows, d = x.shape
-    world = flags.shape[1]
-    assert rows <= epochs.numel() == flags.shape[0] == data.shape[1] and data.shape[2] == d and weight.shape == (d,)
-    assert data.dtype == x.dtype and flags.dtype == torch.int32 and deltas.numel() == world
+    x. This rank's buffer: data [ROUNDS, world, rows, D] of x's dtype, filled with -0.0 before the first
+    call (`empty_buffer`), every rank's at deltas[r] bytes from this rank's (int64 [world] on x's device,
+    multiples of 16); rounds [rows] int32, zeroed. Every rank calls it with the same R <= rows."""
+    r_rows, d = x.shape
+    _, world, rows, _ = data.shape
+    assert r_rows <= rows == rounds.numel() and data.shape == (ROUNDS, world, rows, d) and weight.shape == (d,)
+    assert data.dtype == x.dtype and rounds.dtype == torch.int32 and deltas.numel() == world
     assert x.stride(-1) == 1 and (residual is None or (residual.shape == x.shape and residual.stride(-1) == 1))
     y = torch.empty_like(x, dtype=torch.promote_types(x.dtype, weight.dtype))
     h = torch.empty_like(x)
     r = residual if residual is not None else x
     block = triton.next_power_of_2(d)
-    _all_reduce_norm_kernel[(rows,)](
-        x, r, weight, y, h, epochs, flags, data, deltas, rank, d, eps, data[0].numel(),
+    _all_reduce_norm_kernel[(r_rows,)](
+        x, r, weight, y, h, rounds, data, deltas, rank, d, eps, rows,
         x.stride(0), r.stride(0), y.stride(0), h.stride(0),
-        WORLD=world, BLOCK_W=triton.next_power_of_2(world), BLOCK_D=block, HAS_RESIDUAL=residual is not None,
+        WORLD=world, BLOCK_D=block, HAS_RESIDUAL=residual is not None,
         num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
     return y, h
+
+
+def empty_buffer(data: torch.Tensor) -> torch.Tensor:
+    """Fill a buffer's slots with the sentinel -0.0 (every slot empty), as the first call needs them."""
+    itype = {2: torch.int16, 4: torch.int32}[data.element_size()]
+    data.view(itype).fill_(sentinel_bits(data.dtype))
+    return data
