@@ -15,8 +15,9 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1
 # on which each prints where its threads were (PYTHONFAULTHANDLER), so a hang shows where it hangs.
 staged() {
   local limit=$1; shift
-  ( sleep "$limit"; pkill -ABRT -f worker_entry ) & local dog=$!
+  # the watchdog's output goes nowhere: a sleep left holding the caller's pipe would keep `... | tail` waiting
+  ( sleep "$limit"; pkill -ABRT -f worker_entry ) >/dev/null 2>&1 & local dog=$!
   timeout -s ABRT -k 15 "$limit" "$@"; local rc=$?
-  kill "$dog" 2>/dev/null
+  pkill -P "$dog" 2>/dev/null; kill "$dog" 2>/dev/null
   return $rc
 }
