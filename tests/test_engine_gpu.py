@@ -86,6 +86,29 @@ def test_graphs_match_eager_and_batch_matches_alone(kv):
         assert_pool_empty(llm)
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_rope_in_the_qkv_gemv_decodes_as_the_rotary_kernel(kv, monkeypatch):
+    """Batch-1 decode with rotary and the KV store in the q/k/v GEMV's epilogue gives exactly the tokens of the
+    GEMV, then the rotary kernel: the epilogue writes q and the caches bit for bit as that kernel does."""
+    from quanta.engine.layers import MergedQuantLinear
+    from quanta.kernels.affine import plan
+    model, ps = "synthetic:tiny-tp:w4g64", prompts((1, 7, 40))
+    fused_calls, matmul_rope = [], plan.matmul_rope
+
+    def counted(*args):
+        y = matmul_rope(*args)
+        fused_calls.append(y is not None)
+        return y
+    monkeypatch.setattr(plan, "matmul_rope", counted)
+    with LLM(model, kv_cache_dtype=kv, gpu_memory_utilization=0.2) as llm:
+        fused = [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]
+    assert any(fused_calls)
+    monkeypatch.setattr(MergedQuantLinear, "forward_rope_store", lambda self, x, rope: None)
+    with LLM(model, kv_cache_dtype=kv, gpu_memory_utilization=0.2) as llm:
+        separate = [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]
+    assert fused == separate
+
+
 def test_memory_sizing_and_fp8_capacity():
     auto = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True)
     fp8 = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True, kv_cache_dtype="fp8")

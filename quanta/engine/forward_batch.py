@@ -1,7 +1,8 @@
 """ForwardBatch: one step's attention metadata, handed to the model explicitly as its attention
 context. Sequences are ordered decodes first (one query each), then prefill chunks; `attend` stores
 the step's K/V in the paged cache and runs the decode and prefill kernels over their parts (on the CPU,
-cpu_attention's batch-invariant rows instead)."""
+cpu_attention's batch-invariant rows instead); `rope_store` lets the q/k/v GEMM store them itself, and
+`attend_cached` then attends."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import torch
 
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.kernels import cpu_attention, paged_attention
+from quanta.kernels.rotary import RopeStore
 
 
 @dataclass(slots=True)
@@ -29,6 +31,18 @@ class ForwardBatch:
     cpu_plan: list | None = None        # the CPU path's row groups (cpu_attention.plan), made at layer 0 of each
                                         # forward: a graph's batch is replayed with new contents
 
+    def rope_store(self, layer: int, rope: Callable | None, q_size: int, kv_size: int,
+                   head_dim: int) -> RopeStore | None:
+        """What a q/k/v GEMM needs to rotate q and k and store k and v itself (rotary.RopeStore), where this step
+        allows it: the Triton rope and cache, and no fp8 scales being calibrated from this batch. Its output
+        then goes to `attend_cached`."""
+        cache = self.kv_cache
+        if getattr(rope, "rotate_and_store", None) is None or not cache.triton or self.calibrate:
+            return None
+        k_cache, v_cache = cache.layer(layer)
+        return RopeStore(rope.positions, rope.inv_freq.float().contiguous(), q_size, kv_size, head_dim, k_cache,
+                         v_cache, self.slot_mapping, cache.k_scale[layer], cache.v_scale[layer], cache.fmt)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                rope: Callable | None = None) -> torch.Tensor:
         """Rotate q and k by `rope` (if given), store the step's k and v in the paged cache, attend. A rope
@@ -44,6 +58,13 @@ class ForwardBatch:
             if rope is not None:
                 q, k = rope(q, k)
             cache.write(layer, k, v, self.slot_mapping, self.calibrate)
+        return self.attend_cached(layer, q, scale)
+
+    def attend_cached(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of the step's (rotated) queries q [T, Hq, D] over the paged cache, which already holds the
+        step's k and v."""
+        cache = self.kv_cache
+        k_cache, v_cache = cache.layer(layer)
         if not cache.triton:
             if layer == 0 or self.cpu_plan is None:
                 self.cpu_plan = cpu_attention.plan(self.block_tables, self.seq_lens, self.query_start_loc,

@@ -144,6 +144,13 @@ class MergedQuantLinear(nn.Module):
             return fused_glu(x, self.fused.state, self.fused.bias)
         return silu_and_mul(self.forward(x), self.triton)
 
+    def forward_rope_store(self, x: torch.Tensor, rope) -> torch.Tensor | None:
+        """self(x) for the parts (q, k, v) with q and k rotated and k, v stored in the paged caches by the GEMM's
+        epilogue (rotary.RopeStore): [..., sum of N] whose q columns hold the rotated q. None where its kernel
+        cannot for this input; the caller then runs self(x) and the rotary kernel."""
+        fused = getattr(self.fused.kernel, "apply_rope_store", None) if self.fused is not None else None
+        return fused(x, self.fused.state, self.fused.bias, rope) if fused is not None else None
+
     def part_names(self, name: str) -> list[str]:
         """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`
         -> `...self_attn.q_proj`, `...k_proj`, `...v_proj`)."""

@@ -26,7 +26,8 @@ DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stri
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
 _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr="*fp32", bias_ptr="*fp16",
-            y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
+            y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32", pos_ptr="*i64", freq_ptr="*fp32", k_cache_ptr="*u8",
+            v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
@@ -149,6 +150,10 @@ CASES = {
     "affine_gemv_w4_h2_pdl": ("affine.gemv", "_affine_gemv_kernel", _P16,
                               dict(_AFF, BITS=4, RS=8, BLOCK_N=128, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True,
                                    H2=True, H2_SCALE=16.0, PDL=True), 2, 1, 90),
+    "affine_gemv_w4_h2_pdl_rope_fp8": ("affine.gemv", "_affine_gemv_kernel", _P16,
+                                       dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=8, TILE_SCALE=True, EVEN_K=True,
+                                            H2=True, H2_SCALE=16.0, PDL=True, ROPE=True, HEAD_D=128, **_E4M3),
+                                       2, 1, 90),
     "affine_gemv_w4_h2_pdl_pipelined": ("affine.gemv", "_affine_gemv_kernel", _P16,
                                         dict(_AFF, BITS=4, RS=16, BLOCK_N=128, SPLIT_K=8, TILE_SCALE=True,
                                              EVEN_K=True, H2=True, H2_SCALE=16.0, PDL=True, STAGES=3), 4, 1, 90),

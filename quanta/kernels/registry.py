@@ -8,6 +8,9 @@ Every kernel module exposes
     path(state, m) -> (name, reason)                 what runs an M-row input ("triton_affine/gemv"), and why
 and may expose
     apply_glu(x, state, bias) -> y                   silu(g) * u for [g | u] = x @ W.T + bias, fused
+    apply_rope_store(x, state, bias, rope) -> y|None [q | k | v] = x @ W.T + bias with q and k rotated and k, v
+                                                     stored in the paged caches (rotary.RopeStore), fused; None
+                                                     where this input's kernel cannot
     compute_dtype(dtype) -> dtype                    what the GEMM's arithmetic runs in for `dtype` activations,
                                                      where that is not `dtype` itself
 `select()` returns the first module that supports the weight, and a reason naming why earlier

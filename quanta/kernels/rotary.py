@@ -5,6 +5,8 @@ as engine.layers.RotaryEmbedding computes it (inv_freq already carries any llama
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from quanta.kernels.device_caps import device_caps
@@ -118,6 +120,61 @@ def _rotary_kernel(
                       FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
         else:
             _store_halves(ko_ptr, t * stride_kot + k_h * stride_koh + k_d, k_lo, k_hi, HALF_D, k_mask)
+
+
+class RopeStore(NamedTuple):
+    """What a GEMM making a token's stacked [q | k | v] row needs to finish it as rotary_and_store would: rotate
+    the q and k heads, write k and v into the paged caches at `slot`, and leave only q (rotated) in its output."""
+    positions: torch.Tensor               # [T] int64
+    inv_freq: torch.Tensor                # [D / 2] float32
+    q_size: int                           # query heads x D: the row's first columns
+    kv_size: int                          # kv heads x D: k's columns, then v's
+    head_dim: int
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot: torch.Tensor                    # [T] int64, < 0: nowhere
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    fmt: Fp8Format | None
+
+    def kernel_args(self) -> tuple:
+        """The epilogue's pointer arguments: positions, frequencies, caches, slots, scales (rope_store_epilogue)."""
+        scales = (self.k_scale, self.v_scale) if self.fmt is not None else (self.inv_freq, self.inv_freq)
+        return (self.positions, self.inv_freq, self.k_cache, self.v_cache, self.slot, *scales)
+
+
+@triton.jit
+def rope_store_epilogue(y, y_row, t, col0, N, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
+                        v_scale_ptr, Q_SIZE, KV_SIZE, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                        FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
+                        FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
+    """Finish BLOCK_N float32 columns from col0 of token t's stacked [q | k | v] row (whole heads of HEAD_D, a
+    power of two) as the GEMM's output rounded to y's dtype, then rotary_and_store, would: q heads rotated into
+    y_row, k heads rotated and v heads as they are into the paged caches at slot[t]. The same arithmetic and
+    roundings as _rotated_heads and _to_cache, so the caches and q hold the same bits."""
+    HEADS: tl.constexpr = BLOCK_N // HEAD_D
+    HALF: tl.constexpr = HEAD_D // 2
+    DT: tl.constexpr = y_row.dtype.element_ty
+    lo, hi = tl.split(tl.permute(tl.reshape(y.to(DT), (HEADS, 2, HALF)), (0, 2, 1)))
+    d = tl.arange(0, HALF)[None, :]
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + d)
+    cos = tl.cos(angle).to(DT).to(tl.float32)
+    sin = tl.sin(angle).to(DT).to(tl.float32)
+    lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
+    r_lo, r_hi = (lo32 * cos - hi32 * sin).to(DT), (hi32 * cos + lo32 * sin).to(DT)
+    col = col0 + tl.arange(0, HEADS)[:, None] * HEAD_D              # each head's first column [HEADS, 1]
+    is_q = col < Q_SIZE
+    is_k = (col >= Q_SIZE) & (col < Q_SIZE + KV_SIZE)
+    is_v = (col >= Q_SIZE + KV_SIZE) & (col < N)
+    _store_halves(y_row, col + d, r_lo, r_hi, HALF, is_q & (d < HALF))
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    hk = KV_SIZE // HEAD_D
+    k_head = tl.where(is_k, (col - Q_SIZE) // HEAD_D, 0)
+    _to_cache(k_cache_ptr, k_scale_ptr, slot, r_lo, r_hi, k_head, d, is_k & (d < HALF), hk, HALF, FP8, FP8_MAX,
+              FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    v_head = tl.where(is_v, (col - Q_SIZE - KV_SIZE) // HEAD_D, 0)
+    _to_cache(v_cache_ptr, v_scale_ptr, slot, lo, hi, v_head, d, is_v & (d < HALF), hk, HALF, FP8, FP8_MAX,
+              FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
 
 
 def _launch(q, k, qo, ko, positions, inv_freq, store_args: tuple | None, fmt: Fp8Format | None):

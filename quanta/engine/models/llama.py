@@ -74,6 +74,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Callable, ctx) -> torch.Tensor:
         t = x.shape[0]
+        if self.q_norm is None:              # rotary and the KV store in the q/k/v GEMM's epilogue where it can
+            store = ctx.rope_store(self.layer, rope, self.q_size, self.kv_size, self.head_dim)
+            qkv = self.qkv_proj.forward_rope_store(x, store) if store is not None else None
+            if qkv is not None:
+                q = qkv[:, :self.q_size].view(t, self.num_heads, self.head_dim)
+                out = ctx.attend_cached(self.layer, q, self.scale)
+                return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)

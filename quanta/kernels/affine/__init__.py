@@ -15,6 +15,7 @@ from quanta.kernels.affine import layout, plan
 from quanta.kernels.affine.layout import AffineState
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path)
 from quanta.kernels.device_caps import device_caps
+from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import why_not_device
 
 NAME = "triton_affine"
@@ -38,6 +39,13 @@ def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None)
 def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for a weight stacking [gate; up], fused into the GEMV's epilogue where the GEMV runs."""
     return plan.matmul_glu(x, state, bias)
+
+
+def apply_rope_store(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None,
+                     rope: RopeStore) -> torch.Tensor | None:
+    """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
+    epilogue; None where the planned path is not such a GEMV (plan.matmul_rope)."""
+    return plan.matmul_rope(x, state, bias, rope)
 
 
 def path(state: AffineState, m: int) -> tuple[str, str]:

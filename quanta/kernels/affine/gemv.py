@@ -24,6 +24,8 @@ from quanta.kernels.activation import silu_mul
 from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
+from quanta.kernels.paged_kv import fp8_write_constexprs
+from quanta.kernels.rotary import RopeStore, rope_store_epilogue
 from quanta.kernels.triton_support import (
     cdiv,
     pdl_launch,
@@ -173,8 +175,9 @@ def _h2_lut_word_dots(p, x_row, perm_ptr, k0, K, s_lo, s_hi, lut_ptr, R: tl.cons
 def _affine_gemv_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
+    pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,      # ROPE only
     # sizes
-    N, K, GS, tiles_per_split, num_tiles, magic,
+    N, K, GS, tiles_per_split, num_tiles, magic, Q_SIZE, KV_SIZE,
     # strides
     stride_xm, stride_ym,
     # meta
@@ -182,6 +185,9 @@ def _affine_gemv_kernel(
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
     H2_SCALE: tl.constexpr = 16.0, GLU: tl.constexpr = False, PDL: tl.constexpr = False, STAGES: tl.constexpr = 1,
+    ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
+    FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
+    FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
 
@@ -196,6 +202,9 @@ def _affine_gemv_kernel(
     BLOCK_N/2 gate columns and the same up columns, multiplied in the epilogue (rounded as the separate
     GEMV + activation.silu_and_mul round them).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
+    ROPE: W stacks [q; k; v] of one attention layer (Q_SIZE, KV_SIZE columns) and the epilogue finishes the
+    rows as rotary.rotary_and_store would (rotary.rope_store_epilogue): y keeps only q, rotated; k and v go
+    into the paged caches (the rotary launch of a decode layer saved).
     STAGES > 1: the K-tile loop is software-pipelined (Triton copies the next tiles' words and scales into shared
     memory while this one is computed), so a program with several tiles keeps loads in flight.
     """
@@ -302,7 +311,9 @@ def _affine_gemv_kernel(
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if SPLIT_K == 1:
-        _store_y(y, y_ptr + pid_m * stride_ym, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
+        _finish(y, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr,
+                k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8,
+                FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     else:
         ws = ws_ptr + pid_m * N + offs_n
         lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
@@ -310,9 +321,26 @@ def _affine_gemv_kernel(
         tl.debug_barrier()                        # every thread's partial is in before the count is released
         if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            _store_y(total, y_ptr + pid_m * stride_ym, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
+            _finish(total, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr,
+                    freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE,
+                    HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
             tl.store(ws, tl.zeros_like(y), mask=mask_n)
             tl.store(lock, 0)
+
+
+@triton.jit
+def _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
+            k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr,
+            HEAD_D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
+            FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
+            FP8_MAGIC_BITS: tl.constexpr):
+    """A program's float32 results out: rotary and the KV store (ROPE), else stored (GLU: activated)."""
+    if ROPE:
+        rope_store_epilogue(y, y_row, pid_m, pid_n * BLOCK_N, N, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
+                            slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, BLOCK_N, HEAD_D, FP8, FP8_MAX,
+                            FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    else:
+        _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
 
 
 @triton.jit
@@ -402,11 +430,21 @@ def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     return next(c for top, c in table if st.n * st.k <= top)
 
 
+def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:
+    """Whether the epilogue can finish W = [q; k; v] under `config`: whole power-of-two heads in every program's
+    columns, the row exactly q's, k's and v's."""
+    d = rope.head_dim
+    return (d >= 2 and d & (d - 1) == 0 and config.block_n % d == 0 and st.n == rope.q_size + 2 * rope.kv_size
+            and rope.q_size % d == 0 and rope.kv_size % d == 0)
+
+
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
-           caps: DeviceCaps | None = None, h2: bool | None = None, glu: bool = False) -> torch.Tensor:
+           caps: DeviceCaps | None = None, h2: bool | None = None, glu: bool = False,
+           rope: RopeStore | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small). `glu`: W stacks
     [gate; up] and y[M, N/2] = silu(gate) * up, made in the epilogue (the MLP's gate_up without a second
-    kernel).
+    kernel). `rope`: W stacks an attention layer's [q; k; v], and the epilogue rotates q and k and stores k and v
+    in the paged caches (rope_applies must hold); y's q columns hold the rotated q, its k and v columns nothing.
 
     `config` (GemvConfig's fields) and `h2` override the defaults (tests, benchmark sweeps); `caps` defaults to
     the device's.
@@ -414,7 +452,9 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     caps = caps or device_caps(x2.device)
-    bn, rs, warps, waves, min_tiles, stages, max_registers = GemvConfig(*(config or default_config(st, caps)))
+    config = GemvConfig(*(config or default_config(st, caps)))
+    bn, rs, warps, waves, min_tiles, stages, max_registers = config
+    assert rope is None or (not glu and rope_applies(st, rope, config))
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, caps) if h2 is None else h2
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
@@ -428,10 +468,13 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     _affine_gemv_kernel[(m, column_blocks, splits)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
         st.lut_arg(table_h2), bias if bias is not None else x2,
-        y, ws, locks, st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000,
+        y, ws, locks, *(rope.kernel_args() if rope is not None else (x2,) * 7),
+        st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000, *((rope.q_size, rope.kv_size) if rope else (0, 0)),
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, num_warps=warps,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, ROPE=rope is not None,
+        HEAD_D=rope.head_dim if rope is not None else 128, **fp8_write_constexprs(rope.fmt if rope else None),
+        num_warps=warps,
         **({"maxnreg": max_registers} if max_registers else {}), **pdl_launch(caps))
     return y

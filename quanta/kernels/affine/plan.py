@@ -24,6 +24,7 @@ from quanta.kernels import activation
 from quanta.kernels.affine import cublas, gemv, mma, splitk, wgmma
 from quanta.kernels.affine.layout import LUT, AffineState
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.rotary import RopeStore
 from quanta.quant.errors import UnsupportedError
 
 # At M <= 2 the GEMV streams the weight with no tensor-core tile to fill. Where the MMA kernel decodes in PTX (sm90)
@@ -220,3 +221,15 @@ def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = Non
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
     return y.reshape(*x.shape[:-1], st.n // 2)
 
+
+
+def matmul_rope(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
+    """x @ W.T + bias for W stacking [q; k; v], finished by the GEMV's rotary + KV-store epilogue: [..., N] whose
+    q columns hold the rotated q (k and v are in the caches). None where the plan's path for x's rows is not a
+    GEMV that can (the caller then runs the GEMM, then the rotary kernel)."""
+    x2 = _rows(x, st)
+    caps = device_caps(x2.device)
+    choice = choose(st, caps, x2.shape[0])
+    if choice.path.name != "gemv" or not gemv.rope_applies(st, rope, choice.config):
+        return None
+    return gemv.matmul(x2, st, bias, choice.config, caps=caps, rope=rope).reshape(*x.shape[:-1], st.n)
