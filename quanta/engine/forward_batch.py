@@ -5,6 +5,7 @@ cpu_attention's batch-invariant rows instead); `rope_store` lets the q/k/v GEMM 
 `attend_cached` then attends."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ import torch
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.kernels import cpu_attention, paged_attention
 from quanta.kernels.rotary import RopeStore
+
+ROPE_EPILOGUE = os.environ.get("QUANTA_ROPE_EPILOGUE", "1") != "0"      # 0: the rotary kernel after the GEMM
 
 
 @dataclass(slots=True)
@@ -37,7 +40,7 @@ class ForwardBatch:
         allows it: the Triton rope and cache, and no fp8 scales being calibrated from this batch. Its output
         then goes to `attend_cached`."""
         cache = self.kv_cache
-        if getattr(rope, "rotate_and_store", None) is None or not cache.triton or self.calibrate:
+        if getattr(rope, "rotate_and_store", None) is None or not cache.triton or self.calibrate or not ROPE_EPILOGUE:
             return None
         k_cache, v_cache = cache.layer(layer)
         return RopeStore(rope.positions, rope.inv_freq.float().contiguous(), q_size, kv_size, head_dim, k_cache,
