@@ -71,7 +71,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="TOKENS",
-                    help="afterwards, profile a generation of TOKENS tokens: GPU time per kernel per token (decode_profile.py)")
+                    help="afterwards, profile a generation of TOKENS tokens: GPU time per kernel per token "
+                         "(decode_profile.py)")
     args = ap.parse_args()
     llm = LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
               async_scheduling=not args.no_async_scheduling,

@@ -93,7 +93,8 @@ def test_start_up_plan_is_per_rank():
 
 
 def test_rank_of_4_shape_is_one_rank_of_70b_at_tp4():
-    # benchmarks time one rank's decode on one GPU with this shape: it must hold what TP = 4 gives a rank, piece by piece
+    # benchmarks time one rank's decode on one GPU with this shape: it must hold what TP = 4 gives a rank,
+    # piece by piece
     from quanta.engine.config import EngineConfig
     from quanta.engine.fit_check import check_fits
     from quanta.engine.synthetic import load_synthetic

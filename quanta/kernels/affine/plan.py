@@ -222,7 +222,6 @@ def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = Non
     return y.reshape(*x.shape[:-1], st.n // 2)
 
 
-
 def matmul_rope(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
     """x @ W.T + bias for W stacking [q; k; v], finished by the GEMV's rotary + KV-store epilogue: [..., N] whose
     q columns hold the rotated q (k and v are in the caches). None where the plan's path for x's rows is not a
