@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import device_caps
-from quanta.kernels.fused_norm import add_rms_norm
+from quanta.kernels.fused_norm import add_rms_norm, row_and_weight
 from quanta.kernels.fused_norm import reference as norm_reference
-from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
+from quanta.kernels.triton_support import pdl_launch, tl, triton
 
 NAME = "triton_all_reduce_norm"
 
@@ -85,12 +85,7 @@ def _all_reduce_norm_kernel(
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers). The buffer holds
     [ROUNDS, WORLD, rows, D] slots: round, sending rank, row."""
-    pdl_launch_dependents(PDL)
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_D)
-    mask = offs < D
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: no predecessor wrote it
-    pdl_wait(PDL)
+    row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
     dtype = x_ptr.dtype.element_ty
     unit: tl.constexpr = dtype.primitive_bitwidth // 8
     this_round = (tl.load(round_ptr + row) + 1) % 3

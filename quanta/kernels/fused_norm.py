@@ -27,6 +27,18 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
 
 
 @triton.jit
+def row_and_weight(w_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """A norm program's start: its row, the row's offsets and mask, and the float32 weight, loaded before waiting
+    for the kernel before it (PDL: no predecessor writes the weight)."""
+    pdl_launch_dependents(PDL)
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    return tl.program_id(0), offs, mask, w
+
+
+@triton.jit
 def add_rms_norm(h, r_ptrs, w, mask, D, eps, HAS_RESIDUAL: tl.constexpr):
     """A row h (in its 16- or 32-bit dtype) plus the residual row at r_ptrs, and its RMSNorm scaled by the float32
     weight w: (h + residual in h's dtype, y in float32). Arithmetic in fp32, rounded where the reference rounds: a
@@ -51,12 +63,7 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers)."""
-    pdl_launch_dependents(PDL)
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_D)
-    mask = offs < D
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: no predecessor wrote it
-    pdl_wait(PDL)
+    row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
     h, y = add_rms_norm(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0), r_ptr + row * stride_r + offs,
                         w, mask, D, eps, HAS_RESIDUAL)
     if HAS_RESIDUAL:                                   # written back for the next layer's residual
