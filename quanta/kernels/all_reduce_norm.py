@@ -88,7 +88,7 @@ def _all_reduce_norm_kernel(
     row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
     dtype = x_ptr.dtype.element_ty
     unit: tl.constexpr = dtype.primitive_bitwidth // 8
-    this_round = (tl.load(round_ptr + row) + 1) % 3
+    this_round = (tl.load(round_ptr + row) + 1) % 3                   # % ROUNDS (a Python constant)
     # --- 1. this rank's row into its slot of this round in every rank's buffer; -0.0 goes as +0.0
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     x = tl.where(x == 0.0, tl.zeros_like(x), x)
