@@ -14,6 +14,7 @@ import argparse
 import signal
 import sys
 
+from quanta.tools.interrupt import exit_now
 from quanta.toolkit.convert_target import FORMATS
 
 
@@ -38,7 +39,7 @@ def cmd_convert(args) -> None:
     except KeyboardInterrupt as e:
         what = "terminated" if isinstance(e, Terminated) else "interrupted"
         print(f"quanta convert: {what}; nothing was written at {args.out}", file=sys.stderr)
-        sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+        exit_now(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(report.summary())

@@ -14,6 +14,7 @@ import argparse
 import signal
 import sys
 
+from quanta.tools.interrupt import exit_now
 from quanta.tools.options import quiet_parent
 from quanta.toolkit.quantize_options import DEFAULT_SAMPLES, DEFAULT_SEQLEN, FORMATS, METHODS, SCHEMES
 
@@ -40,7 +41,7 @@ def cmd_quantize(args) -> None:
                            quiet=args.quiet or args.json)
     except KeyboardInterrupt:
         print(f"quanta: interrupted; nothing was written to {args.out}", file=sys.stderr)
-        raise SystemExit(130) from None
+        exit_now(128 + signal.SIGINT)
     except Terminated:
         print(f"quanta: terminated; nothing was written to {args.out}", file=sys.stderr)
         raise
