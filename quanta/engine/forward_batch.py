@@ -40,7 +40,7 @@ class ForwardBatch:
         allows it: the Triton rope and cache, and no fp8 scales being calibrated from this batch. Its output
         then goes to `attend_cached`."""
         cache = self.kv_cache
-        if getattr(rope, "rotate_and_store", None) is None or not cache.triton or self.calibrate or not ROPE_EPILOGUE:
+        if not ROPE_EPILOGUE or not self._stores_as_it_rotates(rope):
             return None
         k_cache, v_cache = cache.layer(layer)
         return RopeStore(rope.positions, rope.inv_freq.float().contiguous(), q_size, kv_size, head_dim, k_cache,
@@ -53,15 +53,19 @@ class ForwardBatch:
         being calibrated from this batch."""
         cache = self.kv_cache
         k_cache, v_cache = cache.layer(layer)
-        fused = getattr(rope, "rotate_and_store", None)
-        if fused is not None and cache.triton and not self.calibrate:
-            q = fused(q, k, v, k_cache, v_cache, self.slot_mapping, cache.k_scale[layer], cache.v_scale[layer],
-                      cache.fmt)
+        if self._stores_as_it_rotates(rope):
+            q = rope.rotate_and_store(q, k, v, k_cache, v_cache, self.slot_mapping, cache.k_scale[layer],
+                                      cache.v_scale[layer], cache.fmt)
         else:
             if rope is not None:
                 q, k = rope(q, k)
             cache.write(layer, k, v, self.slot_mapping, self.calibrate)
         return self.attend_cached(layer, q, scale)
+
+    def _stores_as_it_rotates(self, rope: Callable | None) -> bool:
+        """Whether the step's k and v may be stored by the kernel that rotates them (a Triton rope and cache),
+        not by the cache's own write: not while the fp8 scales are calibrated from this batch."""
+        return getattr(rope, "rotate_and_store", None) is not None and self.kv_cache.triton and not self.calibrate
 
     def attend_cached(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of the step's (rotated) queries q [T, Hq, D] over the paged cache, which already holds the

@@ -122,6 +122,12 @@ def _rotary_kernel(
             _store_halves(ko_ptr, t * stride_kot + k_h * stride_koh + k_d, k_lo, k_hi, HALF_D, k_mask)
 
 
+def _scale_args(k_scale, v_scale, fmt: Fp8Format | None, unread: torch.Tensor) -> tuple:
+    """The caches' scale pointers a launch passes: the fp8 scales, or `unread` (any float32 tensor) for a cache in
+    the model dtype, whose kernels never read them."""
+    return (k_scale, v_scale) if fmt is not None else (unread, unread)
+
+
 class RopeStore(NamedTuple):
     """What a GEMM making a token's stacked [q | k | v] row needs to finish it as rotary_and_store would: rotate
     the q and k heads, write k and v into the paged caches at `slot`, and leave only q (rotated) in its output."""
@@ -139,8 +145,8 @@ class RopeStore(NamedTuple):
 
     def kernel_args(self) -> tuple:
         """The epilogue's pointer arguments: positions, frequencies, caches, slots, scales (rope_store_epilogue)."""
-        scales = (self.k_scale, self.v_scale) if self.fmt is not None else (self.inv_freq, self.inv_freq)
-        return (self.positions, self.inv_freq, self.k_cache, self.v_cache, self.slot, *scales)
+        return (self.positions, self.inv_freq, self.k_cache, self.v_cache, self.slot,
+                *_scale_args(self.k_scale, self.v_scale, self.fmt, self.inv_freq))
 
 
 @triton.jit
@@ -207,7 +213,7 @@ def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2:] == k.shape[1:]
     assert v.shape == k.shape and v.stride(-1) == 1 and (fmt is None) == (k_cache.dtype != torch.uint8)
     qo = torch.empty_like(q)
-    scales = (k_scale, v_scale) if fmt is not None else (inv_freq, inv_freq)
+    scales = _scale_args(k_scale, v_scale, fmt, inv_freq)
     _launch(q, k, qo, qo, positions, inv_freq, (v, k_cache, v_cache, slot, *scales), fmt)
     return qo
 

@@ -74,21 +74,27 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Callable, ctx) -> torch.Tensor:
         t = x.shape[0]
-        if self.q_norm is None:              # rotary and the KV store in the q/k/v GEMM's epilogue where it can
-            store = ctx.rope_store(self.layer, rope, self.q_size, self.kv_size, self.head_dim)
-            qkv = self.qkv_proj.forward_rope_store(x, store) if store is not None else None
-            if qkv is not None:
-                q = qkv[:, :self.q_size].view(t, self.num_heads, self.head_dim)
-                out = ctx.attend_cached(self.layer, q, self.scale)
-                return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        out = ctx.attend(self.layer, q, k, v, self.scale, rope)
+        qkv = self._qkv_rotated_and_stored(x, rope, ctx)
+        if qkv is not None:
+            out = ctx.attend_cached(self.layer, qkv[:, :self.q_size].view(t, self.num_heads, self.head_dim),
+                                    self.scale)
+        else:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(t, self.num_heads, self.head_dim)
+            k = k.view(t, self.num_kv_heads, self.head_dim)
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            out = ctx.attend(self.layer, q, k, v, self.scale, rope)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    def _qkv_rotated_and_stored(self, x: torch.Tensor, rope: Callable, ctx) -> torch.Tensor | None:
+        """[q | k | v] with rotary and the KV store done in the q/k/v GEMM's epilogue, where the step and the
+        kernel allow it (no q/k norms between the GEMM and the rotation); else None."""
+        if self.q_norm is not None:
+            return None
+        store = ctx.rope_store(self.layer, rope, self.q_size, self.kv_size, self.head_dim)
+        return self.qkv_proj.forward_rope_store(x, store) if store is not None else None
 
 
 class LlamaMLP(nn.Module):
