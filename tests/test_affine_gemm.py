@@ -209,3 +209,39 @@ def test_pack_by_row_chunks_equals_one_pass(monkeypatch):
     monkeypatch.setattr(layout, "PACK_ROWS", 5)
     chunked = layout.pack(codes, 4, 128, scales, torch.float16, zero=8)
     assert torch.equal(whole.packed, chunked.packed) and torch.equal(whole.sz, chunked.sz)
+
+
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemv", 2), ("splitk", 3), ("cublas", 5)])
+def test_input_in_the_weights_order_gives_the_gathering_kernels_outputs(path, m):
+    """take_input_order hands an act-order weight's gather order (its columns sorted by group) to the caller:
+    x[:, order] into the state without it gives, bit for bit, what the kernel gathering x itself gives, on
+    every path. A weight already in the model's order has none to hand over."""
+    w = make_affine(92, 200, 4, 64, "fmin", act_order=True)
+    st = affine.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(m, 200, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    order, in_order = affine.take_input_order(st)
+    assert torch.equal(order.long().cpu(), torch.argsort(w.g_idx.long().cpu(), stable=True))
+    assert in_order.perm is None and st.perm is not None
+    assert torch.equal(plan.matmul(x[:, order.long()], in_order, path=path), plan.matmul(x, st, path=path))
+    plain = affine.prepare(make_affine(72, 256, 4, 128, "sym"), DEVICE, torch.float16)
+    assert affine.take_input_order(plain) == (None, plain)
+
+
+def test_norm_written_in_the_weights_order_feeds_the_layer_the_same_numbers():
+    """An RMSNorm (the Triton kernel) feeding an act-order QuantLinear: after the layer hands its order to the
+    norm, the layer's outputs are bit for bit those before, and the norm's residual stream is unchanged."""
+    from quanta.engine.layers import QuantLinear, RMSNorm
+    w = make_affine(64, 256, 4, 32, "asym", act_order=True)
+    layer = QuantLinear(256, 64)
+    layer.kernel, layer.state = affine, affine.prepare(w, DEVICE, torch.float16)
+    norm = RMSNorm(256, 1e-5, triton=True)
+    norm.weight.data = (torch.rand(256) + 0.5).to(DEVICE, torch.float16)
+    g = torch.Generator().manual_seed(4)
+    x, r = (torch.randn(3, 256, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+    y, h = norm(x, r)
+    before = layer(y)
+    norm.write_in_order(layer.take_input_order())
+    assert layer.state.perm is None and layer.take_input_order() is None
+    y_ordered, h_after = norm(x, r)
+    assert torch.equal(h_after, h) and not torch.equal(y_ordered, y)
+    assert torch.equal(layer(y_ordered), before)

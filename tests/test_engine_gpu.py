@@ -109,6 +109,25 @@ def test_rope_in_the_qkv_gemv_decodes_as_the_rotary_kernel(kv, monkeypatch):
     assert fused == separate
 
 
+def test_norms_written_in_the_act_order_weights_order_decode_as_the_gathering_gemv(monkeypatch):
+    """An act-order model: the norms write q/k/v's and gate/up's inputs in their weights' sorted column order
+    (LlamaDecoderLayer.feed_in_weight_order) and the GEMMs read them in order; prefill and decode give exactly
+    the tokens of the GEMMs gathering their inputs themselves."""
+    from quanta.engine.models.llama import LlamaDecoderLayer
+    model, ps = "synthetic:tiny-tp:w4g64act", prompts((1, 7, 40))
+    with LLM(model, gpu_memory_utilization=0.2) as llm:
+        layers = llm.runner.model.model.layers
+        assert all(n.dest is not None for layer in layers
+                   for n in (layer.input_layernorm, layer.post_attention_layernorm))
+        assert all(layer.self_attn.qkv_proj.fused.state.perm is None for layer in layers)
+        ordered = [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]
+    monkeypatch.setattr(LlamaDecoderLayer, "feed_in_weight_order", lambda self: None)
+    with LLM(model, gpu_memory_utilization=0.2) as llm:
+        assert llm.runner.model.model.layers[0].self_attn.qkv_proj.fused.state.perm is not None
+        gathering = [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]
+    assert ordered == gathering
+
+
 def test_memory_sizing_and_fp8_capacity():
     auto = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True)
     fp8 = LLM(model="synthetic:tiny:fp16", gpu_memory_utilization=0.2, enforce_eager=True, kv_cache_dtype="fp8")

@@ -22,6 +22,28 @@ def test_rms_norm(rows, d, residual, dtype):
     assert rel_err(got, want) < TOL[dtype] / 2
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_writes_feature_j_to_column_dest_j(residual):
+    """With dest (a permutation), the kernel's row is its plain row with feature j moved to column dest[j], bit
+    for bit (the same arithmetic, only the stores move), as the reference places it; the residual stream is
+    not moved."""
+    rows, d = 3, 423
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, d, generator=g).to(DEVICE, torch.float16)
+    r = torch.randn(rows, d, generator=g).to(DEVICE, torch.float16) if residual else None
+    w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, torch.float16)
+    dest = torch.randperm(d, generator=g).to(DEVICE, torch.int32)
+    plain, moved = fused_norm.rms_norm(x, w, 1e-5, r), fused_norm.rms_norm(x, w, 1e-5, r, dest)
+    ref = fused_norm.reference(x, w, 1e-5, r, dest)
+    if residual:
+        assert torch.equal(moved[1], plain[1]) and torch.equal(ref[1], x + r)
+        plain, moved, ref = plain[0], moved[0], ref[0]
+    assert torch.equal(moved[:, dest.long()], plain)
+    assert torch.equal(ref[:, dest.long()], fused_norm.reference(x, w, 1e-5, r)[0] if residual
+                       else fused_norm.reference(x, w, 1e-5))
+    assert rel_err(moved, ref) < TOL[torch.float16] / 2
+
+
 @pytest.mark.gpu
 def test_gpu_rms_norm_llama():
     x, r = torch.randn(2, 512, 8192, device="cuda", dtype=torch.bfloat16).unbind(0)

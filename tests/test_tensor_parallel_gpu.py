@@ -1,7 +1,8 @@
 """Tensor parallelism on GPUs (NCCL, rank r on cuda:r, CUDA graphs with the all-reduce captured): the
 synthetic Llama-3-8B at TP = 2 gives TP = 1's greedy tokens, with the small all-reduces on the one-shot
-kernel and with NCCL for all; the fused one-shot all-reduce + norm kernel across two GPUs against the float32
-sum. Run on a machine with two GPUs: -m gpu."""
+kernel and with NCCL for all, and in a GPTQ act-order layout; the fused one-shot all-reduce + norm kernel
+across two GPUs and across all of the host's against the float32 sum. Run on a machine with two GPUs or
+more: -m gpu."""
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,9 @@ MODEL = "synthetic:llama3-8b:w4g128"
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
-def greedy(tp: int, **kw) -> tuple[list[list[int]], torch.Tensor, bool]:
+def greedy(tp: int, model: str = MODEL, **kw) -> tuple[list[list[int]], torch.Tensor, bool]:
     prompts = [[(7 * i + 3 * j) % 1000 + 10 for i in range(n)] for j, n in enumerate((5, 40, 130))]
-    with LLM(MODEL, tensor_parallel_size=tp, gpu_memory_utilization=0.5, max_model_len=512, max_num_seqs=8,
+    with LLM(model, tensor_parallel_size=tp, gpu_memory_utilization=0.5, max_model_len=512, max_num_seqs=8,
              quiet=True, **kw) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
         one_shot = llm.core.tp is not None and llm.core.tp.one_shot is not None
@@ -37,6 +38,18 @@ def test_tp2_greedy_equals_tp1(tp1, enforce_eager, nccl):
     torch.testing.assert_close(logits, tp1[1], atol=0.25, rtol=0.05)
     assert (logits.argmax(-1) == tp1[1].argmax(-1)).float().mean() > 0.95
     assert tokens == tp1[0]
+
+
+def test_tp2_act_order_greedy_equals_tp1():
+    """GPTQ act-order at TP = 2: each rank's o_proj piece is held dequantized, its MLP's groups sorted, and the
+    one-shot kernel writes q/k/v's and gate/up's inputs in their weights' column order; greedy tokens as at
+    TP = 1."""
+    model = MODEL + "act"
+    tokens, logits, one_shot = greedy(2, model)
+    want_tokens, want_logits, _ = greedy(1, model)
+    assert one_shot
+    torch.testing.assert_close(logits, want_logits, atol=0.25, rtol=0.05)
+    assert tokens == want_tokens
 
 
 def _one_shot_rank(rank: int, world: int, port: int, failures) -> None:
@@ -85,9 +98,11 @@ def _one_shot_rank(rank: int, world: int, port: int, failures) -> None:
         dist.destroy_process_group()
 
 
-def test_one_shot_all_reduce_norm_sums_exactly():
-    """The fused kernel across two GPUs: each rank's different block, rows from 1 to the buffer's, with and
-    without residual, eager and replayed from a CUDA graph: the sum equals the float32 sum rounded once."""
+@pytest.mark.parametrize("world", sorted({2, min(torch.cuda.device_count(), 8)} - {0, 1}))
+def test_one_shot_all_reduce_norm_sums_exactly(world):
+    """The fused kernel across two GPUs and across every GPU of the host: each rank's different block, rows from
+    1 to the buffer's, with and without residual, eager and replayed from a CUDA graph: the sum equals the float32
+    sum rounded once."""
     import socket
 
     import torch.multiprocessing as mp
@@ -96,7 +111,7 @@ def test_one_shot_all_reduce_norm_sums_exactly():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     failures = ctx.Queue()
-    procs = [ctx.Process(target=_one_shot_rank, args=(r, 2, port, failures)) for r in range(2)]
+    procs = [ctx.Process(target=_one_shot_rank, args=(r, world, port, failures)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

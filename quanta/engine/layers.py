@@ -85,6 +85,16 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.state, self.bias)
 
+    def take_input_order(self) -> torch.Tensor | None:
+        """The order (int32 [K]: input column k reads feature order[k]) in which this layer's kernel would gather
+        its input, handed to the caller, which from now on passes inputs already in it; None where the kernel
+        reads its input in the model's order (kernels may expose take_input_order, see the registry)."""
+        take = getattr(self.kernel, "take_input_order", None)
+        if take is None:
+            return None
+        order, self.state = take(self.state)
+        return order
+
     def extra_repr(self) -> str:
         kernel = self.kernel.NAME if self.kernel else None
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"
@@ -151,6 +161,10 @@ class MergedQuantLinear(nn.Module):
         fused = getattr(self.fused.kernel, "apply_rope_store", None) if self.fused is not None else None
         return fused(x, self.fused.state, self.fused.bias, rope) if fused is not None else None
 
+    def take_input_order(self) -> torch.Tensor | None:
+        """QuantLinear.take_input_order of the stacked GEMM; None for parts loaded separately."""
+        return self.fused.take_input_order() if self.fused is not None else None
+
     def part_names(self, name: str) -> list[str]:
         """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`
         -> `...self_attn.q_proj`, `...k_proj`, `...v_proj`)."""
@@ -167,17 +181,24 @@ class MergedQuantLinear(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, as transformers' LlamaRMSNorm; with `residual`, the residual add
     before it is fused in (vLLM's form): returns (normed, x + residual). `triton`: the Triton kernel runs
-    (for rows laid out contiguously), else the torch reference."""
+    (for rows laid out contiguously), else the torch reference. After `write_in_order`, the normed output's
+    features come in the order of the one layer that reads them (fused_norm's `dest`)."""
 
     def __init__(self, dim: int, eps: float, triton: bool = False):
         super().__init__()
         self.eps, self.triton = eps, triton
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.dest: torch.Tensor | None = None       # int32 [dim]: the column feature j is written to
+
+    def write_in_order(self, order: torch.Tensor) -> None:
+        """From now on write the normed output's column k as feature order[k] (a QuantLinear's
+        take_input_order), for the single layer that reads it."""
+        self.dest = torch.argsort(order.long()).to(torch.int32)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.triton and x.stride(-1) == 1:
-            return fused_norm.rms_norm(x, self.weight, self.eps, residual)
-        return fused_norm.reference(x, self.weight, self.eps, residual)
+            return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.dest)
+        return fused_norm.reference(x, self.weight, self.eps, residual, self.dest)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed, the new residual stream): x + residual, or x itself where there is no residual yet."""

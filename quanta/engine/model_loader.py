@@ -110,6 +110,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
     if unused:
         raise CorruptFileError(f"{ckpt.path}: {len(unused)} tensors match no module of {cfg.model_type}, "
                                f"e.g. {unused[:3]}")
+    for layer in model.model.layers:
+        layer.feed_in_weight_order()
     return model.eval()
 
 

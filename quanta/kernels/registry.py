@@ -13,6 +13,8 @@ and may expose
                                                      where this input's kernel cannot
     compute_dtype(dtype) -> dtype                    what the GEMM's arithmetic runs in for `dtype` activations,
                                                      where that is not `dtype` itself
+    take_input_order(state) -> (order|None, state)   the order the kernel gathers x's columns in (act-order), and
+                                                     the state that reads x already in it
 `select()` returns the first module that supports the weight, and a reason naming why earlier
 candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it.
 """

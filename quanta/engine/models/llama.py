@@ -130,6 +130,16 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = add_norm(self.post_attention_layernorm, h, residual, self.tp)
         return self.mlp(h), residual
 
+    def feed_in_weight_order(self) -> None:
+        """Each norm's output has one reader, the q/k/v and the gate/up GEMMs. Where that GEMM's kernel gathers
+        its input columns in an order of its own (act-order groups sorted at load), the norm writes them in that
+        order instead: the same numbers, read in order, and no gather per weight tile."""
+        for norm, linear in ((self.input_layernorm, self.self_attn.qkv_proj),
+                             (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+            order = linear.take_input_order()
+            if order is not None:
+                norm.write_in_order(order)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, device: torch.device, triton: bool, tp: TensorParallel | None = None):

@@ -9,6 +9,8 @@ The path modules import only `layout` and the Triton helpers; `plan` imports the
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from quanta.kernels.affine import layout, plan
@@ -46,6 +48,15 @@ def apply_rope_store(x: torch.Tensor, state: AffineState, bias: torch.Tensor | N
     """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
     epilogue; None where the planned path is not such a GEMV (plan.matmul_rope)."""
     return plan.matmul_rope(x, state, bias, rope)
+
+
+def take_input_order(state: AffineState) -> tuple[torch.Tensor | None, AffineState]:
+    """(perm, the state without it) for an act-order weight, whose sorted columns read x[:, perm] (every path
+    gathers x through perm, tile by tile): the caller then passes x[:, perm] itself, made where x is made, and
+    the kernels read it in order. (None, state) where the columns are in the model's order."""
+    if state.perm is None:
+        return None, state
+    return state.perm, dataclasses.replace(state, perm=None)
 
 
 def path(state: AffineState, m: int) -> tuple[str, str]:
