@@ -30,12 +30,12 @@ def empty(t: torch.Tensor) -> bool:
     return bool((t.view(itype) == all_reduce_norm.sentinel_bits(t.dtype)).all())
 
 
-def run(ranks: list[Rank], rank: int, x, residual, w, dest=None):
+def run(ranks: list[Rank], rank: int, x, residual, w, order=None):
     me = ranks[rank]
     deltas = torch.tensor([r.data.data_ptr() - me.data.data_ptr() for r in ranks], dtype=torch.int64,
                           device=DEVICE)
     return all_reduce_norm.all_reduce_norm(x, residual, w, 1e-5, rank=rank, data=me.data, deltas=deltas,
-                                           rounds=me.rounds, dest=dest)
+                                           rounds=me.rounds, order=order)
 
 
 @pytest.mark.parametrize("rows,d", [(1, 64), (3, 213)])
@@ -105,21 +105,21 @@ def test_fewer_rows_than_the_buffer_and_three_ranks():
     assert torch.equal(h, want_h) and rel_err(y, want_y) < TOL[torch.float16] / 2
 
 
-def test_dest_moves_the_norm_not_the_residual_stream():
-    """With dest, each rank's y is the plain kernel's y with feature j in column dest[j], bit for bit; h, the
-    residual stream, stays in the model's order."""
+def test_order_permutes_the_norm_not_the_residual_stream():
+    """With `order`, each rank's y is the plain kernel's y with column k holding feature order[k], bit for bit;
+    h, the residual stream, stays in the model's order."""
     rows, d = 2, 213
     g = torch.Generator().manual_seed(5)
     xs = [torch.randn(rows, d, generator=g).to(DEVICE, torch.float16) for _ in range(2)]
     r = torch.randn(rows, d, generator=g).to(DEVICE, torch.float16)
     w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, torch.float16)
-    dest = torch.randperm(d, generator=g).to(DEVICE, torch.int32)
+    order = torch.randperm(d, generator=g).to(DEVICE, torch.int32)
     outs = []
-    for moved in (None, dest):
+    for permuted in (None, order):
         ranks = [Rank(rows, 2, d, torch.float16), Rank(rows, 2, d, torch.float16)]
         peer_arrives(ranks, 1, xs[1], 1)
-        outs.append(run(ranks, 0, xs[0], r, w, moved))
-    (y, h), (y_moved, h_moved) = outs
-    assert torch.equal(h_moved, h) and torch.equal(y_moved[:, dest.long()], y)
-    want_y, _ = all_reduce_norm.reference(xs, w, 1e-5, r, dest)
-    assert rel_err(y_moved, want_y) < TOL[torch.float16] / 2
+        outs.append(run(ranks, 0, xs[0], r, w, permuted))
+    (y, h), (y_ordered, h_ordered) = outs
+    assert torch.equal(h_ordered, h) and torch.equal(y_ordered, y[:, order.long()])
+    want_y, _ = all_reduce_norm.reference(xs, w, 1e-5, r, order)
+    assert rel_err(y_ordered, want_y) < TOL[torch.float16] / 2

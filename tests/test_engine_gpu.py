@@ -117,7 +117,7 @@ def test_norms_written_in_the_act_order_weights_order_decode_as_the_gathering_ge
     model, ps = "synthetic:tiny-tp:w4g64act", prompts((1, 7, 40))
     with LLM(model, gpu_memory_utilization=0.2) as llm:
         layers = llm.runner.model.model.layers
-        assert all(n.dest is not None for layer in layers
+        assert all(n.order is not None for layer in layers
                    for n in (layer.input_layernorm, layer.post_attention_layernorm))
         assert all(layer.self_attn.qkv_proj.fused.state.perm is None for layer in layers)
         ordered = [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in ps]

@@ -23,25 +23,25 @@ def test_rms_norm(rows, d, residual, dtype):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-def test_rms_norm_writes_feature_j_to_column_dest_j(residual):
-    """With dest (a permutation), the kernel's row is its plain row with feature j moved to column dest[j], bit
-    for bit (the same arithmetic, only the stores move), as the reference places it; the residual stream is
-    not moved."""
-    rows, d = 3, 423
+@pytest.mark.parametrize("d", [423, 4096])
+def test_rms_norm_in_order_puts_feature_order_k_in_column_k(residual, d):
+    """With `order` (a permutation), the kernel's row is its plain row with column k holding feature order[k],
+    bit for bit (the same arithmetic, only the row is permuted), as the reference does; the residual stream is
+    not permuted."""
+    rows = 3
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, d, generator=g).to(DEVICE, torch.float16)
     r = torch.randn(rows, d, generator=g).to(DEVICE, torch.float16) if residual else None
     w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, torch.float16)
-    dest = torch.randperm(d, generator=g).to(DEVICE, torch.int32)
-    plain, moved = fused_norm.rms_norm(x, w, 1e-5, r), fused_norm.rms_norm(x, w, 1e-5, r, dest)
-    ref = fused_norm.reference(x, w, 1e-5, r, dest)
+    order = torch.randperm(d, generator=g).to(DEVICE, torch.int32)
+    plain, ordered = fused_norm.rms_norm(x, w, 1e-5, r), fused_norm.rms_norm(x, w, 1e-5, r, order)
+    ref, ref_plain = fused_norm.reference(x, w, 1e-5, r, order), fused_norm.reference(x, w, 1e-5, r)
     if residual:
-        assert torch.equal(moved[1], plain[1]) and torch.equal(ref[1], x + r)
-        plain, moved, ref = plain[0], moved[0], ref[0]
-    assert torch.equal(moved[:, dest.long()], plain)
-    assert torch.equal(ref[:, dest.long()], fused_norm.reference(x, w, 1e-5, r)[0] if residual
-                       else fused_norm.reference(x, w, 1e-5))
-    assert rel_err(moved, ref) < TOL[torch.float16] / 2
+        assert torch.equal(ordered[1], plain[1]) and torch.equal(ref[1], x + r)
+        plain, ordered, ref, ref_plain = plain[0], ordered[0], ref[0], ref_plain[0]
+    assert torch.equal(ordered, plain[:, order.long()])
+    assert torch.equal(ref, ref_plain[:, order.long()])
+    assert rel_err(ordered, ref) < TOL[torch.float16] / 2
 
 
 @pytest.mark.gpu

@@ -182,23 +182,23 @@ class RMSNorm(nn.Module):
     """RMSNorm computed in float32, as transformers' LlamaRMSNorm; with `residual`, the residual add
     before it is fused in (vLLM's form): returns (normed, x + residual). `triton`: the Triton kernel runs
     (for rows laid out contiguously), else the torch reference. After `write_in_order`, the normed output's
-    features come in the order of the one layer that reads them (fused_norm's `dest`)."""
+    features come in the order of the one layer that reads them (fused_norm's `order`)."""
 
     def __init__(self, dim: int, eps: float, triton: bool = False):
         super().__init__()
         self.eps, self.triton = eps, triton
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
-        self.dest: torch.Tensor | None = None       # int32 [dim]: the column feature j is written to
+        self.order: torch.Tensor | None = None      # int32 [dim]: the feature output column k holds
 
     def write_in_order(self, order: torch.Tensor) -> None:
         """From now on write the normed output's column k as feature order[k] (a QuantLinear's
         take_input_order), for the single layer that reads it."""
-        self.dest = torch.argsort(order.long()).to(torch.int32)
+        self.order = order.to(torch.int32)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.triton and x.stride(-1) == 1:
-            return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.dest)
-        return fused_norm.reference(x, self.weight, self.eps, residual, self.dest)
+            return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.order)
+        return fused_norm.reference(x, self.weight, self.eps, residual, self.order)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed, the new residual stream): x + residual, or x itself where there is no residual yet."""

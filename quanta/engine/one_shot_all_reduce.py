@@ -59,11 +59,11 @@ class OneShotAllReduceNorm:
                 and x.is_contiguous())
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float, dest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, hidden] this rank's partial sum -> (the norm of the total plus residual, that sum); the norm's
-        feature j in column dest[j] where `dest` is given (fused_norm)."""
+        columns in `order` where it is given (fused_norm)."""
         return all_reduce_norm.all_reduce_norm(x, residual, weight, eps, rank=self.rank, data=self.buffer,
-                                               deltas=self.deltas, rounds=self.rounds, dest=dest)
+                                               deltas=self.deltas, rounds=self.rounds, order=order)
 
 
 def _check(reducer: OneShotAllReduceNorm, device: torch.device) -> bool:

@@ -74,7 +74,7 @@ class TensorParallel:
         One kernel where the one-shot path takes x, else x summed in place by NCCL (gloo on the CPU) and the
         norm. Both are capturable in a CUDA graph."""
         if self.one_shot is not None and norm.triton and self.one_shot.usable(x):
-            return self.one_shot(x, residual, norm.weight, norm.eps, norm.dest)
+            return self.one_shot(x, residual, norm.weight, norm.eps, norm.order)
         dist.all_reduce(x)
         return norm.add_norm(x, residual)
 

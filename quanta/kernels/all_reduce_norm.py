@@ -3,8 +3,7 @@ add and the RMSNorm that follow it: one kernel where unfused decode runs four (s
 
     s = sum over ranks of x (float32, in rank order, rounded once);  h = s + residual (when given);
     y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
-returns (y, h): fused_norm's outputs for the all-reduced x (y's features in the columns `dest` gives, as
-there), and with no residual h = s.
+returns (y, h): fused_norm's outputs for the all-reduced x (y's columns in `order`, as there), and with no residual h = s.
 
 Every rank runs the kernel on its own x over the same rows. One program per row, no flags (the Lamport
 scheme of TensorRT-LLM's one-shot all-reduce): a slot that holds no data holds the sentinel -0.0 in every
@@ -39,12 +38,12 @@ NAME = "triton_all_reduce_norm"
 
 
 def reference(parts: list[torch.Tensor], weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-              dest: torch.Tensor | None = None):
+              order: torch.Tensor | None = None):
     """The ranks' partial outputs `parts` (rank order) -> (y, h), as the kernel computes them."""
     s = torch.stack([p.float() for p in parts]).sum(0).to(parts[0].dtype)
     if residual is None:
-        return norm_reference(s, weight, eps, dest=dest), s
-    return norm_reference(s, weight, eps, residual, dest)
+        return norm_reference(s, weight, eps, order=order), s
+    return norm_reference(s, weight, eps, residual, order)
 
 
 @triton.jit
@@ -75,7 +74,7 @@ def _empty(v, mask):
 @triton.jit
 def _all_reduce_norm_kernel(
     # this rank's tensors, its round counters and buffer
-    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, dest_ptr, round_ptr, data_ptr,
+    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, order_ptr, round_ptr, data_ptr,
     # every rank's buffer's address less this rank's, in bytes (int64 [WORLD])
     deltas,
     # sizes
@@ -83,7 +82,7 @@ def _all_reduce_norm_kernel(
     # strides (rows)
     stride_x, stride_r, stride_y, stride_h,
     # meta
-    WORLD: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DEST: tl.constexpr = False,
+    WORLD: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_ORDER: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers). The buffer holds
@@ -109,7 +108,7 @@ def _all_reduce_norm_kernel(
     # --- 3. the residual and the norm
     h, y = add_rms_norm(acc.to(dtype), r_ptr + row * stride_r + offs, w, mask, D, eps, HAS_RESIDUAL)
     tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
-    store_row(y_ptr + row * stride_y, y, offs, mask, dest_ptr, HAS_DEST)
+    store_row(y_ptr + row * stride_y, y, offs, mask, order_ptr, HAS_ORDER)
     # --- 4. the previous round's slots of this row emptied for its next use, three calls on
     empty = tl.full([BLOCK_D], -(1 << (dtype.primitive_bitwidth - 1)),
                     tl.int16 if unit == 2 else tl.int32).to(dtype, bitcast=True)
@@ -120,25 +119,26 @@ def _all_reduce_norm_kernel(
 
 def all_reduce_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
                     rank: int, data: torch.Tensor, deltas: torch.Tensor,
-                    rounds: torch.Tensor, dest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    rounds: torch.Tensor, order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, D] this rank's partial rows (and residual, same shape) -> (y, h) as `reference` over all ranks'
-    x (y's feature j in column dest[j] where dest, int32 [D], is given). This rank's buffer: data [ROUNDS, world, rows, D] of x's dtype, filled with -0.0 before the first
-    call (`empty_buffer`), every rank's at deltas[r] bytes from this rank's (int64 [world] on x's device,
-    multiples of 16); rounds [rows] int32, zeroed. Every rank calls it with the same R <= rows."""
+    x (y's column k holding feature order[k] where `order`, int32 [D], is given). This rank's buffer: data
+    [ROUNDS, world, rows, D] of x's dtype, filled with -0.0 before the first call (`empty_buffer`), every
+    rank's at deltas[r] bytes from this rank's (int64 [world] on x's device, multiples of 16); rounds [rows]
+    int32, zeroed. Every rank calls it with the same R <= rows."""
     r_rows, d = x.shape
     _, world, rows, _ = data.shape
     assert r_rows <= rows == rounds.numel() and data.shape == (ROUNDS, world, rows, d) and weight.shape == (d,)
     assert data.dtype == x.dtype and rounds.dtype == torch.int32 and deltas.numel() == world
-    assert dest is None or (dest.shape == (d,) and dest.dtype == torch.int32)
+    assert order is None or (order.shape == (d,) and order.dtype == torch.int32)
     assert x.stride(-1) == 1 and (residual is None or (residual.shape == x.shape and residual.stride(-1) == 1))
     y = torch.empty_like(x, dtype=torch.promote_types(x.dtype, weight.dtype))
     h = torch.empty_like(x)
     r = residual if residual is not None else x
     block = triton.next_power_of_2(d)
     _all_reduce_norm_kernel[(r_rows,)](
-        x, r, weight, y, h, rounds if dest is None else dest, rounds, data, deltas, rank, d, eps, rows,
+        x, r, weight, y, h, rounds if order is None else order, rounds, data, deltas, rank, d, eps, rows,
         x.stride(0), r.stride(0), y.stride(0), h.stride(0),
-        WORLD=world, BLOCK_D=block, HAS_RESIDUAL=residual is not None, HAS_DEST=dest is not None,
+        WORLD=world, BLOCK_D=block, HAS_RESIDUAL=residual is not None, HAS_ORDER=order is not None,
         num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
     return y, h
 

@@ -2,9 +2,10 @@
 
     h = x + residual (when given);  y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
 as transformers' LlamaRMSNorm and engine.layers.RMSNorm compute it; returns y, or (y, h) with a residual.
-With `dest`, feature j of y is written to column dest[j]: the order in which the GEMM that reads y holds its
-weight's columns (an act-order weight sorted by group), so that the GEMM need not gather its input; h keeps
-the model's order.
+With `order`, y's column k holds feature order[k]: the order in which the GEMM that reads y holds its weight's
+columns (an act-order weight sorted by group), so that the GEMM need not gather its input; h keeps the model's
+order. The kernel permutes the row it holds in registers (tl.gather, through shared memory) and stores it
+whole: a row scattered to global memory element by element costs one transaction per element.
 """
 from __future__ import annotations
 
@@ -23,20 +24,20 @@ NAME = "triton_rms_norm"
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-              dest: torch.Tensor | None = None):
+              order: torch.Tensor | None = None):
     h = x if residual is None else x + residual
     hf = h.float()
     y = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    if dest is not None:
-        y = torch.empty_like(y).index_copy_(-1, dest.long(), y)
+    if order is not None:
+        y = y.index_select(-1, order.long())
     return y if residual is None else (y, h)
 
 
 @triton.jit
-def store_row(y_ptr, y, offs, mask, dest_ptr, HAS_DEST: tl.constexpr):
-    """A normed row y into its output row at y_ptr, feature j at column dest[j] with HAS_DEST."""
-    if HAS_DEST:
-        offs = tl.load(dest_ptr + offs, mask=mask, other=0)
+def store_row(y_ptr, y, offs, mask, order_ptr, HAS_ORDER: tl.constexpr):
+    """A normed row y into its output row at y_ptr; with HAS_ORDER column k holds feature order[k]."""
+    if HAS_ORDER:
+        y = tl.gather(y, tl.load(order_ptr + offs, mask=mask, other=0), axis=0)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -68,13 +69,13 @@ def add_rms_norm(h, r_ptrs, w, mask, D, eps, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _rms_norm_kernel(
     # pointers
-    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, dest_ptr,
+    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, order_ptr,
     # sizes
     D, eps,
     # strides (rows)
     stride_x, stride_r, stride_y, stride_h,
     # meta
-    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DEST: tl.constexpr = False, PDL: tl.constexpr = False,
+    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_ORDER: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers)."""
     row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
@@ -82,16 +83,16 @@ def _rms_norm_kernel(
                         w, mask, D, eps, HAS_RESIDUAL)
     if HAS_RESIDUAL:                                   # written back for the next layer's residual
         tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
-    store_row(y_ptr + row * stride_y, y, offs, mask, dest_ptr, HAS_DEST)
+    store_row(y_ptr + row * stride_y, y, offs, mask, order_ptr, HAS_ORDER)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             dest: torch.Tensor | None = None):
-    """x [..., D] (and residual, same shape) -> y, or (y, x + residual); y's feature j in column dest[j]
-    (int32 [D], a permutation) where dest is given."""
+             order: torch.Tensor | None = None):
+    """x [..., D] (and residual, same shape) -> y, or (y, x + residual); y's column k holds feature order[k]
+    where `order` (int32 [D], a permutation) is given."""
     d = x.shape[-1]
     assert weight.shape == (d,) and (residual is None or residual.shape == x.shape)
-    assert dest is None or (dest.shape == (d,) and dest.dtype == torch.int32)
+    assert order is None or (order.shape == (d,) and order.dtype == torch.int32)
     x2 = x.reshape(-1, d)
     r2 = residual.reshape(-1, d) if residual is not None else x2
     assert x2.stride(-1) == 1 and r2.stride(-1) == 1
@@ -99,9 +100,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     h = torch.empty_like(x2) if residual is not None else y
     block = triton.next_power_of_2(d)
     _rms_norm_kernel[(x2.shape[0],)](
-        x2, r2, weight, y, h, weight if dest is None else dest, d, eps,
+        x2, r2, weight, y, h, weight if order is None else order, d, eps,
         x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
-        BLOCK_D=block, HAS_RESIDUAL=residual is not None, HAS_DEST=dest is not None,
+        BLOCK_D=block, HAS_RESIDUAL=residual is not None, HAS_ORDER=order is not None,
         num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))
