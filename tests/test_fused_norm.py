@@ -51,3 +51,7 @@ def test_gpu_rms_norm_llama():
     y, h = fused_norm.rms_norm(x, w, 1e-5, r)
     y_ref, h_ref = fused_norm.reference(x, w, 1e-5, r)
     assert torch.equal(h, h_ref) and rel_err(y, y_ref) < TOL[torch.bfloat16] / 2
+    # a row of 8192 permuted across 16 warps (tl.gather through shared memory) on the GPU's lowering
+    order = torch.randperm(8192, device="cuda").to(torch.int32)
+    y_ordered, h_ordered = fused_norm.rms_norm(x, w, 1e-5, r, order)
+    assert torch.equal(y_ordered, y[:, order.long()]) and torch.equal(h_ordered, h)
