@@ -3,7 +3,8 @@ add and the RMSNorm that follow it: one kernel where unfused decode runs four (s
 
     s = sum over ranks of x (float32, in rank order, rounded once);  h = s + residual (when given);
     y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
-returns (y, h): fused_norm's outputs for the all-reduced x (y's columns in `order`, as there), and with no residual h = s.
+returns (y, h): fused_norm's outputs for the all-reduced x (y's columns in `order`, as there), and with no
+residual h = s.
 
 Every rank runs the kernel on its own x over the same rows. One program per row, no flags (the Lamport
 scheme of TensorRT-LLM's one-shot all-reduce): a slot that holds no data holds the sentinel -0.0 in every
