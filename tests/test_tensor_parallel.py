@@ -6,6 +6,9 @@ blocks) and checkpoints written by AutoAWQ and GPTQModel (tests/fixtures). Unsha
 are refused with ConfigError before any rank loads, or, where only the load can tell, by every rank."""
 from __future__ import annotations
 
+import shutil
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,17 @@ def test_a_cut_found_at_load_stops_every_rank():
     # one can start, as the next tests do)
     with pytest.raises(ShardError, match="512-wide"):
         LLM("synthetic:tiny-tp:fp8b512", **BASE, tensor_parallel_size=2)
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_rank_that_dies_before_joining_is_reported_at_once(monkeypatch):
+    """A spawned rank whose process exits before it joins the group (its interpreter here is `false`) makes rank
+    0 raise within seconds, naming the rank and its exit status, instead of waiting out the group's timeout."""
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 exited with status 1 before joining"):
+        LLM("synthetic:tiny-tp:fp16", **BASE, tensor_parallel_size=2)
+    assert time.monotonic() - start < 60
     assert not torch.distributed.is_initialized()
 
 

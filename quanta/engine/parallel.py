@@ -14,6 +14,11 @@ the workers loop on it (ModelRunner.serve) until rank 0 closes, which broadcasts
                   raise (rank 0 re-raises the worker's own error) instead of waiting forever;
   min_int         the KV block count, the smallest any rank can hold.
 Under torchrun, ranks > 0 serve rank 0 inside the engine's constructor and exit when it closes.
+
+Ranks that quanta spawns meet at a TCP store that rank 0 opens; each marks itself ready there just before it
+joins the group, and rank 0 joins only once every worker is ready, watching their processes meanwhile: a worker
+that dies before it joins (a failed import, a GPU that cannot be opened, a kill) is reported at once with its
+exit status instead of leaving rank 0 waiting out the group's timeout.
 """
 from __future__ import annotations
 
@@ -23,11 +28,11 @@ import logging
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -38,6 +43,7 @@ from quanta.quant.errors import ConfigError
 
 TIMEOUT = datetime.timedelta(minutes=10)
 LEAVE_TIMEOUT_S = 60
+HOST = "127.0.0.1"
 log = logging.getLogger(__name__)
 
 
@@ -181,32 +187,65 @@ def start(cfg: EngineConfig) -> TensorParallel | None:
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         rank = int(os.environ["RANK"])
         return _join(cfg, rank, world, "env://", torchrun=True)
-    with socket.socket() as s:                    # a free port for the group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    init = f"tcp://127.0.0.1:{port}"
+    store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     errors = tempfile.mkdtemp(prefix="quanta-tp-")
     # Plain interpreters, not multiprocessing's spawn: that would re-run the user's main module in each.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     procs = []
-    for r in range(1, world):
-        p = subprocess.Popen([sys.executable, "-c", "from quanta.engine.parallel import worker_entry; worker_entry()"],
-                             stdin=subprocess.PIPE, env=env)
-        p.stdin.write(pickle.dumps((cfg, r, world, init, errors)))
-        p.stdin.close()
-        procs.append(p)
-    tp = _join(cfg, 0, world, init)
+    try:
+        for r in range(1, world):
+            p = subprocess.Popen([sys.executable, "-c",
+                                  "from quanta.engine.parallel import worker_entry; worker_entry()"],
+                                 stdin=subprocess.PIPE, env=env)
+            procs.append(p)
+            with contextlib.suppress(BrokenPipeError):       # one that died at once: wait_until_ready says so
+                p.stdin.write(pickle.dumps((cfg, r, world, store.port, errors)))
+                p.stdin.close()
+        wait_until_ready(store, procs)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        shutil.rmtree(errors, ignore_errors=True)
+        raise
+    tp = _join(cfg, 0, world, store=store)
     tp.procs, tp.errors = procs, errors
     return tp
 
 
-def _join(cfg: EngineConfig, rank: int, world: int, init: str, torchrun: bool = False) -> TensorParallel:
+def _ready_key(rank: int) -> str:
+    return f"quanta/ready/{rank}"
+
+
+def wait_until_ready(store: dist.Store, procs: list[subprocess.Popen]) -> None:
+    """Return once every spawned rank (procs[r - 1] is rank r) has marked itself ready in `store`; raise
+    RuntimeError, naming the rank and its exit status, as soon as one has exited instead, or TimeoutError after
+    TIMEOUT."""
+    keys = [_ready_key(r) for r in range(1, len(procs) + 1)]
+    deadline = time.monotonic() + TIMEOUT.total_seconds()
+    while not store.check(keys):
+        for r, p in enumerate(procs, 1):
+            if p.poll() is not None:
+                raise RuntimeError(f"tensor-parallel rank {r} exited with status {p.returncode} before joining "
+                                   "the process group (its output above says why)")
+        if time.monotonic() > deadline:
+            missing = [r for r, key in enumerate(keys, 1) if not store.check([key])]
+            raise TimeoutError(f"tensor-parallel ranks {missing} did not join within {TIMEOUT}")
+        time.sleep(0.05)
+
+
+def _join(cfg: EngineConfig, rank: int, world: int, init: str | None = None, store: dist.Store | None = None,
+          torchrun: bool = False) -> TensorParallel:
+    """This process's place in the group: at `init` (torchrun's env://) or through `store` (spawned ranks and
+    rank 0, which opened it); a spawned rank marks itself ready there once its device is set, just before it
+    joins."""
     device = torch.device(rank_config(cfg, rank, world).device)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=TIMEOUT, **({"device_id": device} if cuda else {}))
+    if store is not None and rank > 0:
+        store.set(_ready_key(rank), "1")
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, store=store, rank=rank,
+                            world_size=world, timeout=TIMEOUT, **({"device_id": device} if cuda else {}))
     cpu_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
     return TensorParallel(rank, world, device, torchrun, cpu_group)
 
@@ -221,13 +260,14 @@ def worker_entry() -> None:
     os._exit(0)
 
 
-def worker_main(cfg: EngineConfig, rank: int, world: int, init: str, errors: str) -> None:
-    """A spawned rank: join the group, build the core over this rank's shard, serve rank 0 until it closes.
-    A start-up error is left pickled in the folder `errors` for rank 0 to raise."""
+def worker_main(cfg: EngineConfig, rank: int, world: int, port: int, errors: str) -> None:
+    """A spawned rank: join the group through rank 0's store at `port`, build the core over this rank's shard,
+    serve rank 0 until it closes. A start-up error is left pickled in the folder `errors` for rank 0 to raise."""
     from quanta.engine.core import EngineCore
     if torch.device(cfg.device).type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    tp = _join(cfg, rank, world, init)
+    store = dist.TCPStore(HOST, port, world, is_master=False, timeout=TIMEOUT)
+    tp = _join(cfg, rank, world, store=store)
     tp.errors = errors
     try:
         core = EngineCore(rank_config(cfg, rank, world), tp=tp)
