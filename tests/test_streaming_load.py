@@ -116,3 +116,29 @@ def test_lazy_mappings_do_not_keep_what_they_return(spec, tmp_path, default_mode
         gone = weakref.ref(next(iter(first.tensors().values())) if isinstance(first, QTensor) else first)
         del first
         assert gone() is None
+
+
+def test_act_order_sorted_copies_die_with_their_mlp(monkeypatch):
+    """An act-order checkpoint's MLP is renumbered whole before its modules load (quant/group_sort.py); those
+    sorted copies of gate, up and down die once their MLP has loaded: none is held while the lm_head's table is
+    read, the load's largest moment under tensor parallelism."""
+    from quanta.engine import model_loader
+    from quanta.engine.layers import QuantLinear
+    from quanta.engine.synthetic import load_synthetic
+    copies, sort_mlp, load = [], model_loader.sort_mlp, QuantLinear.load
+
+    def tracked(*args):
+        out = sort_mlp(*args)
+        copies.extend(weakref.ref(w) for w in out[:3])
+        return out
+
+    alive_at_lm_head = []
+
+    def load_checked(self, weight, bias, device, dtype, name="", **kw):
+        if name == "lm_head.weight":
+            alive_at_lm_head.append(sum(ref() is not None for ref in copies))
+        return load(self, weight, bias, device, dtype, name=name, **kw)
+    monkeypatch.setattr(model_loader, "sort_mlp", tracked)
+    monkeypatch.setattr(QuantLinear, "load", load_checked)
+    build_model(load_synthetic("synthetic:tiny:w4g32act", "cpu"), torch.device("cpu"), torch.float32, quiet=True)
+    assert len(copies) == 6 and alive_at_lm_head == [0]

@@ -88,6 +88,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
                 sort_groups = group_order(early[down]) is not None
                 gate, up, early[down], *biases = sort_mlp(*weights, early[down], *biases)
                 weights = [gate, up]
+                del gate, up            # the sorted whole copies must die with `weights`, after this load
             module.load(weights, biases, device, dtype, names=[f"{n}.weight" for n in parts],
                         force_kernel=force_kernel)
             del weights
