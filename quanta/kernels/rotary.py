@@ -51,11 +51,19 @@ def _rotated_heads(x_ptr, t, angle, H, HALF_D, stride_xt, stride_xh, BLOCK_H: tl
     mask = (offs_h < H) & (offs_d < HALF_D)
     x_lo = tl.load(x_ptr + t * stride_xt + offs_h * stride_xh + offs_d, mask=mask, other=0.0)
     x_hi = tl.load(x_ptr + t * stride_xt + offs_h * stride_xh + HALF_D + offs_d, mask=mask, other=0.0)
-    # --- rotate in fp32 with cos / sin rounded to the dtype as the reference rounds them
-    cos = tl.cos(angle).to(x_lo.dtype).to(tl.float32)
-    sin = tl.sin(angle).to(x_lo.dtype).to(tl.float32)
-    lo, hi = x_lo.to(tl.float32), x_hi.to(tl.float32)
-    return (lo * cos - hi * sin).to(x_lo.dtype), (hi * cos + lo * sin).to(x_lo.dtype), offs_h, offs_d, mask
+    lo, hi = _rotate(x_lo, x_hi, angle)
+    return lo, hi, offs_h, offs_d, mask
+
+
+@triton.jit
+def _rotate(lo, hi, angle):
+    """Heads' halves (lo, hi, in their 16-bit dtype) rotated by `angle`: in fp32, with cos / sin rounded to the
+    dtype as the reference rounds them, the results rounded back to the dtype. The rotary kernel and the GEMV's
+    epilogue both rotate here, so their q and caches hold the same bits."""
+    cos = tl.cos(angle).to(lo.dtype).to(tl.float32)
+    sin = tl.sin(angle).to(lo.dtype).to(tl.float32)
+    lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
+    return (lo32 * cos - hi32 * sin).to(lo.dtype), (hi32 * cos + lo32 * sin).to(lo.dtype)
 
 
 @triton.jit
@@ -157,17 +165,13 @@ def rope_store_epilogue(y, y_row, t, col0, N, pos_ptr, freq_ptr, k_cache_ptr, v_
     """Finish BLOCK_N float32 columns from col0 of token t's stacked [q | k | v] row (whole heads of HEAD_D, a
     power of two) as the GEMM's output rounded to y's dtype, then rotary_and_store, would: q heads rotated into
     y_row, k heads rotated and v heads as they are into the paged caches at slot[t]. The same arithmetic and
-    roundings as _rotated_heads and _to_cache, so the caches and q hold the same bits."""
+    roundings as the rotary kernel (_rotate, _to_cache), so the caches and q hold the same bits."""
     HEADS: tl.constexpr = BLOCK_N // HEAD_D
     HALF: tl.constexpr = HEAD_D // 2
     DT: tl.constexpr = y_row.dtype.element_ty
     lo, hi = tl.split(tl.permute(tl.reshape(y.to(DT), (HEADS, 2, HALF)), (0, 2, 1)))
     d = tl.arange(0, HALF)[None, :]
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + d)
-    cos = tl.cos(angle).to(DT).to(tl.float32)
-    sin = tl.sin(angle).to(DT).to(tl.float32)
-    lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
-    r_lo, r_hi = (lo32 * cos - hi32 * sin).to(DT), (hi32 * cos + lo32 * sin).to(DT)
+    r_lo, r_hi = _rotate(lo, hi, tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + d))
     col = col0 + tl.arange(0, HEADS)[:, None] * HEAD_D              # each head's first column [HEADS, 1]
     is_q = col < Q_SIZE
     is_k = (col >= Q_SIZE) & (col < Q_SIZE + KV_SIZE)

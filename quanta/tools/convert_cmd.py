@@ -11,37 +11,20 @@ left at DST.
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 
-from quanta.tools.interrupt import exit_now
+from quanta.tools.interrupt import ends_cleanly
 from quanta.toolkit.convert_target import FORMATS
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so the staged output is removed as for Ctrl-C."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated()
 
 
 def cmd_convert(args) -> None:
     from quanta.toolkit.convert import convert, validation_line
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    with ends_cleanly("convert", args.out):
         report = convert(args.src, args.to, args.out, force=args.force, validate=not args.no_validate,
                          dtype=args.dtype, calibration=args.calibration, group_size=args.group_size,
                          windows=args.windows, ctx=args.ctx, text=args.text, max_shard_size=args.max_shard_size,
                          validate_options={"device": args.device} if args.device else None,
                          quiet=getattr(args, "quiet", False))
-    except KeyboardInterrupt as e:
-        what = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(f"quanta convert: {what}; nothing was written at {args.out}", file=sys.stderr)
-        exit_now(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(report.summary())
     if report.validation is not None:
         print(validation_line(report.validation))

@@ -1,9 +1,37 @@
-"""How an interrupted command ends: with its exit status, at once."""
+"""How a command that writes an output ends when interrupted: SIGTERM unwinds as Ctrl-C does (the command's
+staged output is removed on the way), then the process ends with 128 + the signal, at once."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that what unwinds on Ctrl-C unwinds on it too."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def ends_cleanly(command: str, out) -> Iterator[None]:
+    """Run the body with SIGTERM raised as Terminated; on it or on Ctrl-C, once the body has unwound, say that
+    nothing was written at `out` and end the process with 128 + the signal (exit_now)."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print(f"quanta {command}: {'terminated' if terminated else 'interrupted'}; nothing was written at {out}",
+              file=sys.stderr)
+        exit_now(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_now(code: int) -> NoReturn:

@@ -11,20 +11,10 @@ output as Ctrl-C (SIGINT) does: nothing appears under --out unless the run compl
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 
-from quanta.tools.interrupt import exit_now
+from quanta.tools.interrupt import ends_cleanly
 from quanta.tools.options import quiet_parent
 from quanta.toolkit.quantize_options import DEFAULT_SAMPLES, DEFAULT_SEQLEN, FORMATS, METHODS, SCHEMES
-
-
-class Terminated(SystemExit):
-    """SIGTERM as an exception: unwinds (removing temporary output) and exits with 128 + 15."""
-
-
-def _terminate(signum, frame):
-    raise Terminated(128 + signum)
 
 
 def cmd_quantize(args) -> None:
@@ -32,21 +22,12 @@ def cmd_quantize(args) -> None:
     from quanta.tools.default_model import default_model_path
 
     model = args.model or str(default_model_path())
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with ends_cleanly("quantize", args.out):
         summary = quantize(model, args.out, args.method, bits=args.bits, group_size=args.group_size,
                            symmetric=args.symmetric, act_order=args.act_order, type=args.type, format=args.format,
                            calibration=args.calibration, n_samples=args.samples, seqlen=args.seqlen,
                            imatrix=args.imatrix, scheme=args.scheme, overwrite=args.overwrite,
                            quiet=args.quiet or args.json)
-    except KeyboardInterrupt:
-        print(f"quanta: interrupted; nothing was written to {args.out}", file=sys.stderr)
-        exit_now(128 + signal.SIGINT)
-    except Terminated:
-        print(f"quanta: terminated; nothing was written to {args.out}", file=sys.stderr)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(summary.to_json() if args.json else summary.table(worst=args.worst))
 
 

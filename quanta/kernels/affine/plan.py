@@ -194,6 +194,13 @@ def _rows(x: torch.Tensor, st: AffineState) -> torch.Tensor:
     return x2 if x2.stride(1) == 1 else x2.contiguous()
 
 
+def _planned(x: torch.Tensor, st: AffineState) -> tuple[torch.Tensor, DeviceCaps, Choice]:
+    """x's rows as the kernels take them, the device's caps, and the plan's path for that many rows."""
+    x2 = _rows(x, st)
+    caps = device_caps(x2.device)
+    return x2, caps, choose(st, caps, x2.shape[0])
+
+
 def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, path: str | None = None,
            caps: DeviceCaps | None = None) -> torch.Tensor:
     """y = x @ W.T + bias for x [..., K] by the planned path; `path` forces one (tests, benchmarks), `caps` plans
@@ -212,9 +219,7 @@ def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, p
 def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: on the GEMV path its
     epilogue makes it (one launch fewer a decode layer); else the planned path, then activation.silu_and_mul."""
-    x2 = _rows(x, st)
-    caps = device_caps(x2.device)
-    choice = choose(st, caps, x2.shape[0])
+    x2, caps, choice = _planned(x, st)
     if choice.path.name == "gemv":
         y = gemv.matmul(x2, st, bias, choice.config, caps=caps, glu=True)
     else:
@@ -226,9 +231,7 @@ def matmul_rope(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None, rop
     """x @ W.T + bias for W stacking [q; k; v], finished by the GEMV's rotary + KV-store epilogue: [..., N] whose
     q columns hold the rotated q (k and v are in the caches). None where the plan's path for x's rows is not a
     GEMV that can (the caller then runs the GEMM, then the rotary kernel)."""
-    x2 = _rows(x, st)
-    caps = device_caps(x2.device)
-    choice = choose(st, caps, x2.shape[0])
+    x2, caps, choice = _planned(x, st)
     if choice.path.name != "gemv" or not gemv.rope_applies(st, rope, choice.config):
         return None
     return gemv.matmul(x2, st, bias, choice.config, caps=caps, rope=rope).reshape(*x.shape[:-1], st.n)
