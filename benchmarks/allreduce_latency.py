@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from bench_io import emit
 
-from quanta.engine.one_shot_all_reduce import OneShotAllReduceNorm
+from quanta.engine.parallel.one_shot import OneShotAllReduceNorm
 from quanta.kernels import fused_norm
 
 EPS = 1e-5

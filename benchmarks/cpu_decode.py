@@ -17,7 +17,7 @@ import time
 import torch
 
 from quanta.engine import LLM, SamplingParams
-from quanta.tools.default_model import default_model_path
+from quanta.cli.default_model import default_model_path
 
 
 def main() -> None:

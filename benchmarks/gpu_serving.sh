@@ -13,7 +13,7 @@ echo "== offline"
 timeout ${OFFLINE_TIMEOUT:-200} python3 benchmarks/throughput.py --model "$MODEL" --num-prompts 1000 --input-len 512 \
   --output-len 128 --warmup-prompts 1000 --quiet --out "$OUT/offline.json" 2>&1 | grep -v '^loading' | tail -n 2
 echo "== server"
-python3 -m quanta.tools.cli -q serve "$MODEL" --port 8000 > "$OUT/server.log" 2>&1 &
+python3 -m quanta.cli.main -q serve "$MODEL" --port 8000 > "$OUT/server.log" 2>&1 &
 server=$!
 for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 curl -sf http://127.0.0.1:8000/health >/dev/null || { echo "server did not start"; tail -n 20 "$OUT/server.log"; exit 1; }

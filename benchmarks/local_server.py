@@ -25,7 +25,7 @@ def start(model: str, flags: list[str], env: dict | None = None, log=subprocess.
     """(the server process, its base URL) once /health answers; SystemExit if it exits or is not healthy
     within `ready_s` seconds (then it is killed)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", model, "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "quanta.cli.main", "-q", "serve", model, "--host", "127.0.0.1", "--port", str(port),
            *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None)
     url = f"http://127.0.0.1:{port}"

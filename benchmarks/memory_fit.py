@@ -116,7 +116,7 @@ def main() -> None:
 
     from bench_io import emit
     from quanta.engine import LLM, SamplingParams
-    from quanta.engine.memory_plan import format_verdict
+    from quanta.planner.memory_plan import format_verdict
     from latency import copy_bandwidth
     bandwidth = copy_bandwidth(torch.device("cuda"))
     torch.cuda.empty_cache()

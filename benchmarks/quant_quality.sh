@@ -17,7 +17,7 @@ OUT=${OUT:-benchmarks/results/quant-quality-$(date +%F)}
 WINDOWS=${WINDOWS:-10}
 SAMPLES=${SAMPLES:-32}
 SEQLEN=${SEQLEN:-512}
-SRC=$($PY -c "from quanta.tools.default_model import default_model_path; print(default_model_path())")
+SRC=$($PY -c "from quanta.cli.default_model import default_model_path; print(default_model_path())")
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$OUT" "$WORK"
 EVAL=(--reference "$SRC" --windows "$WINDOWS" --ctx 512 --kernel dequantized --dtype float32 --no-layer-errors --json)
@@ -27,13 +27,13 @@ run() {
     local dst="$WORK/$name"
     [[ " $* " == *" gguf "* ]] && dst="$dst.gguf"
     echo "== $name: quanta quantize $*" >&2
-    $PY -m quanta.tools.cli -q quantize "$SRC" "$@" --samples "$SAMPLES" --seqlen "$SEQLEN" --out "$dst" \
+    $PY -m quanta.cli.main -q quantize "$SRC" "$@" --samples "$SAMPLES" --seqlen "$SEQLEN" --out "$dst" \
         --overwrite --json > "$OUT/$name.quantize.json"
-    $PY -m quanta.tools.cli -q validate "$dst" "${EVAL[@]}" > "$OUT/$name.validate.json"
+    $PY -m quanta.cli.main -q validate "$dst" "${EVAL[@]}" > "$OUT/$name.validate.json"
     rm -rf "$dst"
 }
 
-$PY -m quanta.tools.cli -q validate "$SRC" "${EVAL[@]}" > "$OUT/reference.validate.json"
+$PY -m quanta.cli.main -q validate "$SRC" "${EVAL[@]}" > "$OUT/reference.validate.json"
 run rtn-w4g64 --method rtn --group-size 64
 run awq-w4g64 --method awq --group-size 64
 run gptq-w4g64 --method gptq --group-size 64
@@ -46,7 +46,7 @@ run q4_0 --method gguf --type Q4_0
 run q4_k_m --method gguf --type Q4_K_M
 
 if [[ -n "${LLMC_PY:-}" ]]; then     # the outside baseline: llm-compressor on the same float32 weights and windows
-    $PY -m quanta.tools.cli -q convert "$SRC" --to hf --dtype float32 --out "$WORK/hf32" --no-validate --force
+    $PY -m quanta.cli.main -q convert "$SRC" --to hf --dtype float32 --out "$WORK/hf32" --no-validate --force
     $PY -c "import sys, torch; from quanta.loaders import load; from quanta.quant.calibration import load_calibration
 torch.save(load_calibration(load(sys.argv[1]).tokenizer, n_samples=$SAMPLES, seqlen=$SEQLEN).tokens, sys.argv[2])" \
         "$SRC" "$WORK/calibration.pt"
@@ -54,7 +54,7 @@ torch.save(load_calibration(load(sys.argv[1]).tokenizer, n_samples=$SAMPLES, seq
         echo "== llm-compressor FP8_DYNAMIC $mode" >&2
         $LLMC_PY benchmarks/llmc_fp8.py "$WORK/hf32" "$WORK/llmc-$mode" $mode "$OUT/llmc-fp8-$mode.quantize.json" \
             "$WORK/calibration.pt" >&2
-        $PY -m quanta.tools.cli -q validate "$WORK/llmc-$mode" "${EVAL[@]}" > "$OUT/llmc-fp8-$mode.validate.json"
+        $PY -m quanta.cli.main -q validate "$WORK/llmc-$mode" "${EVAL[@]}" > "$OUT/llmc-fp8-$mode.validate.json"
         rm -rf "$WORK/llmc-$mode"
     done
     rm -rf "$WORK/hf32"

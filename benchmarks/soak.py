@@ -281,7 +281,7 @@ async def client(url, seed: int, deadline: float, t: Tally, oracle, max_model_le
 # --- the run --------------------------------------------------------------------------------------
 def soak(seconds: float, args) -> dict:
     """Run the soak; -> the figures and checks (see the module docstring)."""
-    from quanta.tools.default_model import default_model_path
+    from quanta.cli.default_model import default_model_path
     model = str(args.model or default_model_path())
     t0 = time.monotonic()
     cache = Path(args.oracle_cache) if args.oracle_cache else None

@@ -35,7 +35,7 @@ def make_requests(n: int, input_len: int, output_len: int, range_ratio: float, v
 
 
 def model_shape(model: str):
-    from quanta.engine.synthetic import SHAPES, is_synthetic, parse
+    from quanta.loaders.synthetic import SHAPES, is_synthetic, parse
     if is_synthetic(model):
         return SHAPES[parse(model)[0]]
     from quanta.loaders import load
@@ -48,7 +48,7 @@ def model_shape(model: str):
 def hf_baseline(model: str, prompts, output_len: int, batch_sizes: list[int]) -> dict:
     """transformers fp16 generate tokens/s at each batch size (one batch each, after a warm-up)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from quanta.engine.synthetic import is_synthetic
+    from quanta.loaders.synthetic import is_synthetic
     if is_synthetic(model):
         shape = model_shape(model)
         config = LlamaConfig(**shape)

@@ -28,7 +28,7 @@ from latency import copy_bandwidth
 from memory_fit import batch1_decode, long_contexts, ratio
 
 from quanta.engine import LLM, SamplingParams
-from quanta.engine.memory_plan import format_verdict
+from quanta.planner.memory_plan import format_verdict
 
 
 class GpuMemorySampler:

@@ -7,8 +7,9 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from quanta.quant.errors import QuantaError  # noqa: E402
+from quanta.version import quanta_version  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = quanta_version()
 
 
 def __getattr__(name):
@@ -17,19 +18,22 @@ def __getattr__(name):
         import quanta.engine as engine
         return getattr(engine, name)
     if name == "plan":
-        from quanta.engine.memory_plan import plan
+        from quanta.planner.memory_plan import plan
         return plan
+    if name == "PlanRequest":
+        from quanta.planner.request import PlanRequest
+        return PlanRequest
     if name == "convert":
-        from quanta.toolkit.convert import convert
+        from quanta.toolkit.convert.pipeline import convert
         return convert
     if name == "validate":
         from quanta.eval import validate
         return validate
     if name == "quantize":
-        from quanta.toolkit.quantize import quantize
+        from quanta.toolkit.quantize.pipeline import quantize
         return quantize
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "quantize", "validate",
-           "convert"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "PlanRequest",
+           "quantize", "validate", "convert"]

@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def default_model_path() -> Path:
     """Path of the default real model (SmolLM2-135M-Instruct, Q4_1 GGUF); skips when it is absent."""
     from quanta.quant.errors import QuantaError
-    from quanta.tools.default_model import default_model_path as find
+    from quanta.cli.default_model import default_model_path as find
     try:
         return find()
     except QuantaError as e:

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from quanta.tools.cli import build_parser, main
-from quanta.tools.options import byte_size, token_ids
+from quanta.cli.main import build_parser, main
+from quanta.cli.options import byte_size, token_ids
 
 README_QUESTION = "What is the capital of France? Answer with the city name."
 
 
 def _quanta(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quanta.tools.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "quanta.cli.main", *argv], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -76,7 +76,7 @@ def test_engine_memory_flags_reach_the_engine(default_model_path, capsys):
 
 
 def test_engine_flags_map_to_llm_keywords():
-    from quanta.tools.options import engine_kwargs
+    from quanta.cli.options import engine_kwargs
     args = build_parser().parse_args(["generate", "x", "--gpu-memory-utilization", "0.5", "--kv-cache-memory",
                                       "2GiB", "--kv-cache-dtype", "fp8", "--max-num-seqs", "8", "--tokenizer",
                                       "tok", "--num-kv-blocks", "10", "--enforce-eager", "--no-prefix-caching",

@@ -233,7 +233,7 @@ def test_a_failing_conversion_leaves_no_output(tmp_path):
 
 
 def test_validation_sidecar_and_cli_line(tmp_path, capsys):
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
     hf = make_tiny_hf("llama", tmp_path / "hf")
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 200)

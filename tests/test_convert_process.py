@@ -139,7 +139,7 @@ def test_killed_conversion_leaves_no_destination_and_the_source_unchanged(tmp_pa
     procs = {}
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         dst = tmp_path / f"out-{sig.name}.gguf"
-        cmd = [sys.executable, "-m", "quanta.tools.cli", "convert", str(src), "--to", "gguf:Q4_K_M", "--out",
+        cmd = [sys.executable, "-m", "quanta.cli.main", "convert", str(src), "--to", "gguf:Q4_K_M", "--out",
                str(dst), "--no-validate", "-q"]
         procs[sig] = (subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True), dst)

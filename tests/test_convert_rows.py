@@ -13,10 +13,10 @@ import torch
 from quanta.quant import chunks
 from quanta.quant.codebook_quant import quantize_4bit
 from quanta.quant.fp8_quant import fp8_weight
-from quanta.quant.ggml_quantize import quantize
+from quanta.quant.ggml.quantize import quantize
 from quanta.quant.kinds import Fp8
 from quanta.quant.rtn import rtn_affine
-from quanta.toolkit.convert_rows import cast, dequantize, rel_error, row_blocks
+from quanta.toolkit.convert.rows import cast, dequantize, rel_error, row_blocks
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from kernel_util import rel_err  # noqa: I001
-from quanta.kernels import cpu_int4, cpu_int8, dense, dequantized, registry
+from quanta.kernels import dense, dequantized, registry
+from quanta.kernels.cpu import int4 as cpu_int4, int8 as cpu_int8
 from test_affine_gemm import make_affine
 from test_affine_gguf import make_gguf
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from quanta.engine import LLM, SamplingParams
-from quanta.engine.async_engine import AsyncEngine
-from quanta.engine.core import RequestFailedError
+from quanta.engine.drivers.async_engine import AsyncEngine
+from quanta.engine.requests import RequestFailedError
 from quanta.quant.errors import ConfigError
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)

@@ -11,7 +11,7 @@ import torch
 from quanta.engine import LLM, SamplingParams
 from quanta.engine.core import EngineClosedError
 from quanta.engine.layers import MergedQuantLinear, QuantLinear
-from quanta.loaders.gguf_file import read_gguf
+from quanta.loaders.gguf.file import read_gguf
 
 from tiny_models import build_tiny_hf
 

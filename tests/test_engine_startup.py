@@ -13,7 +13,7 @@ from quanta.engine import LLM, SamplingParams
 from quanta.engine.config import EngineConfig
 from quanta.engine.core import EngineCore
 from quanta.engine.layers import MergedQuantLinear, RMSNorm, RotaryEmbedding
-from quanta.engine.synthetic import load_synthetic
+from quanta.loaders.synthetic import load_synthetic
 from quanta.kernels.device_caps import PRESETS, use_triton
 from quanta.quant.errors import ConfigError
 

@@ -13,8 +13,8 @@ import torch
 from quanta.engine import LLM, SamplingParams
 from quanta.engine import core as core_module
 from quanta.quant.errors import ConfigError, UnsupportedError
-from quanta.tools import plan_cmd
-from quanta.tools.cli import main
+from quanta.cli import plan as plan_cmd
+from quanta.cli.main import main
 
 GIB = 2**30
 

@@ -20,7 +20,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 @pytest.fixture(scope="module")
 def default_pair():
-    from quanta.tools.default_model import default_model_path
+    from quanta.cli.default_model import default_model_path
     path = default_model_path()
     ours = LLM(model=str(path), dtype="float32", device="cpu", kernel="dequantized")    # the exact path
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
@@ -75,7 +75,7 @@ def test_default_model_int4_path_agrees_with_exact(default_pair, dtype):
     """The CPU fast path (torch's int4 kernel, bf16 at its input; float32 elsewhere by default) keeps
     weights 4-bit and stays close to the exact float32 model."""
     ours32, _ = default_pair
-    from quanta.tools.default_model import default_model_path
+    from quanta.cli.default_model import default_model_path
     fast = LLM(model=str(default_model_path()), dtype=dtype, device="cpu")
     assert {k["kernel"] for k in fast.kernels() if "q4_1" in k["scheme"]} == {"cpu_int4"}
     ids = ours32.tokenizer(" ".join(PROMPTS))["input_ids"]

@@ -8,12 +8,13 @@ import pytest
 
 from quanta.engine import LLM
 from quanta.engine.config import EngineConfig
-from quanta.engine.fit_check import check_fits, plan_source
-from quanta.engine.kv_sizing import check_weights_under_cap, gpu_budget
-from quanta.engine.model_shapes import resolve
-from quanta.engine.synthetic import load_synthetic
+from quanta.loaders.formats import Source
+from quanta.planner.fit_check import check_fits
+from quanta.planner.memory_plan import format_verdict
+from quanta.planner.model_shapes import resolve
+from quanta.loaders.synthetic import load_synthetic
 from quanta.quant.errors import ConfigError
-from quanta.tools import plan_cmd
+from quanta.cli import plan as plan_cmd
 
 MIB, GIB = 2**20, 2**30
 H100 = 81559 * MIB                  # what an 80 GB H100's driver reports as total
@@ -52,20 +53,20 @@ def test_llm_refuses_a_bad_cap_before_loading():
 
 
 def test_kv_budget_is_the_smaller_of_utilization_and_the_cap():
-    assert gpu_budget(config("synthetic:tiny"), 80 * GIB) == 72 * GIB
-    assert gpu_budget(config("synthetic:tiny", max_gpu_memory="15GiB"), 80 * GIB) == 15 * GIB
-    assert gpu_budget(config("synthetic:tiny", max_gpu_memory="100GiB"), 80 * GIB) == 72 * GIB
+    assert config("synthetic:tiny").budget(80 * GIB) == 72 * GIB
+    assert config("synthetic:tiny", max_gpu_memory="15GiB").budget(80 * GIB) == 15 * GIB
+    assert config("synthetic:tiny", max_gpu_memory="100GiB").budget(80 * GIB) == 72 * GIB
 
 
 def test_weights_over_the_cap_are_refused():
-    check_weights_under_cap(config("synthetic:tiny", max_gpu_memory="1GiB"), GIB)
+    config("synthetic:tiny", max_gpu_memory="1GiB").check_weights_under_cap(GIB)
     with pytest.raises(ConfigError, match="weights take 1.50 GiB, more than max_gpu_memory=1.00 GiB"):
-        check_weights_under_cap(config("synthetic:tiny", max_gpu_memory="1GiB"), 3 * GIB // 2)
+        config("synthetic:tiny", max_gpu_memory="1GiB").check_weights_under_cap(3 * GIB // 2)
 
 
 def check(model: str, total: int, **kw):
-    cfg = config(model, **kw)
-    return check_fits(cfg, load_synthetic(model, "cpu").config, plan_source(load_synthetic(model, "cpu")), total)
+    cfg, ckpt = config(model, **kw), load_synthetic(model, "cpu")
+    return check_fits(cfg, cfg.tensor_parallel_size, ckpt.config, Source.of(ckpt), total, model)
 
 
 def test_the_engine_refuses_with_quanta_plans_words(capsys):
@@ -78,12 +79,15 @@ def test_the_engine_refuses_with_quanta_plans_words(capsys):
     assert words.startswith(f"does not fit: {model} (fp16) on 1xh100") and "would fit with" in words
 
 
-def test_capped_budget_and_kv_capacity_by_hand():
+def test_capped_budget_and_kv_capacity_by_hand(capsys):
     """Llama-3-8B W4 g128 capped at 15 GiB on an H100, fp8 KV: the budget is the cap itself, and the
-    cache gets what the weights, activations and the two stated margins leave."""
+    cache gets what the weights, activations and the two stated margins leave; `quanta plan --gpus h100
+    --max-gpu-memory 15GiB` says the same."""
     p = check("synthetic:llama3-8b:w4g128", H100, max_gpu_memory="15GiB", kv_cache_dtype="fp8",
               max_model_len=8192)
-    assert p.fits and p.gpu_memory == p.budget == 15 * GIB and p.gpus == "1x15GiB"
+    assert p.fits and p.budget == 15 * GIB and p.capped and p.gpu_memory == H100 and p.gpus == "1xh100"
+    assert format_verdict(p) == cli_verdict(["synthetic:llama3-8b:w4g128", "--gpus", "h100", "--max-gpu-memory",
+                                             "15GiB", "--kv-cache-dtype", "fp8", "--max-model-len", "8192"], capsys)
     assert p.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1           # K and V, layers, KV heads, head_dim, 1 byte
     assert p.kv_cache_bytes == 15 * GIB - p.weights.total - p.activation_peak - MARGINS
     assert p.kv_capacity_tokens == p.kv_cache_bytes // (65536 * 16) * 16
@@ -94,9 +98,9 @@ def test_capped_budget_and_kv_capacity_by_hand():
 
 def test_weights_alone_over_the_cap_are_refused_before_loading():
     """70B W4 g128 holds ~35 GiB of weights: a 24 GiB cap leaves nothing for the cache."""
-    with pytest.raises(ConfigError, match=r"does not fit: synthetic:llama3-70b:w4g128 .* on 1x24GiB at tensor-parallel size 1: "
-                                          r"\d+\.\d\d GiB of weights .* leave nothing for the KV cache in the "
-                                          r"24\.00 GiB budget"):
+    with pytest.raises(ConfigError, match=r"does not fit: synthetic:llama3-70b:w4g128 .* on 1xh100 capped at 24 GiB "
+                                          r"each at tensor-parallel size 1: \d+\.\d\d GiB of weights .* leave "
+                                          r"nothing for the KV cache in the 24\.00 GiB budget \(max_gpu_memory\)"):
         check("synthetic:llama3-70b:w4g128", H100, max_gpu_memory="24GiB", max_model_len=4096)
 
 
@@ -107,5 +111,5 @@ def test_context_longer_than_the_cache_is_refused_with_a_shorter_one_suggested()
 
 def test_formats_the_plan_does_not_model_are_not_checked(tmp_path):
     cfg, _ = resolve("llama-3-8b")
-    source = {"family": "bnb", "quant_config": {"load_in_8bit": True}}
-    assert check_fits(config("x"), cfg, source, H100) is None
+    source = Source("bnb", {"load_in_8bit": True}, tmp_path)
+    assert check_fits(config("x"), 1, cfg, source, H100, "x") is None

@@ -1,4 +1,4 @@
-"""Fuzzing the GGUF reader (quanta/loaders/gguf_file.py, gguf.py); see tests/fuzz_support.py for the property.
+"""Fuzzing the GGUF reader (quanta/loaders/gguf/file.py, gguf.py); see tests/fuzz_support.py for the property.
 
 The seed is a tiny but complete llama file written by gguf-py's GGUFWriter. It is read back with gguf-py's
 GGUFReader into a `Model` (version, typed metadata, tensor infos, data) that this module's `encode` turns
@@ -25,8 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz_support import FUZZ, fuzz_dir, loads_or_refuses
-from quanta.loaders.gguf import load_gguf
-from quanta.loaders.gguf_file import read_gguf
+from quanta.loaders.gguf.reader import load_gguf
+from quanta.loaders.gguf.file import read_gguf
 from quanta.quant.qtensor import QTensor
 
 H, FF, HEADS, KV, VOCAB = 32, 256, 2, 1, 8

@@ -10,7 +10,7 @@ gguf = pytest.importorskip("gguf")
 
 from quanta.quant import chunks  # noqa: E402
 from quanta.quant.errors import ShapeError, UnsupportedError  # noqa: E402
-from quanta.quant.ggml_quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
+from quanta.quant.ggml.quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
 from quanta.quant.kinds.affine import Affine  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 

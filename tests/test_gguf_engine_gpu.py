@@ -69,7 +69,7 @@ def test_a_gguf_without_tokenizer_loads_and_takes_token_ids(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_default_model_shape_runs_packed_on_the_affine_kernels(tmp_path):
     from quanta.engine import LLM
-    from quanta.engine.memory_plan import plan
+    from quanta.planner.memory_plan import plan
     from quanta.engine.model_loader import build_model
     from quanta.loaders import load
     path = write_model(tmp_path / "smollm2-shape.gguf", SMOLLM2)
@@ -96,7 +96,7 @@ def test_default_model_shape_runs_packed_on_the_affine_kernels(tmp_path):
     ours, ref = llm.prompt_logits(ids), exact.prompt_logits(ids)
     assert (ours - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
 
-    report = subprocess.run([sys.executable, "-m", "quanta.tools.cli", "-q", "inspect", str(path), "--json",
+    report = subprocess.run([sys.executable, "-m", "quanta.cli.main", "-q", "inspect", str(path), "--json",
                              "--device", "cuda"], capture_output=True, text=True, timeout=600)
     assert report.returncode == 0, report.stderr
     info = json.loads(report.stdout)

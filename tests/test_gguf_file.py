@@ -8,8 +8,8 @@ import pytest
 from gguf import GGUFReader, GGUFWriter, quants
 from gguf.constants import GGMLQuantizationType as T
 
-from quanta.loaders.gguf import load_gguf
-from quanta.loaders.gguf_file import read_gguf
+from quanta.loaders.gguf.reader import load_gguf
+from quanta.loaders.gguf.file import read_gguf
 from quanta.quant.errors import CorruptFileError, QuantaError, UnsupportedError
 
 INTERNAL = re.compile(r"IndexError|ValueError|KeyError|struct\.error|OverflowError|out of bounds|Traceback")

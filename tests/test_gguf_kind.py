@@ -7,7 +7,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 import quanta.quant.kinds.gguf as gguf_kind
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.ggml_types import GGML_TYPES, ggml_type
+from quanta.quant.ggml.types import GGML_TYPES, ggml_type
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf
 

@@ -7,7 +7,7 @@ import torch
 from gguf import GGUFWriter, quants
 from gguf.constants import GGMLQuantizationType as T
 
-from quanta.loaders.gguf import llama3_freq_factors, load_gguf
+from quanta.loaders.gguf.reader import llama3_freq_factors, load_gguf
 from quanta.quant.errors import ConfigError, CorruptFileError, UnsupportedError
 from quanta.quant.kinds.gguf import Gguf
 
@@ -276,7 +276,7 @@ def test_bad_config_value_and_rope_scaling_keys(tmp_path):
 
 def test_tokenizer_cache_round_trips_exactly(default_model_path, tmp_path, monkeypatch):
     """The cached conversion tokenizes, decodes and templates exactly as a fresh conversion."""
-    from quanta.loaders.gguf import load_tokenizer, tokenizer_cache_dir
+    from quanta.loaders.gguf.reader import load_tokenizer, tokenizer_cache_dir
     monkeypatch.setenv("QUANTA_CACHE", str(tmp_path))
     fresh = load_tokenizer(default_model_path)
     assert (tokenizer_cache_dir(default_model_path) / "tokenizer_config.json").is_file()
@@ -294,6 +294,6 @@ def test_tokenizer_cache_round_trips_exactly(default_model_path, tmp_path, monke
 
 
 def test_tokenizer_cache_can_be_turned_off(default_model_path, monkeypatch):
-    from quanta.loaders.gguf import tokenizer_cache_dir
+    from quanta.loaders.gguf.reader import tokenizer_cache_dir
     monkeypatch.setenv("QUANTA_CACHE", "")
     assert tokenizer_cache_dir(default_model_path) is None

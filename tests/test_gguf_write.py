@@ -2,7 +2,6 @@
 (where llama-cpp-python is installed) llama.cpp itself."""
 import dataclasses
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +9,9 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from quanta.loaders.gguf import load_gguf  # noqa: E402
-from quanta.loaders.gguf_mix import assign  # noqa: E402
-from quanta.loaders.gguf_write import write_gguf  # noqa: E402
+from quanta.loaders.gguf.reader import load_gguf  # noqa: E402
+from quanta.loaders.gguf.mix import assign  # noqa: E402
+from quanta.loaders.gguf.writer import write_gguf  # noqa: E402
 from quanta.quant.errors import ConfigError, UnsupportedError  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 from tiny_models import build_tiny_hf  # noqa: E402

@@ -27,8 +27,8 @@ from quanta.quant.fp8_quant import fp8_weight  # noqa: E402
 from quanta.quant.gptq import Hessian, gptq_fp8  # noqa: E402
 from quanta.quant.kinds import Fp8  # noqa: E402
 from quanta.quant.quantize_model import QuantSpec  # noqa: E402
-from quanta.toolkit.quantize_options import QuantizeOptions  # noqa: E402
-from quanta.tools.cli import main  # noqa: E402
+from quanta.toolkit.quantize.options import QuantizeOptions  # noqa: E402
+from quanta.cli.main import main  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "quant"
 
@@ -156,7 +156,7 @@ def test_options_resolve_and_refuse():
 
 
 def test_cli_act_order_flags():
-    from quanta.tools.cli import build_parser
+    from quanta.cli.main import build_parser
 
     base = ["quantize", "--method", "gptq", "--out", "o"]
     assert build_parser().parse_args(base).act_order is None          # the method's default

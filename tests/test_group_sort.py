@@ -62,7 +62,7 @@ def test_synthetic_act_order_shares_g_idx_over_one_input_as_gptq_does():
     """GPTQ orders columns by the Hessian of the layer's input, so q/k/v (and gate/up) of a real desc_act
     checkpoint carry one g_idx and stack into one GEMM; the synthetic benchmark model must too, or it
     measures separate GEMMs that real checkpoints do not run."""
-    from quanta.engine.synthetic import load_synthetic
+    from quanta.loaders.synthetic import load_synthetic
     tensors = load_synthetic("synthetic:tiny:w4g32act", "cpu").tensors
     g = {n: tensors[f"model.layers.1.{n}.weight"].g_idx for n in
          ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")}

@@ -9,7 +9,7 @@ import torch
 from quanta.engine import LLM
 from quanta.engine.kernel_report import KernelPath, compute_dtype, layer_paths
 from quanta.engine.layers import QuantLinear
-from quanta.engine.synthetic import SHAPES
+from quanta.loaders.synthetic import SHAPES
 
 TINY = SHAPES["tiny"]
 

@@ -9,14 +9,15 @@ import json
 import pytest
 import torch
 
-from quanta.loaders.gguf_mix import assign, use_more_bits
-from quanta.engine.gpus import parse_gpus
-from quanta.engine.memory_plan import NCCL_OVERHEAD, RUNTIME_OVERHEAD, format_verdict, plan
-from quanta.engine.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config
+from quanta.loaders.gguf.mix import assign, use_more_bits
+from quanta.planner.gpus import parse_gpus
+from quanta.loaders.formats import Source
+from quanta.planner.memory_plan import NCCL_OVERHEAD, RUNTIME_OVERHEAD, format_verdict, plan
+from quanta.planner.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config
 from quanta.loaders.checkpoint import ModelConfig
-from quanta.engine.weight_bytes import WeightFormat, gemm_bytes
+from quanta.planner.weight_bytes import WeightFormat, gemm_bytes
 from quanta.quant.errors import ConfigError, QuantaError
-from quanta.tools import plan_cmd
+from quanta.cli import plan as plan_cmd
 
 MIB, GIB = 2**20, 2**30
 GRAPHS = 512 * MIB                  # the engine's GRAPH_MEMORY_MARGIN
@@ -195,7 +196,7 @@ def test_config_json_and_checkpoint_directory(tmp_path):
     assert plan(str(tmp_path)).quantization == "fp16"
     cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert resolve(tmp_path)[1]["family"] == "awq"
+    assert resolve(tmp_path)[1].family == "awq"
     p = plan(str(tmp_path))
     assert p.quantization.startswith("awq (4-bit, groups of 64")
     # the two layers' AWQ g64 linears: q 256, k = v 128 (64-dim heads), I 512
@@ -210,9 +211,9 @@ def test_gguf_file_plans_from_its_header():
     path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else Path("/nonexistent")
     if not path.is_file():
         pytest.skip("SmolLM2 GGUF not installed")
-    config, info = resolve(path)
+    config, source = resolve(path)
     assert (config.hidden_size, config.num_hidden_layers) == (576, 30)
-    assert info["tensor_types"]["blk.0.attn_q.weight"] == "q4_1"
+    assert source.family == "gguf" and source.weight_format(config).gguf.of("attn_q", 0) == "q4_1"
     assert plan(str(path), gpus="t4").fits
 
 
@@ -293,8 +294,8 @@ def test_load_peak_at_tp4_holds_the_whole_lm_head_as_read_beside_its_piece():
 def test_act_order_at_tp4_holds_o_proj_dequantized_and_down_proj_packed():
     # a GPTQ desc_act checkpoint: o_proj's contiguous piece of scattered groups is held as 2-byte weights; down_proj's
     # groups are sorted before the cut (quant/group_sort.py), so it stays packed like the rest
-    source = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": True}}
-    plain = {"family": "gptq", "quant_config": {"bits": 4, "group_size": 128, "desc_act": False}}
+    source = Source("gptq", {"bits": 4, "group_size": 128, "desc_act": True})
+    plain = Source("gptq", {"bits": 4, "group_size": 128, "desc_act": False})
     kw = dict(gpus="4x24GiB", kv_cache_dtype="fp8", max_model_len=8192)
     act, base = plan("llama-3-70b", source=source, **kw), plan("llama-3-70b", source=plain, **kw)
     o_packed = 2048 // 8 * 8192 * 4 + 8 * 8192 * 4         # codes + symmetric scale words (two groups a word)

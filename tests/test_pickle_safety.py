@@ -10,7 +10,7 @@ import torch
 
 from quanta.loaders import load
 from quanta.quant.errors import CorruptFileError, UnsupportedError
-from quanta.tools.cli import main
+from quanta.cli.main import main
 from test_fuzz_safetensors import CONFIG, seed_tensors
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from quanta.engine import LLM, SamplingParams
 from quanta.engine.config import EngineConfig
-from quanta.engine.core_process import delta_of
+from quanta.engine.drivers.core_process import delta_of
 from quanta.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from quanta.engine.process_engine import ProcessEngine, _Stream
-from quanta.engine.stats import RequestTimes
+from quanta.engine.drivers.process_engine import ProcessEngine, _Stream
+from quanta.engine.drivers.stats import RequestTimes
 
 MODEL = "synthetic:tiny"
 FLAGS = dict(device="cpu", dtype="float32", max_model_len=256, block_size=16, quiet=True)
@@ -153,7 +153,7 @@ def test_writer_sends_the_steps_queued_behind_a_slow_send_as_one():
     import queue
     import threading
 
-    from quanta.engine.core_process import _write
+    from quanta.engine.drivers.core_process import _write
     sent, sending, release = [], threading.Event(), threading.Event()
 
     class SlowPipe:                                    # the parent busy serving: the first send waits

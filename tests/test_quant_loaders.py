@@ -153,7 +153,7 @@ def test_engine_logits_close_to_reference(path: Path):
                                      "ct/w4a16_g32_pack"])
 def test_quanta_generate_cli(variant: str, capsys):
     """`quanta generate --model FIXTURE "hi" --max-tokens 4` runs for one fixture of every family."""
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
 
     rc = main(["-q", "generate", "--model", str(FIXTURES / variant), "--device", "cpu", "--max-tokens", "4", "hi"])
     assert rc in (0, None)
@@ -187,74 +187,40 @@ def _read_all(path: Path) -> None:
         ck.tensors[name]
 
 
-def test_unknown_quant_method(tmp_path):
-    path = _copy("gptq/b4_g32_asym_descact", tmp_path)
-    _edit_config(path, quant_method="quip")
-    with pytest.raises(UnsupportedError, match="quip"):
-        load(path)
+# A checkpoint spoiled in one way -> the typed error and the words naming what is wrong:
+# (fixture, quantization_config changes, tensor dropped, tensors replaced, error, message).
+CORRUPT = [
+    pytest.param("gptq/b4_g32_asym_descact", {"quant_method": "quip"}, None, None, UnsupportedError, "quip",
+                 id="unknown-quant-method"),
+    pytest.param("gptq/b4_g32_asym_descact", {"bits": 5}, None, None, UnsupportedError, "bits=5", id="gptq-5-bit"),
+    pytest.param("gptq/b4_g32_asym_descact", {}, None,
+                 {"model.layers.0.self_attn.q_proj.scales": torch.ones(3, 64, dtype=torch.float16)}, ShapeError,
+                 r"q_proj\.scales", id="gptq-scales-shape"),
+    pytest.param("gptq/b4_g32_asym_descact", {}, "model.layers.1.mlp.up_proj.qzeros", None, CorruptFileError,
+                 r"up_proj\.qzeros.*zero points", id="gptq-zeros-missing"),
+    pytest.param("awq/gemm_g32", {}, None, {"model.layers.0.mlp.gate_proj.qweight": torch.zeros(64, 8, dtype=torch.int32)},
+                 ShapeError, r"gate_proj\.q(weight|zeros)", id="awq-qweight-shape"),
+    pytest.param("awq/gemm_g32", {"bits": 8}, None, None, UnsupportedError, "bits=8", id="awq-8-bit"),
+    pytest.param("bnb/nf4", {}, "model.layers.0.self_attn.k_proj.weight.absmax", None, CorruptFileError,
+                 r"k_proj\.weight\.absmax", id="bnb-absmax-missing"),
+    pytest.param("bnb/int8", {}, "model.layers.0.self_attn.o_proj.SCB", None, CorruptFileError, r"o_proj\.SCB",
+                 id="bnb-scb-missing"),
+    pytest.param("ct/w4a16_g32_asym_pack", {}, "model.layers.0.self_attn.v_proj.weight_zero_point", None,
+                 CorruptFileError, r"v_proj\.weight_zero_point", id="ct-zero-point-missing"),
+    pytest.param("fp8/fbgemm", {}, "model.layers.1.mlp.down_proj.weight_scale", None, CorruptFileError,
+                 r"down_proj\.weight_scale", id="fp8-scale-missing"),
+]
 
 
-def test_gptq_bits_5_unsupported(tmp_path):
-    path = _copy("gptq/b4_g32_asym_descact", tmp_path)
-    _edit_config(path, bits=5)
-    with pytest.raises(UnsupportedError, match="bits=5"):
-        load(path)
-
-
-def test_gptq_scales_shape_mismatch(tmp_path):
-    path = _copy("gptq/b4_g32_asym_descact", tmp_path)
-    name = "model.layers.0.self_attn.q_proj.scales"
-    _edit_tensors(path, replace={name: torch.ones(3, 64, dtype=torch.float16)})
-    with pytest.raises(ShapeError, match=r"q_proj\.scales"):
-        _read_all(path)
-
-
-def test_gptq_missing_zeros(tmp_path):
-    path = _copy("gptq/b4_g32_asym_descact", tmp_path)
-    _edit_tensors(path, drop="model.layers.1.mlp.up_proj.qzeros")
-    with pytest.raises(CorruptFileError, match=r"up_proj\.qzeros.*zero points"):
-        _read_all(path)
-
-
-def test_awq_qweight_shape_mismatch(tmp_path):
-    path = _copy("awq/gemm_g32", tmp_path)
-    _edit_tensors(path, replace={"model.layers.0.mlp.gate_proj.qweight": torch.zeros(64, 8, dtype=torch.int32)})
-    with pytest.raises(ShapeError, match=r"gate_proj\.q(weight|zeros)"):
-        _read_all(path)
-
-
-def test_awq_bits_8_unsupported(tmp_path):
-    path = _copy("awq/gemm_g32", tmp_path)
-    _edit_config(path, bits=8)
-    with pytest.raises(UnsupportedError, match="bits=8"):
-        load(path)
-
-
-def test_bnb_missing_absmax(tmp_path):
-    path = _copy("bnb/nf4", tmp_path)
-    _edit_tensors(path, drop="model.layers.0.self_attn.k_proj.weight.absmax")
-    with pytest.raises(CorruptFileError, match=r"k_proj\.weight\.absmax"):
-        _read_all(path)
-
-
-def test_bnb_missing_scb(tmp_path):
-    path = _copy("bnb/int8", tmp_path)
-    _edit_tensors(path, drop="model.layers.0.self_attn.o_proj.SCB")
-    with pytest.raises(CorruptFileError, match=r"o_proj\.SCB"):
-        _read_all(path)
-
-
-def test_ct_missing_weight_scale(tmp_path):
-    path = _copy("ct/w4a16_g32_asym_pack", tmp_path)
-    _edit_tensors(path, drop="model.layers.0.self_attn.v_proj.weight_zero_point")
-    with pytest.raises(CorruptFileError, match=r"v_proj\.weight_zero_point"):
-        _read_all(path)
-
-
-def test_fp8_missing_scale(tmp_path):
-    path = _copy("fp8/fbgemm", tmp_path)
-    _edit_tensors(path, drop="model.layers.1.mlp.down_proj.weight_scale")
-    with pytest.raises(CorruptFileError, match=r"down_proj\.weight_scale"):
+@pytest.mark.parametrize("fixture, config, drop, replace, error, words", CORRUPT)
+def test_a_spoiled_checkpoint_is_a_typed_error_naming_what_is_wrong(tmp_path, fixture, config, drop, replace,
+                                                                     error, words):
+    path = _copy(fixture, tmp_path)
+    if config:
+        _edit_config(path, **config)
+    if drop or replace:
+        _edit_tensors(path, drop=drop, replace=replace)
+    with pytest.raises(error, match=words):
         _read_all(path)
 
 

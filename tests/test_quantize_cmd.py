@@ -27,7 +27,7 @@ from quanta.loaders import load  # noqa: E402
 from quanta.quant import QTensor  # noqa: E402
 from quanta.quant.calibration import DEFAULT_TEXT  # noqa: E402
 from quanta.quant.errors import ConfigError, UnsupportedError  # noqa: E402
-from quanta.tools.cli import main  # noqa: E402
+from quanta.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not DEFAULT_TEXT.is_file(), reason="calibration text missing")
 CALIB = dict(n_samples=4, seqlen=64)
@@ -150,9 +150,9 @@ def test_cli_json_summary(tiny, tmp_path, capsys):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if any quantizer or writer is reached."""
-    import quanta.loaders.gguf_write as gguf_write
+    import quanta.loaders.gguf.writer as gguf_write
     import quanta.quant.quantize_model as qm
-    import quanta.toolkit.gguf_stream as gs
+    import quanta.toolkit.quantize.gguf_stream as gs
 
     def boom(*a, **k):
         raise AssertionError("work started before the check")
@@ -229,7 +229,7 @@ def test_interrupted_run_leaves_nothing(sig, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
     # A terminal's Ctrl-C reaches a process whose SIGINT is at its default; a test run started in the background
     # (`pytest &`) would otherwise hand the child an ignored SIGINT, which Python then keeps ignoring.
-    proc = subprocess.Popen([sys.executable, "-m", "quanta.tools.cli", "-q", "quantize", str(path), "--method", "awq",
+    proc = subprocess.Popen([sys.executable, "-m", "quanta.cli.main", "-q", "quantize", str(path), "--method", "awq",
                              "--group-size", "32", "--samples", "32", "--seqlen", "128", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -13,7 +13,7 @@ from quanta.loaders.awq import awq_settings
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.compressed_tensors import groups as ct_groups
 from quanta.loaders.fp8 import fp8_settings
-from quanta.loaders.gguf import load_gguf
+from quanta.loaders.gguf.reader import load_gguf
 from quanta.loaders.gptq import gptq_settings
 from quanta.loaders.hf import model_config_from_hf
 from quanta.loaders.safetensors_io import SAFETENSORS_INDEX, SafetensorsDir, read_config, read_safetensors_header

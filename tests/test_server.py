@@ -50,7 +50,7 @@ def _healthy(url: str) -> bool:
 def _serving(model, *flags: str):
     """Run `quanta serve MODEL --device cpu FLAGS` on a free port; yields its base URL once healthy."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "quanta.tools.cli", "-q", "serve", str(model), "--port", str(port),
+    cmd = [sys.executable, "-m", "quanta.cli.main", "-q", "serve", str(model), "--port", str(port),
            "--device", "cpu", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -372,8 +372,8 @@ def test_concurrent_streams_with_disconnects(server, oracle, clients):
 # --- the command line ------------------------------------------------------------------------------
 def test_serve_command_line(tmp_path):
     from quanta.quant.errors import ConfigError
-    from quanta.tools.cli import build_parser
-    from quanta.tools.serve_cmd import _chat_template
+    from quanta.cli.main import build_parser
+    from quanta.cli.serve import _chat_template
     args = build_parser().parse_args(["serve", "m.gguf", "--port", "9001", "--api-key", "k", "--served-model-name",
                                       "n", "--max-model-len", "256", "-q"])
     assert (args.model_path, args.port, args.api_key, args.served_model_name, args.max_model_len, args.quiet) == \
@@ -415,7 +415,7 @@ def test_generate_and_chat_talk_to_a_running_server(server, oracle, capsys, monk
     import io
 
     from quanta.engine import SamplingParams
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
     expected = _greedy(oracle, ["The capital of France is"], 12)[0].text
     assert main(["-q", "generate", "--url", server, "--api-key", KEY, "The capital of France is",
                  "--max-tokens", "12", "--stats"]) == 0
@@ -431,7 +431,7 @@ def test_generate_and_chat_talk_to_a_running_server(server, oracle, capsys, monk
 
 
 def test_generate_url_errors_are_clear(server, capsys):
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
     assert main(["-q", "generate", "--url", server, "--api-key", "wrong", "hi"]) == 2
     assert "HTTP 401" in capsys.readouterr().err
     assert main(["-q", "generate", "--url", "http://127.0.0.1:9", "hi"]) == 2

@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from quanta.engine import LLM, SamplingParams  # noqa: E402
-from quanta.engine.async_engine import AsyncEngine  # noqa: E402
+from quanta.engine.drivers.async_engine import AsyncEngine  # noqa: E402
 from quanta.server.app import build_app  # noqa: E402
 from test_engine_faults import PoisonedTokenizer  # noqa: E402
 

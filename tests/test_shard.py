@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from quanta.engine.synthetic import quantized_weight
+from quanta.loaders.synthetic import quantized_weight
 from quanta.quant.errors import ConfigError
 from quanta.quant.kinds import Gguf
 from quanta.quant.shard import ShardError, shard_cols, shard_rows, split_range, take_cols, take_rows

@@ -106,8 +106,8 @@ def test_peak_does_not_grow_with_the_number_of_layers(tmp_path):
 def test_lazy_mappings_do_not_keep_what_they_return(spec, tmp_path, default_model_path):
     """Each read is a new object the mapping does not hold: once dropped it is collected (synthetic,
     plain safetensors, GGUF)."""
-    from quanta.engine.synthetic import load_synthetic
-    from quanta.loaders.gguf import load_gguf
+    from quanta.loaders.synthetic import load_synthetic
+    from quanta.loaders.gguf.reader import load_gguf
     write_checkpoint(tmp_path / "m", 2)
     for tensors in (load_synthetic(spec, "cpu").tensors, load(tmp_path / "m").tensors,
                     load_gguf(default_model_path, tokenizer=False).tensors):
@@ -124,7 +124,7 @@ def test_act_order_sorted_copies_die_with_their_mlp(monkeypatch):
     read, the load's largest moment under tensor parallelism."""
     from quanta.engine import model_loader
     from quanta.engine.layers import QuantLinear
-    from quanta.engine.synthetic import load_synthetic
+    from quanta.loaders.synthetic import load_synthetic
     copies, sort_mlp, load = [], model_loader.sort_mlp, QuantLinear.load
 
     def tracked(*args):

@@ -94,15 +94,15 @@ def test_unshardable_configurations_are_refused_before_loading(model, tp, match)
 def test_start_up_plan_is_per_rank():
     # Llama-3-70B in 4-bit (~35 GiB of weights) cannot fit one 40 GiB card but fits two at TP = 2, each holding half
     from quanta.engine.config import EngineConfig
-    from quanta.engine.fit_check import check_fits
-    from quanta.engine.synthetic import load_synthetic
+    from quanta.loaders.formats import Source
+    from quanta.planner.fit_check import check_fits
+    from quanta.loaders.synthetic import load_synthetic
     model = "synthetic:llama3-70b:w4g128"
-    mc = load_synthetic(model, "cpu").config
-    source = {"family": "synthetic", "format": "w4g128"}
+    ckpt = load_synthetic(model, "cpu")
+    mc, source = ckpt.config, Source.of(ckpt)
     with pytest.raises(ConfigError, match="does not fit"):
-        check_fits(EngineConfig(model, device="cpu", max_model_len=4096), mc, source, 40 * 2**30)
-    p = check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=2), mc, source,
-                   40 * 2**30)
+        check_fits(EngineConfig(model, device="cpu", max_model_len=4096), 1, mc, source, 40 * 2**30, model)
+    p = check_fits(EngineConfig(model, device="cpu", max_model_len=4096), 2, mc, source, 40 * 2**30, model)
     assert p.fits and p.tensor_parallel_size == 2 and 15 * 2**30 < p.weights.total < 20 * 2**30
 
 
@@ -110,14 +110,13 @@ def test_rank_of_4_shape_is_one_rank_of_70b_at_tp4():
     # benchmarks time one rank's decode on one GPU with this shape: it must hold what TP = 4 gives a rank,
     # piece by piece
     from quanta.engine.config import EngineConfig
-    from quanta.engine.fit_check import check_fits
-    from quanta.engine.synthetic import load_synthetic
-    source = {"family": "synthetic", "format": "w4g128"}
-
+    from quanta.loaders.formats import Source
+    from quanta.planner.fit_check import check_fits
+    from quanta.loaders.synthetic import load_synthetic
     def weights(model, tp):
-        mc = load_synthetic(model, "cpu").config
-        return check_fits(EngineConfig(model, device="cpu", max_model_len=4096, tensor_parallel_size=tp), mc, source,
-                          80 * 2**30).weights
+        ckpt = load_synthetic(model, "cpu")
+        return check_fits(EngineConfig(model, device="cpu", max_model_len=4096), tp, ckpt.config, Source.of(ckpt),
+                          80 * 2**30, model).weights
     assert weights("synthetic:llama3-70b-rank-of-4:w4g128", 1) == weights("synthetic:llama3-70b:w4g128", 4)
 
 

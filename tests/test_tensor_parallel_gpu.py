@@ -58,7 +58,7 @@ def test_tp2_act_order_greedy_equals_tp1():
 def _one_shot_rank(rank: int, world: int, port: int, failures) -> None:
     import torch.distributed as dist
 
-    from quanta.engine.one_shot_all_reduce import OneShotAllReduceNorm
+    from quanta.engine.parallel.one_shot import OneShotAllReduceNorm
     from quanta.kernels import fused_norm
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

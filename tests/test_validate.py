@@ -275,7 +275,7 @@ def test_result_json_and_table(live):
 
 def test_cli_against_reference(pair, text, capsys):
     """`quanta validate MODEL --reference REF` prints the table; bad input exits 2 with the message."""
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
     ref_path, test_path, _, _ = pair
     args = ["-q", "validate", str(test_path), "--reference", str(ref_path), "--text", str(text), "--windows", "2",
             "--device", "cpu", "--dtype", "float32"]

@@ -91,7 +91,7 @@ def test_perplexity_40_windows_of_512_matches_transformers(ours, theirs, text):
 
 def test_cli_json(default_model_path, capsys):
     """`quanta validate --windows 2 --json` on the default model prints the result as JSON."""
-    from quanta.tools.cli import main
+    from quanta.cli.main import main
     assert main(["-q", "validate", "--windows", "2", "--ctx", "128", "--json", "--device", "cpu"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["model"] == str(default_model_path)

@@ -117,6 +117,23 @@ def make_tiny_config(arch: str, tie: bool = False, **overrides):
     return AutoConfig.for_model(model_type, **kwargs)
 
 
+def random_model(config, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A transformers model of `config` with random weights in `dtype`, eval mode: norm weights around 1 (not
+    exactly 1, so swapped tensors are caught), every other weight 0.05 x randn."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * (torch.rand(p.shape, generator=gen) - 0.5))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    return model.to(dtype).eval()
+
+
 def make_tiny_hf(arch: str, path: str | Path, dtype: torch.dtype = torch.float32, tie: bool = False,
                  **kw) -> Path:
     """Save a tiny random `arch` model (a key of ARCHS) in `path` (see build_tiny_hf); returns `path`."""
@@ -131,19 +148,8 @@ def build_tiny_hf(arch: str, path: str | Path, dtype: torch.dtype = torch.float3
     `max_shard_size` (e.g. "1MB") saves a sharded checkpoint. `overrides` go to the transformers config.
     The model returned is the transformers model in `dtype`, in eval mode.
     """
-    from transformers import AutoModelForCausalLM
-
     config = make_tiny_config(arch, tie=tie, **overrides)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * (torch.rand(p.shape, generator=gen) - 0.5))
-            else:
-                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-    model = model.to(dtype).eval()
+    model = random_model(config, dtype, seed)
     path = Path(path)
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kw)

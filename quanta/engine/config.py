@@ -1,67 +1,45 @@
-"""EngineConfig: the LLM(...) arguments, validated once (nano-vllm's Config)."""
+"""EngineConfig: the LLM(...) arguments, validated once (nano-vllm's Config); its memory fields are the
+MemoryRequest that `quanta plan` shares."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 import torch
 
-from quanta.engine.gpus import parse_size
-from quanta.engine.kv_cache import kv_format
+from quanta.planner.request import DTYPES, MemoryRequest
 from quanta.quant.errors import ConfigError
-
-DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-          "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(slots=True)
-class EngineConfig:
+class EngineConfig(MemoryRequest):
+    """What LLM(model, **kwargs) runs. The memory fields (dtype, max_model_len, kv_cache_dtype, block_size,
+    gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, enforce_eager, max_gpu_memory) are
+    MemoryRequest's, keyword-only."""
     model: str
     quantization: str = "auto"          # "auto" or the family detect() must find (gguf, awq, ...)
-    dtype: str | torch.dtype = "auto"   # compute dtype; auto: float32 on CPU, the checkpoint's on GPU
     device: str | None = None           # default: cuda if available, else cpu
-    max_model_len: int | None = None    # default: the model's max_position_embeddings
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
     kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
     quiet: bool = False                 # no progress bars (loading, generating) for scripts
-    # Paged engine.
-    kv_cache_dtype: str = "auto"        # a kv_cache.KV_CACHE_DTYPES name: auto (model dtype) or an fp8 format
-    block_size: int = 16                # tokens per KV block
-    gpu_memory_utilization: float = 0.9   # share of GPU memory for weights + activations + KV cache
-    max_num_batched_tokens: int = 8192  # token budget of one step (chunked prefill beyond it)
-    max_num_seqs: int = 256             # sequences in one step
     enable_prefix_caching: bool = True
-    enforce_eager: bool = False         # no CUDA graphs
     async_scheduling: bool | None = None   # launch the next decode step before this one's tokens are
                                            # known (default: on CUDA); only where schedule() would pick it
     num_kv_blocks: int | None = None    # fix the KV pool size (overrides the memory sizing)
     kv_cache_memory: int | None = None  # CPU: bytes of KV cache (default 1 GiB)
-    max_gpu_memory: int | str | None = None   # cap on this process's GPU memory: bytes, "15GiB" or a card
-                                              # name ("t4"); held as bytes once validated; per rank under TP
-    tensor_parallel_size: int = 1       # ranks, one process and one GPU each (engine/parallel.py); torchrun's
+    tensor_parallel_size: int = 1       # ranks, one process and one GPU each (engine/parallel/); torchrun's
                                         # WORLD_SIZE when started by torchrun
     disable_custom_all_reduce: bool = False   # TP on GPUs: NCCL for every all-reduce, never the one-shot
-                                              # kernel (engine/one_shot_all_reduce.py)
+                                              # kernel (engine/parallel/one_shot.py)
     allow_pickle: bool = False          # load an HF checkpoint's .bin/.pt weights (torch.load(weights_only=True));
                                         # off, they are refused: unpickling can run code
 
     def __post_init__(self):
-        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        kv_format(self.kv_cache_dtype)      # a ConfigError naming the known values
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ConfigError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "kv_cache_memory",
-                     "tensor_parallel_size"):
+        MemoryRequest.__post_init__(self)
+        for name in ("num_kv_blocks", "kv_cache_memory", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_gpu_memory is not None:
-            self.max_gpu_memory = parse_size(self.max_gpu_memory, "max_gpu_memory")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.async_scheduling is None:

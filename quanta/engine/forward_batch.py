@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from quanta.engine.kv_cache import PagedKVCache
-from quanta.kernels import cpu_attention, paged_attention
+from quanta.kernels import paged_attention
+from quanta.kernels.cpu import attention as cpu_attention
 from quanta.kernels.rotary import RopeStore
 
 ROPE_EPILOGUE = os.environ.get("QUANTA_ROPE_EPILOGUE", "1") != "0"      # 0: the rotary kernel after the GEMM

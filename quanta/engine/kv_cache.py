@@ -16,27 +16,18 @@ import logging
 import torch
 
 from quanta.kernels import paged_kv
-from quanta.kernels.paged_kv import FP8_FORMATS, Fp8Format
-from quanta.quant.errors import ConfigError, ShapeError
+from quanta.kernels.paged_kv import KvFormat
+from quanta.quant.errors import ShapeError
 
 log = logging.getLogger(__name__)
 
-KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 CALIBRATION_DIVISOR = {"k": 200.0, "v": 100.0}
 
 
-def kv_format(kv_cache_dtype: str) -> Fp8Format | None:
-    """The fp8 format a kv_cache_dtype stores in, None for the model dtype; ConfigError for an unknown name."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
-    return FP8_FORMATS.get(KV_CACHE_DTYPES[kv_cache_dtype])
-
-
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype, kv_cache_dtype: str) -> int:
+                    dtype: torch.dtype, kv: KvFormat) -> int:
     """Bytes of one KV block over all layers (K and V), in the cache's storage dtype."""
-    element = 1 if kv_format(kv_cache_dtype) is not None else torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+    return block_size * kv.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype.itemsize)
 
 
 def checkpoint_kv_scales(tensors: dict, num_layers: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -60,9 +51,9 @@ class PagedKVCache:
     follow the same decision, made once by the engine)."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
+                 dtype: torch.dtype, device: torch.device, kv: KvFormat | str = "auto",
                  scales: tuple[torch.Tensor, torch.Tensor] | None = None, triton: bool = False):
-        self.fmt = kv_format(kv_cache_dtype)
+        self.fmt = KvFormat.parse(kv).fp8
         self.num_blocks, self.block_size = num_blocks, block_size
         store = torch.uint8 if self.fmt is not None else dtype
         self.kv = torch.empty(2, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=store, device=device)

@@ -7,10 +7,8 @@
     llm.memory()                                          # bytes held: weights by kernel, KV cache, ...
     with LLM(model=...) as llm: ...                       # close() at the end: weights and cache let go
 
-LLM only turns prompts into token ids and loops: scheduling, running, sampling and the request
-bookkeeping are the core's (core.py), which the server's asyncio loop and each tensor-parallel rank
-drive in the same way (see core.py's docstring for how they build on it). The core's parts (model,
-tokenizer, pool, scheduler, runner, kv_cache, ...) read through as `llm.<part>`.
+LLM only turns prompts into token ids and loops: the rest is the core's (core.py). The core's parts
+(model, tokenizer, pool, scheduler, runner, kv_cache, ...) read through as `llm.<part>`.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""Build the decoder on the meta device and fill it from a Checkpoint (gpt-fast's `_load_model`):
-plain tensors are materialized with assign, linear weights go to QuantLinear.load (kernel pick +
-repack). Every module must receive its tensor and every tensor must be used.
-
-Streaming (DESIGN, Memory): build_model reads the checkpoint's lazy mapping one module at a time, a
-merged q/k/v or gate/up group being one module, and holds no reference to a canonical tensor once its
-module's prepare() has returned; nothing holds the whole checkpoint. The loaders' mappings (TensorView,
-QuantView, the GGUF reader, SyntheticTensors) read on access and keep nothing they return (an opt-in
-pickle checkpoint is the exception: torch.load maps each file whole). Hence:
-  - peak device memory during load ~ the final weights + the largest group's transient (its canonical
-    form, their stacked copy and the kernel's repack of it);
-  - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
-    once (mapped file pages aside, which the OS reclaims), and on the CPU device the final weights
-    themselves are added to that;
-  - on a GPU, the packed HF families (AWQ and GPTQ int32 words, bitsandbytes and compressed-tensors
-    bytes) are moved to the device as stored and unpacked there (Checkpoint.read_on), so no host copy
-    holds a byte per weight; GGUF blocks likewise cross as stored and are converted by prepare.
+"""Build the decoder on the meta device and fill it from a Checkpoint (gpt-fast's `_load_model`), streaming:
+plain tensors are materialized with assign, linear weights go to QuantLinear.load (kernel pick + repack), one
+module at a time. Every module must receive its tensor and every tensor must be used.
 """
 from __future__ import annotations
 
@@ -24,8 +10,7 @@ from tqdm import tqdm
 from quanta.engine.config import EngineConfig
 from quanta.engine.layers import Embedding, MergedQuantLinear, QuantLinear, RMSNorm
 from quanta.engine.models.llama import LlamaForCausalLM
-from quanta.engine.parallel import TensorParallel
-from quanta.engine.synthetic import is_synthetic, load_synthetic
+from quanta.engine.parallel.group import TensorParallel
 from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
@@ -34,14 +19,13 @@ from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
 
 def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
     """The checkpoint `cfg.model` names (a path or a synthetic spec): its config, tokenizer (cfg.tokenizer
-    overriding the checkpoint's) and tensors, which loaders and synthetic models read lazily."""
-    if is_synthetic(cfg.model):
-        return load_synthetic(cfg.model, cfg.device)
+    overriding the checkpoint's) and tensors, which the readers make lazily (synthetic ones on cfg.device)."""
     family = detect(cfg.model)
     if cfg.quantization not in ("auto", family):
         raise ConfigError(f"quantization={cfg.quantization!r} asked for, but {cfg.model} is {family!r}")
-    # Pickle weights only with the explicit opt-in, and only the plain HF loader has one.
-    ckpt = load(cfg.model, **({"allow_pickle": True} if cfg.allow_pickle and family == "hf" else {}))
+    # Pickle weights only with the explicit opt-in, and only the plain HF reader has one.
+    options = {"hf": {"allow_pickle": True} if cfg.allow_pickle else {}, "synthetic": {"device": cfg.device}}
+    ckpt = load(cfg.model, **options.get(family, {}))
     if cfg.tokenizer is not None:
         from transformers import AutoTokenizer
         ckpt.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
@@ -54,7 +38,21 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
     """A ready-to-run model for `ckpt` on `device`, computing in `dtype` (the lm_head in `lm_head_dtype`,
     default `dtype`); logits come out in float32 either way. `triton`: the elementwise ops (norm, rotary,
     SiLU-and-mul) run as Triton kernels; `quiet`: no progress bar; `tp`: build this rank's shard (each
-    weight is read whole, cut at once by its module, and the rest dropped)."""
+    weight is read whole, cut at once by its module, and the rest dropped).
+
+    Streaming (DESIGN, Memory): the checkpoint's lazy mapping is read one module at a time, a merged q/k/v or
+    gate/up group being one module, and no reference to a canonical tensor outlives its module's prepare();
+    nothing holds the whole checkpoint. The loaders' mappings (TensorView, QuantView, the GGUF reader,
+    SyntheticTensors) read on access and keep nothing they return (an opt-in pickle checkpoint is the
+    exception: torch.load maps each file whole). Hence:
+      - peak device memory during load ~ the final weights + the largest group's transient (its canonical
+        form, their stacked copy and the kernel's repack of it);
+      - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
+        once (mapped file pages aside, which the OS reclaims), and on the CPU device the final weights
+        themselves are added to that;
+      - on a GPU, the packed HF families (AWQ and GPTQ int32 words, bitsandbytes and compressed-tensors
+        bytes) are moved to the device as stored and unpacked there (Checkpoint.read_on), so no host copy
+        holds a byte per weight; GGUF blocks likewise cross as stored and are converted by prepare."""
     cfg = ckpt.config
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, device, triton, tp)

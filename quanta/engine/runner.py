@@ -1,18 +1,5 @@
-"""ModelRunner: turns a scheduled step into flat tensors, runs the model and samples.
-
-A step's sequences are ordered decodes first; their tokens are laid out back to back as
-input_ids / positions / slot_mapping [T], with block_tables [B, W], seq_lens [B] and
-query_start_loc [B + 1]. Step tensors are built on the host and moved with pinned memory and
-non_blocking copies. Decode-only steps replay a CUDA graph captured per batch-size bucket
-[1, 2, 4, 8, 16, ...] (static buffers, one shared memory pool), unless enforce_eager.
-
-A step is launched (launch) and its tokens collected later (collect): the sampled ids are copied to
-pinned host memory behind an event, so the host can launch the next decode step, whose input ids are
-read on the device from this step's tokens (`after`), before it waits for them. When that may happen
-is the scheduler's rule (Scheduler.schedule_ahead); the runner only provides the mechanism.
-
-The runner is built with its KV cache and never given another. The start-up memory profile runs on a
-runner of its own over a scratch cache (EngineCore builds both and drops them).
+"""ModelRunner: turns a scheduled step into flat tensors, runs the model and samples; decode steps replay
+CUDA graphs, and a step's tokens are collected after the next step may have been launched.
 """
 from __future__ import annotations
 
@@ -20,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quanta.engine import tp_step
+from quanta.engine.parallel import step as tp_step
 from quanta.engine.forward_batch import ForwardBatch
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.engine.sampler import sample_batch
@@ -65,7 +52,21 @@ def blocks_spanned(batch: list[ScheduledSeq]) -> int:
 
 class ModelRunner:
     """Runs `model` over `kv_cache` one scheduled step at a time. `cuda_graphs`: capture the decode
-    graphs now (CUDA only); `generator`: the engine's default sampling generator."""
+    graphs now (CUDA only); `generator`: the engine's default sampling generator.
+
+    A step's sequences are ordered decodes first; their tokens are laid out back to back as
+    input_ids / positions / slot_mapping [T], with block_tables [B, W], seq_lens [B] and
+    query_start_loc [B + 1]. Step tensors are built on the host and moved with pinned memory and
+    non_blocking copies. Decode-only steps replay a CUDA graph captured per batch-size bucket
+    [1, 2, 4, 8, 16, ...] (static buffers, one shared memory pool), unless enforce_eager.
+
+    A step is launched (launch) and its tokens collected later (collect): the sampled ids are copied to
+    pinned host memory behind an event, so the host can launch the next decode step, whose input ids are
+    read on the device from this step's tokens (`after`), before it waits for them. When that may happen
+    is the scheduler's rule (Scheduler.schedule_ahead); the runner only provides the mechanism.
+
+    The runner is built with its KV cache and never given another. The start-up memory profile runs on a
+    runner of its own over a scratch cache (EngineCore builds both and drops them)."""
 
     def __init__(self, model, kv_cache: PagedKVCache, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, generator: torch.Generator | None = None, cuda_graphs: bool = False):

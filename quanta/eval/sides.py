@@ -12,7 +12,7 @@ from quanta.engine.config import EngineConfig
 from quanta.engine.core import EngineCore
 from quanta.engine.llm import LLM
 from quanta.engine.model_loader import open_checkpoint
-from quanta.engine.synthetic import is_synthetic
+from quanta.loaders.synthetic import is_synthetic
 from quanta.eval.reference_store import ReferenceLogprobs, is_reference_file
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError

@@ -1,30 +1,9 @@
 """The sum of a row-parallel layer's partial outputs over the tensor-parallel ranks, fused with the residual
 add and the RMSNorm that follow it: one kernel where unfused decode runs four (stage, all-reduce, cast, norm).
 
-    s = sum over ranks of x (float32, in rank order, rounded once);  h = s + residual (when given);
-    y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
-returns (y, h): fused_norm's outputs for the all-reduced x (y's columns in `order`, as there), and with no
-residual h = s.
-
-Every rank runs the kernel on its own x over the same rows. One program per row, no flags (the Lamport
-scheme of TensorRT-LLM's one-shot all-reduce): a slot that holds no data holds the sentinel -0.0 in every
-element, which no data element ever is (a partial sum's -0.0 is sent as +0.0, the same number), so the
-data is its own flag:
-  1. the program stores its row into its own slot of this call's round in every rank's buffer (NVLink
-     peer stores, fire-and-forget: no fence, no handshake);
-  2. it reads the round's slots in its own buffer until no element is the sentinel: every peer's row has
-     landed, in whatever order its bytes arrived;
-  3. it sums them in rank order (the same number on every rank), adds the residual and normalizes;
-  4. it writes the sentinel back over its own buffer's slots of the previous round.
-Calls cycle over three rounds by a per-row counter each rank keeps on its GPU (every rank runs the same
-calls over the same rows, so the counters agree). A peer stores into round r + 3 (the same slots as r) only
-after this rank has sent its rows of r + 1 and r + 2, so after this rank's call r + 1 has cleared round r;
-and no peer's rows of round r + 1 can land in a slot this rank is still reading. The critical path is one
-NVLink store and local reads; nothing waits for a remote acknowledgement.
-
-Every rank's buffer has the same layout (engine/one_shot_all_reduce.py's symmetric buffer); the kernel
-finds a peer's by the byte distance of its buffer from this rank's. The kernel holds its barrier in itself,
-so CUDA graphs capture it as any kernel.
+Every rank runs the kernel on its own x over the same rows. The ranks meet by peer stores into a symmetric
+buffer whose data is its own flag, with no handshake (_all_reduce_norm_kernel describes the scheme); `reference`
+states what it computes.
 """
 from __future__ import annotations
 
@@ -40,7 +19,13 @@ NAME = "triton_all_reduce_norm"
 
 def reference(parts: list[torch.Tensor], weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
               order: torch.Tensor | None = None):
-    """The ranks' partial outputs `parts` (rank order) -> (y, h), as the kernel computes them."""
+    """The ranks' partial outputs `parts` (rank order) -> (y, h), as the kernel computes them:
+
+        s = sum over ranks of x (float32, in rank order, rounded once);  h = s + residual (when given);
+        y = weight * (h.float() * rsqrt(mean(h**2) + eps)).to(dtype)
+
+    that is, fused_norm's outputs for the all-reduced x (y's columns in `order`, as there), and with no residual
+    h = s."""
     s = torch.stack([p.float() for p in parts]).sum(0).to(parts[0].dtype)
     if residual is None:
         return norm_reference(s, weight, eps, order=order), s
@@ -55,7 +40,7 @@ def _peer(ptr, deltas, rank, unit: tl.constexpr):
     return ptr + tl.multiple_of(tl.load(deltas + rank) // unit, 16 // unit)
 
 
-ROUNDS = 3                       # rounds of slots a buffer cycles over (see the module's docstring)
+ROUNDS = 3                       # rounds of slots a buffer cycles over (see _all_reduce_norm_kernel)
 
 
 def sentinel_bits(dtype: torch.dtype) -> int:
@@ -87,7 +72,26 @@ def _all_reduce_norm_kernel(
     PDL: tl.constexpr = False,
 ):
     """One program per row of D features (BLOCK_D >= D: the row stays in registers). The buffer holds
-    [ROUNDS, WORLD, rows, D] slots: round, sending rank, row."""
+    [ROUNDS, WORLD, rows, D] slots: round, sending rank, row.
+
+    No flags (the Lamport scheme of TensorRT-LLM's one-shot all-reduce): a slot that holds no data holds the
+    sentinel -0.0 in every element, which no data element ever is (a partial sum's -0.0 is sent as +0.0, the same
+    number), so the data is its own flag:
+      1. the program stores its row into its own slot of this call's round in every rank's buffer (NVLink
+         peer stores, fire-and-forget: no fence, no handshake);
+      2. it reads the round's slots in its own buffer until no element is the sentinel: every peer's row has
+         landed, in whatever order its bytes arrived;
+      3. it sums them in rank order (the same number on every rank), adds the residual and normalizes;
+      4. it writes the sentinel back over its own buffer's slots of the previous round.
+    Calls cycle over three rounds by a per-row counter each rank keeps on its GPU (every rank runs the same
+    calls over the same rows, so the counters agree). A peer stores into round r + 3 (the same slots as r) only
+    after this rank has sent its rows of r + 1 and r + 2, so after this rank's call r + 1 has cleared round r;
+    and no peer's rows of round r + 1 can land in a slot this rank is still reading. The critical path is one
+    NVLink store and local reads; nothing waits for a remote acknowledgement.
+
+    Every rank's buffer has the same layout (engine/parallel/one_shot.py's symmetric buffer); the kernel
+    finds a peer's by the byte distance of its buffer from this rank's (_peer). The kernel holds its barrier in
+    itself, so CUDA graphs capture it as any kernel."""
     row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
     dtype = x_ptr.dtype.element_ty
     unit: tl.constexpr = dtype.primitive_bitwidth // 8

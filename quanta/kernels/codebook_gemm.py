@@ -1,14 +1,7 @@
 """Codebook (bitsandbytes NF4 / FP4) weights times fp16/bf16 activations: the affine kernels with a table.
 
-When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
-are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. `prepare()` packs the codes exactly as
-the affine kernels do (affine.layout.pack), stores absmax (double quantization undone once, in the compute dtype)
-as the group scales, and the kernels run in MODE=LUT: on CUDA the GEMV (fp16), the MMA kernel and the dequantize
-kernel look 4-bit codes up by byte permutes in registers; the split-K tl.dot kernel and the fp32 GEMV loop gather
-the 16-entry table per code (served from L1) in place of the magic-number conversion. Paths by M come from the
-affine plan (affine/plan.py): the GEMV at M = 1 (M <= 2 off sm90 where the byte-permute lookup runs, fp16), on
-sm90 the MMA kernel up to M = 512, from M = 1 for bf16 where the GEMV would gather, else dequantize + cuBLAS,
-where the split-K kernel's gathers would make the fused GEMM slower than a separate decode.
+`prepare()` packs the codes as the affine kernels do and they run in MODE=LUT (prepare says how); `apply` takes
+its path by M from the affine plan (affine/plan.py).
 """
 from __future__ import annotations
 
@@ -36,6 +29,14 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> AffineState:
+    """The weight in the affine kernels' layout, run as a table (MODE=LUT).
+
+    When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
+    are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. The codes are packed exactly as the
+    affine kernels pack theirs (affine.layout.pack), absmax (double quantization undone once, in the compute
+    dtype) is stored as the group scales, and the kernels run in MODE=LUT: on CUDA the GEMV (fp16), the MMA kernel
+    and the dequantize kernel look 4-bit codes up by byte permutes in registers; the split-K tl.dot kernel and the
+    fp32 GEMV loop gather the 16-entry table per code (served from L1) in place of the magic-number conversion."""
     w = weight.to(device)
     n, k = w.shape
     absmax = w.block_absmax().reshape(n, k // w.blocksize)
@@ -44,6 +45,10 @@ def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> Affin
 
 
 def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias by the affine plan's path for M: the GEMV at M = 1 (M <= 2 off sm90 where the
+    byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512, from M = 1 for bf16 where the GEMV
+    would gather, else dequantize + cuBLAS, where the split-K kernel's gathers would make the fused GEMM slower
+    than a separate decode."""
     return plan.matmul(x, state, bias)
 
 

@@ -1,11 +1,11 @@
 """Plain float weights: torch's own matmul (cuBLAS; on the CPU MKL / oneDNN in batch-invariant row pieces,
-cpu_matmul)."""
+cpu/matmul.py)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from quanta.kernels import cpu_matmul
+from quanta.kernels.cpu import matmul as cpu_matmul
 
 NAME = "dense"
 

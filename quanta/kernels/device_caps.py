@@ -3,17 +3,8 @@
 Every "can this chip run that" question (bf16 arithmetic, fp8 conversion instructions, Hopper's wgmma
 through Gluon, programmatic dependent launch, how many SMs a grid should fill) is answered from a
 DeviceCaps, never by querying the device in a kernel module. The value is read from the device once, and
-can be replaced by a named preset so that one large GPU runs the plan of a smaller chip:
-
-    QUANTA_DEVICE_CAPS=sm75   # a T4: fp16 only, no bf16, no fp8 instructions, no wgmma, no PDL
-    QUANTA_DEVICE_CAPS=sm80   # an A100
-
-An override can only take capabilities away: the chip must really have what the preset claims, so a
-preset above the device's own compute capability is refused.
-
-`use_triton(device, dtype)` is the single rule for the elementwise and attention ops (RMSNorm, rotary,
-SiLU-and-mul, the paged KV store and attention): the layers, the KV cache and attention all ask it, so
-they cannot disagree.
+can be replaced by a named preset (QUANTA_DEVICE_CAPS: `preset`) so that one large GPU runs the plan of a
+smaller chip. `use_triton` is the single rule for the elementwise and attention ops.
 """
 from __future__ import annotations
 
@@ -96,7 +87,13 @@ def _measured(device: torch.device) -> DeviceCaps:
 
 def preset(name: str, real: DeviceCaps | None = None) -> DeviceCaps:
     """The preset called `name` (sm75, sm80, sm86, sm89, sm90, cpu). With `real` (the device's own
-    caps), refuse a preset the device cannot stand for, and keep PDL/Gluon only where the device has them."""
+    caps), refuse a preset the device cannot stand for, and keep PDL/Gluon only where the device has them.
+
+        QUANTA_DEVICE_CAPS=sm75   # a T4: fp16 only, no bf16, no fp8 instructions, no wgmma, no PDL
+        QUANTA_DEVICE_CAPS=sm80   # an A100
+
+    An override can only take capabilities away: the chip must really have what the preset claims, so a
+    preset above the device's own compute capability is refused."""
     key = name.strip().lower()
     if key not in PRESETS:
         raise ConfigError(f"{ENV_VAR}={name!r} is not one of {', '.join(PRESETS)}")
@@ -125,7 +122,10 @@ def device_caps(device: torch.device | str) -> DeviceCaps:
 
 def use_triton(device: torch.device | str, dtype: torch.dtype, caps: DeviceCaps | None = None) -> bool:
     """Whether the elementwise and attention ops run as Triton kernels (else their torch references):
-    on CUDA devices only, with Triton importable, in a dtype the chip computes in."""
+    on CUDA devices only, with Triton importable, in a dtype the chip computes in.
+
+    This is the single rule for the elementwise and attention ops (RMSNorm, rotary, SiLU-and-mul, the paged KV
+    store and attention): the layers, the KV cache and attention all ask it, so they cannot disagree."""
     device = torch.device(device)
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:
         return False

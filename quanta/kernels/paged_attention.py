@@ -6,10 +6,6 @@
     seq_lens         [B] int32       tokens cached for each sequence, this step's included (0: padding)
     query_start_loc  [B + 1] int32   prefill only: sequence b owns queries qsl[b]:qsl[b+1]
     k_scale, v_scale [Hk] float32    fp8 only (per-tensor scales are repeated over the heads)
-
-Queries of sequence b sit at the last positions seq_lens[b] - qlen ... seq_lens[b] - 1: they see
-every earlier cached token and are causal among themselves, within an optional sliding window.
-GQA/MQA: query head h reads kv head h // (Hq / Hk). The step's K/V must be stored first.
 """
 from __future__ import annotations
 
@@ -40,7 +36,11 @@ def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:
 def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float,
               sliding_window: int | None = None, k_scale=None, v_scale=None,
               fmt: Fp8Format | None = None) -> torch.Tensor:
-    """The oracle and CPU path: per sequence, gather its K/V, float32 masked softmax attention."""
+    """The oracle and CPU path: per sequence, gather its K/V, float32 masked softmax attention.
+
+    Queries of sequence b sit at the last positions seq_lens[b] - qlen ... seq_lens[b] - 1: they see
+    every earlier cached token and are causal among themselves, within an optional sliding window.
+    GQA/MQA: query head h reads kv head h // (Hq / Hk). The step's K/V must be stored first."""
     out = torch.empty_like(q)
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
     for b, length in enumerate(lens):

@@ -5,12 +5,8 @@
     slot       [T] int64                          block_id * block_size + offset; < 0 skips the token
     scale      [Hk] float32                       fp8 only: stored code = fp8(x / scale)
 
-Writing converts by bit operations only (no fp8 dtypes), so it runs on sm75/sm80 where Triton lacks
-`fp8e4nv`: fp32 -> fp8 rounds to nearest even through the fp32 bit pattern (normals) and a magic-number
-add (subnormals). Reading (the attention kernels) uses the conversion instruction on sm89+, and below it
-shifts the code into the fp16 bit pattern, the factor 2^(15 - bias) applied once per score / output
-(fp8_read_constexprs). The torch path (CPU, oracle) uses torch's own float8 casts; tests check the kernels
-agree with it bit for bit.
+The kernels write by bit operations (fp32_to_fp8_bits) and read as fp8_read_constexprs says. The torch path
+(CPU, oracle) uses torch's own float8 casts; tests check the kernels agree with it bit for bit.
 """
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ import triton.language as tl
 
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait
+from quanta.quant.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -52,6 +49,37 @@ FP8_FORMATS = {
     "fp8_e4m3": Fp8Format("fp8_e4m3", 1, 3, 7, 448.0, torch.float8_e4m3fn),
     "fp8_e5m2": Fp8Format("fp8_e5m2", 2, 2, 15, 57344.0, torch.float8_e5m2),
 }
+# kv_cache_dtype names (LLM, `quanta plan`) -> the FP8_FORMATS entry the cache stores in; "auto" is the model dtype.
+KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    """How the paged cache stores K and V: `name` as asked (a KV_CACHE_DTYPES key), `fp8` the format of its
+    one-byte codes, None for elements in the model dtype. Parsed once, where a request is validated."""
+    name: str
+    fp8: Fp8Format | None
+
+    @classmethod
+    def parse(cls, kv_cache_dtype: str | KvFormat) -> KvFormat:
+        """The KvFormat of a kv_cache_dtype name (or itself); ConfigError naming the known names."""
+        if isinstance(kv_cache_dtype, KvFormat):
+            return kv_cache_dtype
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        fp8 = KV_CACHE_DTYPES[kv_cache_dtype]
+        return cls(kv_cache_dtype, None if fp8 is None else FP8_FORMATS[fp8])
+
+    def bytes_per_token(self, layers: int, kv_heads: int, head_dim: int, model_dtype_bytes: int) -> int:
+        """Bytes of one token's K and V over `layers` layers: one byte an element in fp8, else the model
+        dtype's size (the one element-size rule of the cache, its pool and the memory plan)."""
+        element = 1 if self.fp8 is not None else model_dtype_bytes
+        return 2 * layers * kv_heads * head_dim * element
+
+    def __str__(self) -> str:
+        return self.name
+
+
 NO_FP8_WRITE = dict(FP8=0, FP8_MAX=0.0, FP8_SHIFT=0, FP8_REBIAS=0, FP8_MIN_NORMAL=0.0, FP8_MAGIC=0.0,
                     FP8_MAGIC_BITS=0)
 NO_FP8_READ = dict(FP8=0, FP8_HW=False, FP8_UP_SHIFT=0, FP8_UP_MUL=1.0)
@@ -66,7 +94,10 @@ def fp8_write_constexprs(fmt: Fp8Format | None) -> dict:
 
 
 def fp8_read_constexprs(fmt: Fp8Format | None, device: torch.device | str = "cpu") -> dict:
-    """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0) on `device`."""
+    """Kernel constexprs for reading a cache of format `fmt` (None: the model dtype, FP8=0) on `device`.
+
+    Reading (the attention kernels) uses the conversion instruction on sm89+, and below it shifts the code into
+    the fp16 bit pattern (fp8_bits_to_f16_pattern), the factor 2^(15 - bias) applied once per score / output."""
     if fmt is None:
         return NO_FP8_READ
     hardware = device_caps(device).fp8 if HARDWARE_FP8_READ is None else HARDWARE_FP8_READ
@@ -100,7 +131,10 @@ def reference_store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fm
 @triton.jit
 def fp32_to_fp8_bits(x, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
                      FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
-    """fp32 -> uint8 fp8 code, round to nearest even, saturating at +-FP8_MAX."""
+    """fp32 -> uint8 fp8 code, round to nearest even, saturating at +-FP8_MAX.
+
+    By bit operations only (no fp8 dtypes), so it runs on sm75/sm80 where Triton lacks `fp8e4nv`: it rounds
+    through the fp32 bit pattern (normals) and a magic-number add (subnormals)."""
     x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
     a = tl.abs(x)
     bits = a.to(tl.uint32, bitcast=True)

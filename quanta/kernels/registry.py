@@ -1,22 +1,8 @@
 """Which kernel computes a weight: one table from scheme to candidate kernel modules, tried in order.
 
-Every kernel module exposes
-    NAME: str
-    supports(weight, device, dtype) -> str | None   None if it can run this weight, else why not
-    prepare(weight, device, dtype) -> state          repack once at load time (kernel layout)
-    apply(x, state, bias) -> y                       y = x @ W.T + bias, x [..., K] -> [..., N]
-    path(state, m) -> (name, reason)                 what runs an M-row input ("triton_affine/gemv"), and why
-and may expose
-    apply_glu(x, state, bias) -> y                   silu(g) * u for [g | u] = x @ W.T + bias, fused
-    apply_rope_store(x, state, bias, rope) -> y|None [q | k | v] = x @ W.T + bias with q and k rotated and k, v
-                                                     stored in the paged caches (rotary.RopeStore), fused; None
-                                                     where this input's kernel cannot
-    compute_dtype(dtype) -> dtype                    what the GEMM's arithmetic runs in for `dtype` activations,
-                                                     where that is not `dtype` itself
-    take_input_order(state) -> (order|None, state)   the order the kernel gathers x's columns in (act-order), and
-                                                     the state that reads x already in it
 `select()` returns the first module that supports the weight, and a reason naming why earlier
-candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it.
+candidates were passed over; the engine logs a fallback once and `quanta inspect` shows it. The
+interface every kernel module exposes is listed above the table (CANDIDATES).
 """
 from __future__ import annotations
 
@@ -31,13 +17,29 @@ from quanta.quant.qtensor import QTensor
 
 log = logging.getLogger(__name__)
 
+# Every kernel module exposes
+#     NAME: str
+#     supports(weight, device, dtype) -> str | None   None if it can run this weight, else why not
+#     prepare(weight, device, dtype) -> state          repack once at load time (kernel layout)
+#     apply(x, state, bias) -> y                       y = x @ W.T + bias, x [..., K] -> [..., N]
+#     path(state, m) -> (name, reason)                 what runs an M-row input ("triton_affine/gemv"), and why
+# and may expose
+#     apply_glu(x, state, bias) -> y                   silu(g) * u for [g | u] = x @ W.T + bias, fused
+#     apply_rope_store(x, state, bias, rope) -> y|None [q | k | v] = x @ W.T + bias with q and k rotated and k, v
+#                                                      stored in the paged caches (rotary.RopeStore), fused; None
+#                                                      where this input's kernel cannot
+#     compute_dtype(dtype) -> dtype                    what the GEMM's arithmetic runs in for `dtype` activations,
+#                                                      where that is not `dtype` itself
+#     take_input_order(state) -> (order|None, state)   the order the kernel gathers x's columns in (act-order), and
+#                                                      the state that reads x already in it
+#
 # (weight kind, device type) -> kernel modules, best first. "dense" is a plain torch.Tensor weight.
 CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dense", "cpu"): ("quanta.kernels.dense",),
     ("dense", "cuda"): ("quanta.kernels.dense",),
-    ("affine", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
+    ("affine", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
-    ("gguf", "cpu"): ("quanta.kernels.cpu_int4", "quanta.kernels.cpu_int8", "quanta.kernels.dequantized"),
+    ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.dequantized"),
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),     # Q4_0..Q8_0 converted exactly
     ("codebook", "cpu"): ("quanta.kernels.dequantized",),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),

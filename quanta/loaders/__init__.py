@@ -1,43 +1,36 @@
-"""Checkpoint loaders, one module per family; `load(path)` picks the family with `detect(path)`.
-`write(dst, ckpt, fmt)` is the way back: one writer module beside each HF-family reader (WRITERS)."""
+"""Checkpoint I/O, one module (or folder: gguf/) per family, reader and writer side by side; the format
+table (formats.FORMATS) says which is which. `load(path)` reads with the family `detect(path)` finds,
+`write(dst, ckpt, fmt)` writes with the family's writer."""
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from quanta.loaders.checkpoint import Checkpoint
-from quanta.loaders.checkpoint_write import WRITERS, write
 from quanta.loaders.detect import detect, gguf_files_in
+from quanta.loaders.formats import FORMATS, get, resolve, writable
 from quanta.quant.errors import UnsupportedError
-
-# Family (as returned by detect) -> "module:function" of its loader, imported on first use.
-LOADERS = {
-    "gguf": "quanta.loaders.gguf:load_gguf",
-    "hf": "quanta.loaders.hf:load_hf",
-    "awq": "quanta.loaders.awq:load_awq",
-    "gptq": "quanta.loaders.gptq:load_gptq",
-    "bnb": "quanta.loaders.bnb:load_bnb",
-    "fp8": "quanta.loaders.fp8:load_fp8",
-    "compressed-tensors": "quanta.loaders.compressed_tensors:load_compressed_tensors",
-}
 
 
 def load(path: str | Path, **kw: Any) -> Checkpoint:
-    """Load the checkpoint at `path` (file or directory) with the loader of its detected family.
+    """Load the checkpoint at `path` (file, directory or `synthetic:` spec) with its detected family's reader.
 
-    Keyword arguments go to the family's loader (e.g. `allow_pickle=True` for hf). UnsupportedError
-    naming the family when no loader for it exists yet.
+    Keyword arguments go to the family's reader (e.g. `allow_pickle=True` for hf, `device` for synthetic).
     """
-    path = Path(path)
     family = detect(path)
-    if family not in LOADERS:
-        raise UnsupportedError(f"{path}: detected a {family!r} checkpoint, but quanta has no {family} loader yet "
-                               f"(available: {', '.join(sorted(LOADERS))})")
-    if family == "gguf" and path.is_dir():
-        path = gguf_files_in(path)[0]
-    module, _, function = LOADERS[family].partition(":")
-    return getattr(importlib.import_module(module), function)(path, **kw)
+    if family == "gguf" and Path(path).is_dir():
+        path = gguf_files_in(Path(path))[0]
+    elif family != "synthetic":
+        path = Path(path)
+    return resolve(get(family).reader)(path, **kw)
 
 
-__all__ = ["Checkpoint", "LOADERS", "WRITERS", "detect", "load", "write"]
+def write(dst: str | Path, ckpt: Checkpoint, fmt: str, tensors=None, **format_options: Any) -> Path:
+    """Write `ckpt` (or the `tensors` stream in its place) as format `fmt` at `dst` (a directory; a file for
+    GGUF) with the family's writer; UnsupportedError naming the formats quanta writes."""
+    if fmt not in FORMATS or FORMATS[fmt].writer is None:
+        raise UnsupportedError(f"no checkpoint writer for format {fmt!r} (available: {', '.join(writable())})")
+    return resolve(FORMATS[fmt].writer)(dst, ckpt, tensors, **format_options)
+
+
+__all__ = ["Checkpoint", "FORMATS", "detect", "load", "write"]

@@ -16,6 +16,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.config_fields import get_bool, get_int, get_str, get_str_list
 from quanta.loaders.quantized import check_shapes, group_geometry, group_size, load_packed, need, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore
+from quanta.loaders.weight_format import WeightFormat, affine_format
 from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
@@ -86,3 +87,9 @@ def read_awq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[st
 def load_awq(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     """Load an AutoAWQ checkpoint directory: quantized linears become Affine int4 (skipped ones stay plain)."""
     return load_packed(path, "awq", awq_settings, read_awq, tokenizer=tokenizer)
+
+
+def weight_format(config, qc: dict[str, Any], path: Path) -> WeightFormat:
+    """What an AWQ checkpoint's linear weights are, for the memory plan (formats.Format.weights)."""
+    s = awq_settings(qc, path)
+    return affine_format("awq", s["bits"], s["group_size"], symmetric=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import (DEFAULT_SHARD_SIZE, Layout, Tensor, affine_of, common_group_size,
                                              exact_cast, module_of, write_checkpoint, zeros_of)
 from quanta.loaders.pack import pack_bits
@@ -42,8 +42,8 @@ class AwqLayout(Layout):
 
     fmt = "AWQ"
 
-    def __init__(self, round_scales: bool = False):
-        super().__init__()
+    def __init__(self, config: ModelConfig, round_scales: bool = False):
+        super().__init__(config)
         self.round_scales = round_scales
         self.layers: dict[str, tuple[int, int, int]] = {}
 
@@ -84,5 +84,5 @@ def write_awq(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, Te
     are stored fp16: scales not exactly fp16 are refused unless `round_scales`. Unquantized decoder linears
     are listed in modules_to_not_convert. Peak memory: one shard plus one layer's packed tensors.
     """
-    return write_checkpoint(dst, ckpt, tensors, AwqLayout(round_scales), overwrite=overwrite,
+    return write_checkpoint(dst, ckpt, tensors, AwqLayout(ckpt.config, round_scales), overwrite=overwrite,
                             max_shard_size=max_shard_size)

@@ -15,8 +15,10 @@ from typing import Any
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.config_fields import get_bool
 from quanta.loaders.quantized import build_checkpoint, need, quant_config
 from quanta.loaders.safetensors_io import TensorStore, read_config
+from quanta.loaders.weight_format import WeightFormat
 from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine, Codebook
 
@@ -95,3 +97,12 @@ def load_bnb(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     cfg = read_config(path)
     qc = quant_config(path, cfg)
     return build_checkpoint(path, "bnb", read_bnb, qc, cfg=cfg, tokenizer=tokenizer)
+
+
+def weight_format(config, qc: dict[str, Any], path: Path) -> WeightFormat:
+    """What a bitsandbytes checkpoint's linear weights are, for the memory plan: 4-bit codes in blocks of 64
+    (bitsandbytes' default; a file's own blocksize sits in each weight's quant state). LLM.int8 is not
+    modelled (UnsupportedError)."""
+    if not get_bool(qc, "load_in_4bit", path, True) or get_bool(qc, "load_in_8bit", path, False):
+        raise UnsupportedError(f"{path}: bitsandbytes 8-bit checkpoints are not modelled by the memory plan")
+    return WeightFormat("nf4", "codebook", 4, 64)

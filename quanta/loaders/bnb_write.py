@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import DEFAULT_SHARD_SIZE, Layout, Tensor, write_checkpoint
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds import FP4_TABLE, NF4_TABLE, Affine, Codebook
@@ -35,8 +35,8 @@ class BnbLayout(Layout):
 
     fmt = "bitsandbytes"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
         self.mode: tuple | None = None          # (quant_type, double_quant, dtype) or ("int8",), one per checkpoint
         self.first = ""
 
@@ -107,4 +107,4 @@ def write_bnb(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, Te
     setting and dtype for all), or Affine in the LLM.int8 form bnb.read_int8 builds. Anything else is
     UnsupportedError before the rename. Peak memory: one shard plus one layer's tensors.
     """
-    return write_checkpoint(dst, ckpt, tensors, BnbLayout(), overwrite=overwrite, max_shard_size=max_shard_size)
+    return write_checkpoint(dst, ckpt, tensors, BnbLayout(ckpt.config), overwrite=overwrite, max_shard_size=max_shard_size)

@@ -11,7 +11,6 @@ folder. Tensors are consumed once, in order; at most one shard of converted tens
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.hf import canonical_shapes
 from quanta.loaders.safetensors_io import SAFETENSORS_FILE, SAFETENSORS_INDEX
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
@@ -32,36 +31,21 @@ from quanta.quant.kinds import Affine
 from quanta.quant.qtensor import QTensor
 from quanta.sizes import parse_bytes
 
-# Format -> "module:function" of its writer, imported on first use (the formats LOADERS reads back).
-WRITERS = {
-    "hf": "quanta.loaders.hf_write:write_hf",
-    "awq": "quanta.loaders.awq_write:write_awq",
-    "gptq": "quanta.loaders.gptq_write:write_gptq",
-    "bnb": "quanta.loaders.bnb_write:write_bnb",
-    "compressed-tensors": "quanta.loaders.compressed_tensors_write:write_compressed_tensors",
-}
-
 DEFAULT_SHARD_SIZE = 5 * 10**9          # transformers' save_pretrained default, "5GB"
 UNQUANTIZED = ("model.embed_tokens.weight", "lm_head.weight")    # kept in float by every quanta reader
 
 Tensor = torch.Tensor | QTensor
 
 
-def write(dst: str | Path, ckpt: Checkpoint, fmt: str, tensors: Iterable[tuple[str, Tensor]] | None = None,
-          **format_options: Any) -> Path:
-    """Write `ckpt` (or the `tensors` stream in its place) to directory `dst` in format `fmt` (see WRITERS)."""
-    if fmt not in WRITERS:
-        raise UnsupportedError(f"no checkpoint writer for format {fmt!r} (available: {', '.join(sorted(WRITERS))})")
-    module, _, function = WRITERS[fmt].partition(":")
-    return getattr(importlib.import_module(module), function)(dst, ckpt, tensors, **format_options)
-
-
 class Layout:
-    """How one format stores tensors. Subclasses override `convert_quantized` and `quantization_config`."""
+    """How one format stores tensors. Subclasses override `convert_quantized` and `quantization_config`; each
+    is made as `Layout(config, **options)` (the model's ModelConfig, then the format's writer options), so the
+    format table can make one to ask whether it holds a weight."""
 
     fmt = "hf"
 
-    def __init__(self) -> None:
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
         self.plain_linears: list[str] = []      # decoder linear modules that came unquantized
 
     def convert_plain(self, name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.config_fields import get_block, get_dict, get_int, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore, read_config
+from quanta.loaders.weight_format import WeightFormat, affine_format
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine, Fp8
 
@@ -156,3 +157,20 @@ def load_compressed_tensors(path: str | Path, *, tokenizer: bool | None = None) 
     gs, ignore = groups(qc, path / "config.json"), get_str_list(qc, "ignore", path / "config.json")
     return build_checkpoint(path, "compressed-tensors", lambda st, p, sh: read_ct(st, p, sh, gs, ignore), qc, cfg=cfg,
                             tokenizer=tokenizer, kv_scales=kv_scale_names)
+
+
+def weight_format(config, qc: dict[str, Any], path: Path) -> WeightFormat:
+    """What a compressed-tensors checkpoint's linear weights are, for the memory plan: one integer scheme
+    (per channel or in groups) or FP8 for every config group; a mix of schemes is not modelled."""
+    source = path / "config.json"
+    schemes = {(w.get("type", "int"), get_int(w, "num_bits", source, 8), w.get("strategy") or "tensor",
+                w.get("group_size"), w.get("symmetric", True) is not False, bool(w.get("actorder")))
+               for w in (g["weights"] for g in groups(qc, source))}
+    if len(schemes) > 1:
+        raise UnsupportedError(f"{source}: config groups of different schemes are not modelled by the memory plan")
+    kind, bits, strategy, group, symmetric, act_order = schemes.pop()
+    if kind == "float":
+        return WeightFormat("fp8", "fp8")
+    if strategy not in ("channel", "group"):
+        raise UnsupportedError(f"{source}: {strategy}-wise integer weights are not modelled by the memory plan")
+    return affine_format("compressed-tensors", bits, group if strategy == "group" else None, symmetric, act_order)

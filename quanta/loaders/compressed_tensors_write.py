@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import DEFAULT_SHARD_SIZE, Layout, Tensor, affine_of, module_of, \
     write_checkpoint, zeros_of
 from quanta.loaders.pack import pack_bits
@@ -44,10 +44,11 @@ class CtLayout(Layout):
 
     fmt = "compressed-tensors"
 
-    def __init__(self, kv_cache_scales: dict[str, torch.Tensor], num_layers: int):
-        super().__init__()
+    def __init__(self, config: ModelConfig, kv_cache_scales: dict[str, torch.Tensor] | None = None):
+        super().__init__(config)
+        kv_cache_scales = kv_cache_scales or {}
         self.schemes: dict[str, list[str]] = {}     # scheme (JSON) -> modules using it
-        valid = {KV_SCALE.format(i, kv) for i in range(num_layers) for kv in "kv"}
+        valid = {KV_SCALE.format(i, kv) for i in range(config.num_hidden_layers) for kv in "kv"}
         for name, t in kv_cache_scales.items():
             if name not in valid or t.numel() != 1:
                 raise UnsupportedError(f"KV-cache scale {name!r} {list(t.shape)}: compressed-tensors stores one "
@@ -135,5 +136,5 @@ def write_compressed_tensors(dst: str | Path, ckpt: Checkpoint,
     `ckpt.kv_cache_scales`. Unquantized decoder linears go to `ignore`. Peak memory: one shard plus one layer.
     """
     kv = ckpt.kv_cache_scales if kv_cache_scales is None else kv_cache_scales
-    layout = CtLayout(dict(kv), ckpt.config.num_hidden_layers)
+    layout = CtLayout(ckpt.config, dict(kv))
     return write_checkpoint(dst, ckpt, tensors, layout, overwrite=overwrite, max_shard_size=max_shard_size)

@@ -1,5 +1,6 @@
 """Which checkpoint family a path holds, read from its metadata (never from file names).
 
+- `synthetic:...` (loaders/synthetic.py)                       -> "synthetic"
 - a file that starts with the GGUF magic                       -> "gguf"
 - a directory with config.json: `quantization_config.quant_method` picks the family, else the first
   quantization sidecar present (QUANT_SIDECARS, the order every loader reads them in), else "hf"
@@ -10,23 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quanta.loaders.gguf_file import GGUF_MAGIC
+from quanta.loaders.formats import of_quant_config
+from quanta.loaders.gguf.file import GGUF_MAGIC
 from quanta.loaders.safetensors_io import read_config, read_json
 from quanta.quant.errors import ConfigError, UnsupportedError
 
-# quant_method as written by transformers / the quantizing tool -> our loader family.
-QUANT_METHODS = {
-    "awq": "awq",
-    "gptq": "gptq",
-    "bitsandbytes": "bnb",
-    "bnb": "bnb",
-    "fp8": "fp8",
-    "fbgemm_fp8": "fp8",
-    "modelopt": "fp8",
-    "compressed-tensors": "compressed-tensors",
-    "compressed_tensors": "compressed-tensors",
-}
-
+SYNTHETIC_PREFIX = "synthetic:"      # models made in memory, no files (loaders/synthetic.py)
 # Quantization sidecar files written beside config.json by tools that predate `quantization_config`
 # (AutoGPTQ, AutoAWQ, modelopt), in the order detection and the loaders search them.
 QUANT_SIDECARS = ("quantize_config.json", "quant_config.json", "hf_quant_config.json")
@@ -42,27 +32,9 @@ def is_gguf_file(path: Path) -> bool:
 
 
 def quant_family(qc: dict[str, Any], source: Path) -> str:
-    """The loader family of a quantization config dict (`quantization_config` or a sidecar file).
-
-    `quant_method` decides where present; sidecars without it are recognized by their keys
-    (AutoAWQ: w_bit / q_group_size; AutoGPTQ: bits + group_size; modelopt: quantization.quant_algo).
-    """
-    method = qc.get("quant_method")
-    if method is None and ("w_bit" in qc or "q_group_size" in qc):
-        method = "awq"
-    if method is None and "bits" in qc and "group_size" in qc:
-        method = "gptq"
-    if method is None:
-        raise UnsupportedError(f"{source}: quantization config has no quant_method and no known keys "
-                               f"({sorted(qc)})")
-    method = str(method).lower()
-    if method not in QUANT_METHODS:
-        raise UnsupportedError(f"{source}: quant_method {method!r} is not supported "
-                               f"(supported: {', '.join(sorted(QUANT_METHODS))})")
-    algo = qc.get("quant_algo")
-    if method == "modelopt" and algo is not None and "FP8" not in str(algo).upper():
-        raise UnsupportedError(f"{source}: modelopt quant_algo {algo!r} is not supported (only FP8)")
-    return QUANT_METHODS[method]
+    """The loader family of a quantization config dict (`quantization_config` or a sidecar file): its
+    quant_method, else its keys, as the format table (formats.FORMATS) recognizes them."""
+    return of_quant_config(qc, source).name
 
 
 def detect_dir(path: Path, config: dict[str, Any] | None = None) -> str:
@@ -96,10 +68,13 @@ def read_sidecar(path: Path) -> tuple[dict[str, Any], Path] | None:
 
 
 def detect(path: str | Path) -> str:
-    """The checkpoint family at `path`: "gguf", "hf", "awq", "gptq", "bnb", "fp8" or "compressed-tensors".
+    """The checkpoint family at `path` (a formats.FORMATS name: "gguf", "hf", "awq", "gptq", "bnb", "fp8",
+    "compressed-tensors", ...); "synthetic" for a `synthetic:...` spec.
 
     UnsupportedError naming the path when nothing recognizable is there.
     """
+    if str(path).startswith(SYNTHETIC_PREFIX):
+        return "synthetic"
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such file or directory")

@@ -18,6 +18,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.config_fields import get_block, get_str_list
 from quanta.loaders.quantized import build_checkpoint, kv_scale_names, need, quant_config
 from quanta.loaders.safetensors_io import TensorStore, read_config
+from quanta.loaders.weight_format import WeightFormat
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.kinds import Fp8
 
@@ -66,3 +67,15 @@ def load_fp8(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     s = fp8_settings(path, cfg)
     return build_checkpoint(path, "fp8", lambda st, p, sh: read_fp8(st, p, sh, s), s["raw"], cfg=cfg,
                             tokenizer=tokenizer, kv_scales=kv_scale_names)
+
+
+def check_method(qc: dict[str, Any], source: Path) -> None:
+    """UnsupportedError for a modelopt config whose quant_algo is not FP8 (detection asks before loading)."""
+    algo = qc.get("quant_algo")
+    if str(qc.get("quant_method", "")).lower() == "modelopt" and algo is not None and "FP8" not in str(algo).upper():
+        raise UnsupportedError(f"{source}: modelopt quant_algo {algo!r} is not supported (only FP8)")
+
+
+def weight_format(config, qc: dict[str, Any], path: Path) -> WeightFormat:
+    """What an FP8 checkpoint's linear weights are, for the memory plan: one byte a weight."""
+    return WeightFormat("fp8", "fp8")

@@ -17,6 +17,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.config_fields import get_bool, get_int
 from quanta.loaders.quantized import check_shapes, group_geometry, group_size, load_packed, need, unpack_bits
 from quanta.loaders.safetensors_io import TensorStore
+from quanta.loaders.weight_format import WeightFormat, affine_format
 from quanta.quant.errors import ConfigError, ShapeError, UnsupportedError
 from quanta.quant.kinds import Affine
 
@@ -93,3 +94,9 @@ def read_gptq(store: TensorStore, prefix: str, shape: tuple[int, int], s: dict[s
 def load_gptq(path: str | Path, *, tokenizer: bool | None = None) -> Checkpoint:
     """Load a GPTQ checkpoint directory (v1 or v2; config in config.json, quantize_config.json or quant_config.json)."""
     return load_packed(path, "gptq", gptq_settings, read_gptq, tokenizer=tokenizer)
+
+
+def weight_format(config, qc: dict[str, Any], path: Path) -> WeightFormat:
+    """What a GPTQ checkpoint's linear weights are, for the memory plan (formats.Format.weights)."""
+    s = gptq_settings(qc, path)
+    return affine_format("gptq", s["bits"], s["group_size"], symmetric=s["sym"], act_order=s["desc_act"])

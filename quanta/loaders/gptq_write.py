@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-import quanta
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.version import quanta_version
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import (DEFAULT_SHARD_SIZE, Layout, Tensor, affine_of, common_group_size,
                                              exact_cast, module_of, write_checkpoint, zeros_of)
 from quanta.loaders.gptq import BITS, FORMATS
@@ -30,8 +30,8 @@ class GptqLayout(Layout):
 
     fmt = "GPTQ"
 
-    def __init__(self, checkpoint_format: str = "gptq", round_scales: bool = False):
-        super().__init__()
+    def __init__(self, config: ModelConfig, checkpoint_format: str = "gptq", round_scales: bool = False):
+        super().__init__(config)
         if checkpoint_format not in FORMATS:
             raise ConfigError(f"GPTQ checkpoint_format {checkpoint_format!r} is not one quanta writes ({FORMATS})")
         self.checkpoint_format, self.round_scales = checkpoint_format, round_scales
@@ -82,7 +82,7 @@ class GptqLayout(Layout):
         return {"bits": next(iter(self.bits)), "group_size": common_group_size(self.layers, "GPTQ"),
                 "desc_act": self.desc_act, "sym": self.sym, "lm_head": False, "quant_method": "gptq",
                 "method": "gptq", "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32",
-                "dynamic": dynamic, "meta": {"quantizer": [f"quanta:{quanta.__version__}"],
+                "dynamic": dynamic, "meta": {"quantizer": [f"quanta:{quanta_version()}"],
                                              "static_groups": False, "true_sequential": True}}
 
 
@@ -97,5 +97,16 @@ def write_gptq(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, T
     exact unless `round_scales`). Unquantized decoder linears are excluded through `dynamic`.
     Peak memory: one shard plus one layer's packed tensors.
     """
-    return write_checkpoint(dst, ckpt, tensors, GptqLayout(checkpoint_format, round_scales), overwrite=overwrite,
+    layout = GptqLayout(ckpt.config, checkpoint_format, round_scales)
+    return write_checkpoint(dst, ckpt, tensors, layout, overwrite=overwrite,
                             max_shard_size=max_shard_size)
+
+
+def options_for(ckpt: Checkpoint) -> dict[str, Any]:
+    """The writer options that hold `ckpt`'s weights exactly: GPTQ v1 ("gptq", what every tool reads) unless
+    the source may hold a zero point of 0, which v1 cannot store (it stores z - 1): asymmetric AWQ and
+    GPTQ v2 sources are written as "gptq_v2"."""
+    qc = ckpt.quant_config
+    stored = str(qc.get("checkpoint_format", qc.get("format", "")))
+    v2 = ckpt.format == "awq" or (ckpt.format == "gptq" and "v2" in stored)
+    return {"checkpoint_format": "gptq_v2" if v2 else "gptq"}

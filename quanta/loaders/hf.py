@@ -15,6 +15,7 @@ from quanta.loaders.checkpoint import SUPPORTED_ARCHITECTURES, Checkpoint, Model
 from quanta.loaders.config_fields import get_dict, get_int, get_number, get_str, get_str_list
 from quanta.loaders.detect import detect_dir
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
+from quanta.loaders.weight_format import WeightFormat, dense_format
 from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, ShapeError, UnsupportedError
 
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -236,3 +237,8 @@ def load_hf(path: str | Path, *, allow_pickle: bool = False, tokenizer: bool | N
         tok = load_tokenizer(path)
     return Checkpoint(path=path, format="hf", config=config, tensors=TensorView(store, names), tokenizer=tok,
                       chat_template=getattr(tok, "chat_template", None))
+
+
+def weight_format(config: ModelConfig, qc: dict[str, Any], path: Path | None) -> WeightFormat:
+    """What a plain checkpoint's linear weights are, for the memory plan: its float dtype."""
+    return dense_format({torch.float32: "fp32", torch.bfloat16: "bf16"}.get(config.torch_dtype, "fp16"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.checkpoint_write import DEFAULT_SHARD_SIZE, Layout, Tensor, write_checkpoint
 from quanta.quant.errors import ConfigError
 from quanta.quant.qtensor import QTensor
@@ -22,9 +22,9 @@ class HfLayout(Layout):
 
     fmt = "hf"
 
-    def __init__(self, dtype: torch.dtype):
-        super().__init__()
-        self.dtype = dtype
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None):
+        super().__init__(config)
+        self.dtype = config.torch_dtype if dtype is None else dtype
 
     def convert_plain(self, name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
         if not t.is_floating_point():
@@ -49,4 +49,5 @@ def write_hf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, Ten
         dtype = DTYPES.get(dtype.removeprefix("torch."), dtype)
     if dtype not in DTYPES.values():
         raise ConfigError(f"dtype {dtype!r} is not one a plain HF checkpoint holds (float32, float16, bfloat16)")
-    return write_checkpoint(dst, ckpt, tensors, HfLayout(dtype), overwrite=overwrite, max_shard_size=max_shard_size)
+    return write_checkpoint(dst, ckpt, tensors, HfLayout(ckpt.config, dtype), overwrite=overwrite,
+                            max_shard_size=max_shard_size)

@@ -5,19 +5,7 @@
     max_val = search_clip(w [N, K], x [T, K], bits, group_size)      [N, K/group] clip bounds
     clip_weight(w, max_val)                                          w clamped to ±max_val per group
 
-`linears` are torch.nn.Linear modules that read the same input x (q/k/v after input_layernorm,
-gate/up after post_attention_layernorm, o_proj after v_proj when their shapes match, down_proj after
-up_proj); `forward(x)` runs the smallest module containing them all (self_attn, mlp or the linear
-itself) and returns its output. The search temporarily replaces the linears' weights by
-Q(W·s)/s for 20 ratios r in [0, 1):
-    s = clamp(x_mean^r / (w_mean^(1-r) + 1e-4), 1e-4)   (duo scaling, AutoAWQ's default)
-    s = clamp(x_mean^r, 1e-4)                          (without)
-    s = s / sqrt(max(s) · min(s))
-and keeps the s whose output has the least mean squared error against the unquantized output.
-Folding multiplies the linears' input columns by s and divides the previous op (norm weight, or the
-previous linear's last len(s) output rows and bias) by s, so the float model computes the same thing.
-Clipping shrinks each group's max |w| over 10 steps of 1/20 and keeps the bound whose group output
-error on a subsample of up to 512 tokens is least. Q is AutoAWQ's fake quantization (rtn, "awq").
+Q, below, is AutoAWQ's fake quantization (rtn, "awq").
 """
 from __future__ import annotations
 
@@ -32,7 +20,17 @@ from quanta.quant.rtn import fake_quantize
 def search_scale(x: torch.Tensor, linears: list[torch.nn.Module], forward: Callable[[torch.Tensor], torch.Tensor],
                  bits: int, group_size: int, symmetric: bool = False, n_grid: int = 20,
                  duo_scaling: bool = True) -> torch.Tensor:
-    """The best AWQ per-input-channel scales [K] for `linears` reading x (see the module docstring)."""
+    """The best AWQ per-input-channel scales [K] for `linears` reading x.
+
+    `linears` are torch.nn.Linear modules that read the same input x (q/k/v after input_layernorm,
+    gate/up after post_attention_layernorm, o_proj after v_proj when their shapes match, down_proj after
+    up_proj); `forward(x)` runs the smallest module containing them all (self_attn, mlp or the linear
+    itself) and returns its output. The search temporarily replaces the linears' weights by
+    Q(W·s)/s for 20 ratios r in [0, 1):
+        s = clamp(x_mean^r / (w_mean^(1-r) + 1e-4), 1e-4)   (duo scaling, AutoAWQ's default)
+        s = clamp(x_mean^r, 1e-4)                          (without)
+        s = s / sqrt(max(s) · min(s))
+    and keeps the s whose output has the least mean squared error against the unquantized output."""
     weight = torch.cat([fc.weight for fc in linears], dim=0)
     group = group_size if group_size > 0 else weight.shape[1]
     w_abs = weight.abs().view(-1, group)
@@ -63,7 +61,8 @@ def search_scale(x: torch.Tensor, linears: list[torch.nn.Module], forward: Calla
 
 @torch.no_grad()
 def fold_scale_into_norm(norm_weight: torch.Tensor, linears: list[torch.nn.Module], s: torch.Tensor) -> None:
-    """norm_weight /= s and every linear's input columns *= s, in place (RMSNorm · W stays equal)."""
+    """norm_weight /= s and every linear's input columns *= s, in place (RMSNorm · W stays equal): folding
+    leaves the float model computing the same thing."""
     norm_weight.div_(s)
     for fc in linears:
         fc.weight.mul_(s.view(1, -1))
@@ -83,7 +82,9 @@ def fold_scale_into_linear(prev: torch.nn.Module, linears: list[torch.nn.Module]
 def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, symmetric: bool = False,
                 n_grid: int = 20, max_shrink: float = 0.5, n_sample_token: int = 512,
                 row_batch: int = 64) -> torch.Tensor:
-    """The best per-group clip bound max_val [N, K/group] of w [N, K] for inputs x [..., K]."""
+    """The best per-group clip bound max_val [N, K/group] of w [N, K] for inputs x [..., K]: each group's max |w|
+    shrunk over 10 steps of 1/20, keeping the bound whose group output error (after Q) on a subsample of up to
+    512 tokens is least."""
     n, k = w.shape
     group = group_size if group_size > 0 else k
     x = x.reshape(-1, k)

@@ -5,12 +5,7 @@
     layer = runner.build(i, {"self_attn.q_proj.weight": tensor, ...})    # transformers decoder layer
     y = runner.forward(layer, x)                                         # x, y [n_samples, seqlen, hidden]
     runner.capture(layer, x, {"self_attn.q_proj": fn, ...})              # fn(chunk_input) per linear
-    runner.attention(layer) / runner.mlp(layer)                          # x -> output callables
-
-The layer is transformers' own decoder layer class for the architecture (LlamaDecoderLayer,
-Qwen2DecoderLayer, ...), built from the checkpoint's ModelConfig, so the math is the reference's.
-Only one layer's weights exist in float32 at a time; samples run in chunks of `chunk` sequences
-under an explicit causal (and sliding-window) mask.
+    runner.attention(layer)                                              # x -> the attention output, a callable
 """
 from __future__ import annotations
 
@@ -79,7 +74,12 @@ def hf_config(cfg):
 
 
 class LayerRunner:
-    """Builds and runs one decoder layer at a time in float32 on CPU (see the module docstring)."""
+    """Builds and runs one decoder layer at a time in float32 on CPU.
+
+    The layer is transformers' own decoder layer class for the architecture (LlamaDecoderLayer,
+    Qwen2DecoderLayer, ...), built from the checkpoint's ModelConfig, so the math is the reference's.
+    Only one layer's weights exist in float32 at a time; samples run in chunks of `chunk` sequences
+    under an explicit causal (and sliding-window) mask."""
 
     def __init__(self, cfg, chunk: int = 8):
         if cfg.model_type not in LAYER_CLASSES:

@@ -2,15 +2,6 @@
 
     quantize_4bit(w [N, K] float, quant_type="nf4", blocksize=64, double_quant=False) -> Codebook
 
-Blocks of `blocksize` run over the row-major flattened weight (the last block may be short):
-    absmax[b] = max |w| over block b,  x = clamp(w / absmax, -1, 1)
-    code = index of the nearest table entry, ties going up (bucketize on the midpoints of the
-           sorted table, which is bitsandbytes' default backend; FP4's table is unsorted, so the
-           sorted index is mapped back)
-With double quantization the absmax is stored as 8-bit codes of the signed dynamic map:
-    offset = mean(absmax), blockwise 8-bit quantization of (absmax - offset) in blocks of 256, done as
-    bitsandbytes' CPU backend does it (a 65536-bin lookup table: x * (1 / absmax) picks a bin, each bin
-    the entry nearest its left edge), which can differ from exact nearest by one code near a midpoint.
 Results are float32 computations of the float32 weight, as bitsandbytes computes on a float32 input.
 """
 from __future__ import annotations
@@ -97,7 +88,17 @@ def quantize_blockwise_8bit(values: torch.Tensor, blocksize: int = NESTED_BLOCKS
 
 def quantize_4bit(w: torch.Tensor, quant_type: str = "nf4", blocksize: int = 64, double_quant: bool = False,
                   name: str = "weight") -> Codebook:
-    """w [N, K] as a bitsandbytes 4-bit `Codebook` (see the module docstring); ConfigError for bad options."""
+    """w [N, K] as a bitsandbytes 4-bit `Codebook`; ConfigError for bad options.
+
+    Blocks of `blocksize` run over the row-major flattened weight (the last block may be short):
+        absmax[b] = max |w| over block b,  x = clamp(w / absmax, -1, 1)
+        code = index of the nearest table entry, ties going up (bucketize on the midpoints of the
+               sorted table, which is bitsandbytes' default backend; FP4's table is unsorted, so the
+               sorted index is mapped back)
+    With double quantization the absmax is stored as 8-bit codes of the signed dynamic map:
+        offset = mean(absmax), blockwise 8-bit quantization of (absmax - offset) in blocks of 256, done as
+        bitsandbytes' CPU backend does it (a 65536-bin lookup table: x * (1 / absmax) picks a bin, each bin
+        the entry nearest its left edge), which can differ from exact nearest by one code near a midpoint."""
     if quant_type not in TABLES:
         raise ConfigError(f"{name}: quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
     if blocksize not in BLOCKSIZES:

@@ -3,12 +3,6 @@
     fp8_weight(w [N, K], strategy="tensor"|"channel", input_scale=None) -> Fp8
     amax_scale(amax) -> float32 scale             scale = max(amax, 0) / 448, at least float32 eps
     AmaxObserver(): .observe(x) ... .scale()     running absolute max of calibration tensors
-
-compressed-tensors `calculate_qparams` (symmetric FLOAT, 8 bits): scale = max(|min|, |max|) / 448
-(the range always contains 0), clamped to float32 eps; `_quantize`: clamp(w / scale, -448, 448), then
-a cast to float8_e4m3fn (round to nearest even). A static activation scale (W8A8 static) and the
-per-layer KV-cache scales (k_scale, v_scale) are the same formula over the calibration amax; dynamic
-activation quantization stores no input_scale.
 """
 from __future__ import annotations
 
@@ -23,13 +17,19 @@ STRATEGIES = ("tensor", "channel")
 
 
 def amax_scale(amax: torch.Tensor | float) -> torch.Tensor:
-    """The e4m3 scale (float32) for values whose absolute max is `amax` (per tensor or per row)."""
+    """The e4m3 scale (float32) for values whose absolute max is `amax` (per tensor or per row).
+
+    compressed-tensors `calculate_qparams` (symmetric FLOAT, 8 bits): scale = max(|min|, |max|) / 448
+    (the range always contains 0), clamped to float32 eps. A static activation scale (W8A8 static) and the
+    per-layer KV-cache scales (k_scale, v_scale) are the same formula over the calibration amax; dynamic
+    activation quantization stores no input_scale."""
     amax = torch.as_tensor(amax, dtype=torch.float32)
     return torch.clamp(amax.clamp(min=0) / E4M3_MAX, min=torch.finfo(torch.float32).eps)
 
 
 def fp8_cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x / scale clamped to the e4m3 range and cast to float8_e4m3fn (scale broadcastable to x)."""
+    """x / scale clamped to the e4m3 range and cast to float8_e4m3fn (scale broadcastable to x): compressed-tensors
+    `_quantize`, clamp(w / scale, -448, 448), then a cast to float8_e4m3fn (round to nearest even)."""
     return torch.clamp(x.float() / scale, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 

@@ -6,23 +6,7 @@ grid into the `Affine` kind or onto the FP8 e4m3 grid into the `Fp8` kind.
         -> (Affine, loss)
     gptq_fp8(w [N, K], h, strategy="channel"|"tensor", act_order, damp, blocksize) -> (Fp8, loss)
 
-The algorithm follows the reference loop step for step so that results agree with it:
-  * dead columns (diag(H) == 0): H[d, d] = 1 and W[:, d] = 0;
-  * act-order (desc_act): columns permuted by diag(H) descending; groups are consecutive in the
-    permuted order, so the Affine carries `g_idx` in the ORIGINAL column order (as GPTQ checkpoints
-    store it) and codes in the original order;
-  * static groups: group parameters found once on the unpermuted, unupdated weight (then g_idx is the
-    plain k // group_size and is left out);
-  * dampening: H += damp * mean(diag(H)) * I, then the upper Cholesky factor of H⁻¹;
-  * lazy batch updates over `blocksize` columns; group parameters are found on the working weight
-    when a group starts (GPTQ `Quantizer.find_params`, see rtn.gptq_params).
-Only the grid differs between the two: a `Grid` finds a group's parameters and rounds one column.
-The FP8 grid has one group per row (channel) or one for the weight (tensor): its scale, amax / 448,
-is found once on the weight as given, before any update, as llm-compressor's GPTQ takes it from
-the weight observer, and every column rounds as compressed-tensors does (clamp to
-±448, cast to e4m3). With no off-diagonal Hessian terms the result is plain round-to-nearest FP8.
-Act-order costs nothing in the FP8 format: the scale does not depend on the column order.
-`loss` is the reference's sum of (w - q)² / d² / 2 over all weights, divided by nsamples.
+Both run one loop (_gptq, the reference's step for step); only the `Grid` differs.
 """
 from __future__ import annotations
 
@@ -72,7 +56,13 @@ class IntGrid(NamedTuple):
 
 
 class Fp8Grid(NamedTuple):
-    """The e4m3 grid: params (scale [R],) = amax / 448 per row (channel) or over all rows (tensor)."""
+    """The e4m3 grid: params (scale [R],) = amax / 448 per row (channel) or over all rows (tensor).
+
+    One group per row (channel) or one for the weight (tensor): its scale is found once on the weight as given,
+    before any update, as llm-compressor's GPTQ takes it from the weight observer, and every column rounds as
+    compressed-tensors does (clamp to ±448, cast to e4m3). With no off-diagonal Hessian terms the result is plain
+    round-to-nearest FP8. Act-order costs nothing in the FP8 format: the scale does not depend on the column
+    order."""
     strategy: str
 
     def params(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -86,7 +76,7 @@ class Fp8Grid(NamedTuple):
         return code * p[0]
 
 
-Grid = IntGrid | Fp8Grid
+Grid = IntGrid | Fp8Grid      # all that differs between the two: a grid finds a group's parameters, rounds a column
 
 
 @contextlib.contextmanager
@@ -131,7 +121,19 @@ def _check(w: torch.Tensor, hessian: Hessian, damp: float, name: str) -> None:
 
 def _gptq(w: torch.Tensor, hessian: Hessian, grid: Grid, group: int, act_order: bool, static_groups: bool,
           damp: float, blocksize: int, name: str) -> _Result:
-    """The GPTQ loop of w [N, K] onto `grid` in groups of `group` columns (see the module docstring)."""
+    """The GPTQ loop of w [N, K] onto `grid` in groups of `group` columns.
+
+    It follows the reference loop step for step so that results agree with it:
+      * dead columns (diag(H) == 0): H[d, d] = 1 and W[:, d] = 0;
+      * act-order (desc_act): columns permuted by diag(H) descending; groups are consecutive in the
+        permuted order, so the Affine carries `g_idx` in the ORIGINAL column order (as GPTQ checkpoints
+        store it) and codes in the original order;
+      * static groups: group parameters found once on the unpermuted, unupdated weight (then g_idx is the
+        plain k // group_size and is left out);
+      * dampening: H += damp * mean(diag(H)) * I, then the upper Cholesky factor of H⁻¹;
+      * lazy batch updates over `blocksize` columns; group parameters are found on the working weight
+        when a group starts (GPTQ `Quantizer.find_params`, see rtn.gptq_params).
+    `loss` is the reference's sum of (w - q)² / d² / 2 over all weights, divided by nsamples."""
     n, k = w.shape
     grouped = group < k
     W = w.detach().float().clone()

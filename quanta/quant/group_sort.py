@@ -1,16 +1,6 @@
 """Act-order down_proj groups made contiguous by renumbering the MLP's intermediate features.
 
-GPTQ with act-order (desc_act) quantizes a weight's input columns in a data-chosen order, so column k
-belongs to scale group g_idx[k] and a group's columns lie scattered over K. For down_proj, K is the MLP's
-intermediate feature axis, and an MLP computes the same function under any permutation of its
-intermediate features applied together to gate_proj's and up_proj's rows and down_proj's columns
-(SiLU(gate) * up acts feature by feature). Permuting by the order that sorts g_idx turns down_proj into
-an ordinary grouped weight (column k in group k // group_size) with the same codes, scales and zero
-points: exact, nothing requantized.
-
-It matters twice: the packing kernels then read down_proj's activations in order (no gather), and under
-tensor parallelism each rank's down_proj piece holds whole groups, so it stays packed instead of falling
-back to a dequantized copy (a contiguous cut of a scattered act-order weight has uneven groups).
+The renumbering is exact, nothing requantized; `sort_mlp` says why it holds and why it matters.
 """
 from __future__ import annotations
 
@@ -65,8 +55,20 @@ def sort_down_groups(down: Affine, order: torch.Tensor) -> Affine:
 
 def sort_mlp(gate, up, down, gate_bias=None, up_bias=None):
     """(gate, up, down, gate_bias, up_bias) with the intermediate features renumbered so that down_proj's
-    act-order groups are contiguous (see the module docstring); unchanged where down_proj has no act-order
-    groups to sort or gate_proj / up_proj are of a kind whose rows cannot be reordered exactly."""
+    act-order groups are contiguous; unchanged where down_proj has no act-order groups to sort or gate_proj /
+    up_proj are of a kind whose rows cannot be reordered exactly.
+
+    GPTQ with act-order (desc_act) quantizes a weight's input columns in a data-chosen order, so column k
+    belongs to scale group g_idx[k] and a group's columns lie scattered over K. For down_proj, K is the MLP's
+    intermediate feature axis, and an MLP computes the same function under any permutation of its
+    intermediate features applied together to gate_proj's and up_proj's rows and down_proj's columns
+    (SiLU(gate) * up acts feature by feature). Permuting by the order that sorts g_idx turns down_proj into
+    an ordinary grouped weight (column k in group k // group_size) with the same codes, scales and zero
+    points: exact, nothing requantized.
+
+    It matters twice: the packing kernels then read down_proj's activations in order (no gather), and under
+    tensor parallelism each rank's down_proj piece holds whole groups, so it stays packed instead of falling
+    back to a dequantized copy (a contiguous cut of a scattered act-order weight has uneven groups)."""
     order = group_order(down)
     if order is None:
         return gate, up, down, gate_bias, up_bias

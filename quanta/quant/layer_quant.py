@@ -8,13 +8,6 @@
 the unquantized layer's output on x; `errors` the relative output error of each linear on its
 calibration inputs. Afterwards the layer holds the dequantized weights, so `runner.forward(layer, x)`
 gives the quantized layer's output, which feeds the next layer (as AutoAWQ and GPTQ do).
-
-AWQ follows AutoAWQ: all four scale searches run on the unmodified layer (q/k/v against the
-attention, o_proj only when v_proj and o_proj have the same shape, gate/up against the MLP,
-down_proj alone), then every scale is folded in and the cached inputs divided by it, then clipping
-is searched for every linear but q/k, then RTN in AutoAWQ's convention.
-GPTQ is "true sequential": q/k/v, then o, then gate/up, then down, each group's Hessians collected
-with the earlier groups already quantized (each stage's inputs computed once, see gptq_layer).
 """
 from __future__ import annotations
 
@@ -54,7 +47,12 @@ def _capture_inputs(runner, layer, x):
 
 @torch.no_grad()
 def awq_layer(runner, layer, x: torch.Tensor, spec):
-    """AWQ of one layer (see the module docstring); modifies the layer's norms and linears in place."""
+    """AWQ of one layer; modifies the layer's norms and linears in place.
+
+    It follows AutoAWQ: all four scale searches run on the unmodified layer (q/k/v against the
+    attention, o_proj only when v_proj and o_proj have the same shape, gate/up against the MLP,
+    down_proj alone), then every scale is folded in and the cached inputs divided by it, then clipping
+    is searched for every linear but q/k, then RTN in AutoAWQ's convention."""
     feats, float_out = _capture_inputs(runner, layer, x)
     attn, mlp = layer.self_attn, layer.mlp
     plan = [(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], "self_attn.q_proj",
@@ -135,6 +133,8 @@ def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, error
 def gptq_layer(runner, layer, x: torch.Tensor, spec):
     """GPTQ of one layer, group by group: (quantized, float_out, errors, output).
 
+    "True sequential": q/k/v, then o, then gate/up, then down (SEQUENTIAL), each group's Hessians collected
+    with the earlier groups already quantized.
     Each group's inputs are computed once, from the previous stage with the earlier groups already
     quantized, stopping the forward at the group's input: norm -> q/k/v, attention -> o, residual +
     norm -> gate/up, activation -> down, residual -> the quantized layer's `output` (so no separate

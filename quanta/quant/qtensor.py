@@ -31,16 +31,21 @@ class QTensor:
 
     kind: ClassVar[str]
     kinds: ClassVar[dict[str, type[QTensor]]] = {}
+    shape_of: ClassVar[str | None] = None      # the [N, K] tensor field that gives `shape` when it is None
     shape: tuple[int, int]
 
-    def __init_subclass__(cls, kind: str | None = None, **kw):
+    def __init_subclass__(cls, kind: str | None = None, shape_of: str | None = None, **kw):
         super().__init_subclass__(**kw)
         if kind is not None:
             assert kind not in QTensor.kinds, f"kind {kind!r} registered twice"
             cls.kind = kind
             QTensor.kinds[kind] = cls
+        if shape_of is not None:
+            cls.shape_of = shape_of
 
     def __post_init__(self):
+        if self.shape is None and self.shape_of is not None:
+            self.shape = tuple(getattr(self, self.shape_of).shape)
         self.shape = tuple(int(s) for s in self.shape)
         if len(self.shape) != 2 or min(self.shape) <= 0:
             raise ShapeError(f"{self.kind}: shape must be (out_features, in_features), got {self.shape}")

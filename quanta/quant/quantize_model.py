@@ -6,15 +6,6 @@
         ...
     run.report                          # [ReportRow(name, scheme, weight_error, output_error)]
     run.kv_cache_scales                 # {"model.layers.{i}.self_attn.k_scale": float32 [], ...} (fp8 kv)
-
-Methods: "rtn" (Affine, AutoAWQ convention when asymmetric, GPTQ when symmetric), "awq", "gptq"
-(Affine; with scheme="fp8" GPTQ rounds onto the e4m3 grid instead: Fp8, dynamic activations),
-"fp8" (Fp8, dynamic activations unless fp8_activation="static"), "nf4" (Codebook, NF4 or FP4 by
-quant_type). rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one
-decoder layer at a time (quant/calibration.py), quantize that layer's linears, and feed the quantized
-layer's output to the next. Embeddings, norms and lm_head stay in full precision (lm_head is
-quantized with the same scheme when `quantize_lm_head`, by RTN for AWQ). Every option and every
-linear's shape is checked before any work: ConfigError / UnsupportedError naming tensor and value.
 """
 from __future__ import annotations
 
@@ -40,7 +31,12 @@ LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 @dataclass(slots=True)
 class QuantSpec:
-    """What to produce. `symmetric` None means the method's usual choice (GPTQ: True, RTN/AWQ: False)."""
+    """What to produce. `symmetric` None means the method's usual choice (GPTQ: True, RTN/AWQ: False).
+
+    Methods: "rtn" (Affine, AutoAWQ convention when asymmetric, GPTQ when symmetric), "awq", "gptq"
+    (Affine; with scheme="fp8" GPTQ rounds onto the e4m3 grid instead: Fp8, dynamic activations),
+    "fp8" (Fp8, dynamic activations unless fp8_activation="static"), "nf4" (Codebook, NF4 or FP4 by
+    quant_type)."""
     method: str
     bits: int = 4
     group_size: int = 128
@@ -111,12 +107,36 @@ def linear_shapes(cfg) -> dict[str, tuple[int, int]]:
             "mlp.down_proj": (h, inter)}
 
 
-def _float(t) -> torch.Tensor:
+def as_float(t) -> torch.Tensor:
+    """A tensor or QTensor as float32 (a quantized weight dequantized)."""
     return t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float()
 
 
+def names_by_layer(names: list[str]) -> dict[int, list[str]]:
+    """The decoder layers' tensor names, by layer index, in the order given."""
+    by_layer: dict[int, list[str]] = {}
+    for name in names:
+        if m := LAYER_NAME.fullmatch(name):
+            by_layer.setdefault(int(m.group(1)), []).append(name)
+    return by_layer
+
+
+def model_order(name: str) -> tuple[int, int]:
+    """Sort key of a canonical tensor name in model order: the embedding, then layer by layer, then the rest
+    (final norm, lm_head)."""
+    m = LAYER_NAME.fullmatch(name)
+    if name == "model.embed_tokens.weight":
+        return (0, 0)
+    return (1, int(m.group(1))) if m else (2, 0)
+
+
 class QuantizeRun:
-    """The iterator `quantize_checkpoint` returns; `report` and `kv_cache_scales` fill as it runs."""
+    """The iterator `quantize_checkpoint` returns; `report` and `kv_cache_scales` fill as it runs.
+
+    rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one decoder layer at a time
+    (quant/calibration.py), quantize that layer's linears, and feed the quantized layer's output to the next.
+    Embeddings, norms and lm_head stay in full precision (lm_head is quantized with the same scheme when
+    `quantize_lm_head`, by RTN for AWQ)."""
 
     def __init__(self, ckpt, spec: QuantSpec, calibration: CalibrationData | None, quiet: bool):
         self.ckpt, self.spec, self.calibration, self.quiet = ckpt, spec, calibration, quiet
@@ -140,14 +160,7 @@ class QuantizeRun:
             for name, shape in shapes.items():
                 check_scheme(name, shape, spec.bits, spec.group_size)
         self.targets = set(shapes)
-        self.names = sorted(names, key=self._order)
-
-    @staticmethod
-    def _order(name: str):
-        m = LAYER_NAME.fullmatch(name)
-        if name == "model.embed_tokens.weight":
-            return (0, 0)
-        return (1, int(m.group(1))) if m else (2, 0)
+        self.names = sorted(names, key=model_order)
 
     def _report(self, name: str, q, w: torch.Tensor, out_err: float | None) -> None:
         werr = float((q.dequantize() - w).norm() / w.norm().clamp(min=1e-12))
@@ -169,7 +182,7 @@ class QuantizeRun:
             for name in tqdm(self.names, desc=f"quantize {self.spec.method}", disable=self.quiet):
                 t = tensors[name]
                 if name in self.targets:
-                    w = _float(t)
+                    w = as_float(t)
                     q = self._weight_only(name, w)
                     self._report(name, q, w, None)
                     yield name, q
@@ -186,17 +199,14 @@ class QuantizeRun:
 
         cfg, spec = self.ckpt.config, self.spec
         runner = LayerRunner(cfg)
-        by_layer: dict[int, list[str]] = {}
-        for name in self.names:
-            if m := LAYER_NAME.fullmatch(name):
-                by_layer.setdefault(int(m.group(1)), []).append(name)
+        by_layer = names_by_layer(self.names)
         embed = tensors["model.embed_tokens.weight"]
-        x = _float(embed)[self.calibration.tokens]
+        x = as_float(embed)[self.calibration.tokens]
         yield "model.embed_tokens.weight", self._passthrough(embed)
         for i in tqdm(range(cfg.num_hidden_layers), desc=f"quantize {spec.method}", disable=self.quiet):
             names = by_layer.get(i, [])
             originals = {n: tensors[n] for n in names}
-            weights = {LAYER_NAME.fullmatch(n).group(2): _float(t) for n, t in originals.items()}
+            weights = {LAYER_NAME.fullmatch(n).group(2): as_float(t) for n, t in originals.items()}
             layer = runner.build(i, weights)
             method = {"awq": awq_layer, "gptq": gptq_layer, "fp8": fp8_layer}[spec.method]
             quantized, float_out, errors, *extra = method(runner, layer, x, spec)
@@ -222,7 +232,7 @@ class QuantizeRun:
             x = x_next
             del layer, state, weights, originals
         for name in self.names:
-            if self._order(name)[0] == 2:
+            if model_order(name)[0] == 2:
                 if name == "lm_head.weight" and spec.quantize_lm_head:
                     yield name, self._lm_head(tensors, name, x)
                 else:
@@ -230,8 +240,8 @@ class QuantizeRun:
 
     def _lm_head(self, tensors, name: str, x: torch.Tensor):
         """lm_head quantized with the spec; GPTQ and static FP8 see the final-norm hidden states."""
-        spec, w = self.spec, _float(tensors[name])
-        norm = _float(tensors["model.norm.weight"])
+        spec, w = self.spec, as_float(tensors[name])
+        norm = as_float(tensors["model.norm.weight"])
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.ckpt.config.rms_norm_eps) * norm
         if spec.method == "gptq":
             hess = Hessian(w.shape[1])
@@ -249,7 +259,8 @@ class QuantizeRun:
 
 def quantize_checkpoint(ckpt, spec: QuantSpec, calibration: CalibrationData | None = None,
                         quiet: bool = False) -> QuantizeRun:
-    """Check `spec` against `ckpt` now (ConfigError before any work) and return the run to iterate."""
+    """Check `spec` against `ckpt` now and return the run to iterate: every option and every linear's shape is
+    checked before any work (ConfigError / UnsupportedError naming tensor and value)."""
     return QuantizeRun(ckpt, spec, calibration, quiet)
 
 

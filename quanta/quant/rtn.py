@@ -2,18 +2,10 @@
 
     rtn_affine(w [N, K] float, bits, group_size, symmetric, convention=None) -> Affine
 
-Conventions (each the reference tool's formula, per group of `group_size` input columns):
-  "awq"  (AutoAWQ `pseudo_quantize_tensor`)
-         asym: scale = max(max - min, 1e-5) / (2^b - 1),  zero = clamp(-round(min / scale), 0, 2^b - 1)
-         sym:  scale = max(absmax, 1e-5) / (2^(b-1) - 1), codes = round(w / scale) + 2^(b-1) in [0, 2^b - 1]
-  "gptq" (GPTQ `Quantizer.find_params`): the range always contains 0 (xmin = min(min, 0),
-         xmax = max(max, 0)); an all-zero group gets [-1, 1]
-         asym: scale = (xmax - xmin) / (2^b - 1),          zero = round(-xmin / scale)
-         sym:  xmax = max(|xmin|, xmax), xmin = -xmax where xmin < 0, scale = (xmax - xmin) / (2^b - 1),
-               zero = 2^(b-1)
-  codes = clamp(round(w / scale) + zero, 0, 2^b - 1)
-The default convention is "awq" for asymmetric and "gptq" for symmetric weights (what each tool ships).
-`group_size` -1 (or K) means one group per output row (per-channel).
+Conventions, each the reference tool's formula per group of `group_size` input columns: "awq" (awq_params) and
+"gptq" (gptq_params); codes = clamp(round(w / scale) + zero, 0, 2^b - 1). The default convention is "awq" for
+asymmetric and "gptq" for symmetric weights (what each tool ships). `group_size` -1 (or K) means one group per
+output row (per-channel).
 """
 from __future__ import annotations
 
@@ -41,7 +33,12 @@ def check_scheme(name: str, shape: tuple[int, int], bits: int, group_size: int) 
 
 
 def gptq_params(x: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ `find_params` over the rows of x [R, C]: (scale [R], zero [R]) as floats."""
+    """GPTQ `find_params` over the rows of x [R, C]: (scale [R], zero [R]) as floats.
+
+    The range always contains 0 (xmin = min(min, 0), xmax = max(max, 0)); an all-zero group gets [-1, 1].
+        asym: scale = (xmax - xmin) / (2^b - 1),          zero = round(-xmin / scale)
+        sym:  xmax = max(|xmin|, xmax), xmin = -xmax where xmin < 0, scale = (xmax - xmin) / (2^b - 1),
+              zero = 2^(b-1)"""
     maxq = 2 ** bits - 1
     zero_t = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     xmin = torch.minimum(x.min(1)[0], zero_t)
@@ -59,7 +56,10 @@ def gptq_params(x: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tens
 
 
 def awq_params(x: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """AutoAWQ `pseudo_quantize_tensor`'s (scale [R], zero [R]) over the rows of x [R, C], as floats."""
+    """AutoAWQ `pseudo_quantize_tensor`'s (scale [R], zero [R]) over the rows of x [R, C], as floats.
+
+        asym: scale = max(max - min, 1e-5) / (2^b - 1),  zero = clamp(-round(min / scale), 0, 2^b - 1)
+        sym:  scale = max(absmax, 1e-5) / (2^(b-1) - 1), codes = round(w / scale) + 2^(b-1) in [0, 2^b - 1]"""
     if symmetric:
         scale = x.abs().amax(dim=1).clamp(min=1e-5) / (2 ** (bits - 1) - 1)
         return scale, torch.full_like(scale, 2 ** (bits - 1))
@@ -87,7 +87,7 @@ def fake_quantize(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, 
 
 def rtn_affine(w: torch.Tensor, bits: int, group_size: int = -1, symmetric: bool = False,
                convention: str | None = None, name: str = "weight") -> Affine:
-    """Round-to-nearest of w [N, K] into an `Affine` (see the module docstring for the formulas).
+    """Round-to-nearest of w [N, K] into an `Affine` (awq_params / gptq_params give the formulas).
 
     Symmetric weights store their implicit zero 2^(b-1) as the int `zeros`; asymmetric ones a uint8
     zero per group. ConfigError (naming `name`) for bits outside 2..8 or K not divisible by the group.

@@ -6,13 +6,7 @@
     take_rows(w, start, stop) / take_cols(w, start, stop)     the same for any range
 
 A cut never requantizes: it keeps whole scale groups and blocks, so the piece dequantizes exactly to
-the same slice of the full weight. Where a cut would split a group or block (an affine group along K,
-a bitsandbytes block of the row-major flattened weight, an fp8 scale block, a ggml block along K) it
-raises ShardError naming the weight, the cut and the unit it would split. `w` may also be a plain
-tensor (dense weights; biases and norms as 1-D tensors cut along their only dimension).
-
-Act-order affine weights (g_idx) cut along K keep, for their columns, only the groups those columns
-use, renumbered in order: the piece is exact, though its groups are no longer `group_size` columns each.
+the same slice of the full weight; where it would split one, it raises ShardError.
 """
 from __future__ import annotations
 
@@ -25,7 +19,11 @@ from quanta.quant.kinds import Affine, Codebook, Fp8, Gguf
 
 
 class ShardError(ConfigError):
-    """A weight cannot be cut where tensor parallelism needs it (a group or block would straddle ranks)."""
+    """A weight cannot be cut where tensor parallelism needs it (a group or block would straddle ranks).
+
+    Raised where a cut would split a group or block (an affine group along K, a bitsandbytes block of the
+    row-major flattened weight, an fp8 scale block, a ggml block along K), naming the weight, the cut and the
+    unit it would split."""
 
 
 def split_range(size: int, rank: int, world: int, what: str = "dimension") -> tuple[int, int]:
@@ -56,7 +54,8 @@ def _check(name: str, what: str, start: int, stop: int, full: int, unit: int) ->
 
 
 def take_rows(w, start: int, stop: int, name: str = "weight"):
-    """Rows [start, stop) of `w` (a tensor or any QTensor kind), as the same kind."""
+    """Rows [start, stop) of `w` (a tensor or any QTensor kind), as the same kind. A plain tensor is a dense
+    weight, or a bias or norm as a 1-D tensor cut along its only dimension."""
     if isinstance(w, torch.Tensor):
         return w[start:stop]
     n, k = w.shape
@@ -119,6 +118,9 @@ def take_cols(w, start: int, stop: int, name: str = "weight"):
 
 
 def _affine_cols(w: Affine, start: int, stop: int, name: str) -> Affine:
+    """Columns [start, stop) of an Affine. Act-order weights (g_idx) keep, for their columns, only the groups
+    those columns use, renumbered in order: the piece is exact, though its groups are no longer `group_size`
+    columns each."""
     k = w.shape[1]
     per_group = ("scales", "mins") + (("zeros",) if isinstance(w.zeros, torch.Tensor) else ())
     if w.g_idx is None and w.num_groups == 1:          # per channel: one scale serves any columns

@@ -19,23 +19,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from quanta.engine.async_engine import AsyncEngine
-from quanta.engine.process_engine import ProcessEngine
+from quanta.engine.drivers.client import EngineClient
 from quanta.server import metrics
 from quanta.server.errors import APIError, error_response
 from quanta.server.protocol import ChatCompletionRequest, CompletionRequest
 from quanta.server.serving import Serving
+from quanta.version import quanta_version
 
 log = logging.getLogger(__name__)
 OPEN_ROUTES = ("/health",)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("quanta")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -51,7 +43,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{param or 'body'}: {first.get('msg')}", param
 
 
-def build_app(engine: AsyncEngine | ProcessEngine, model_name: str, api_key: str | None = None,
+def build_app(engine: EngineClient, model_name: str, api_key: str | None = None,
               chat_template: str | None = None) -> FastAPI:
     """The application over a (not yet started) engine; the engine loop runs for the app's lifetime."""
     serving = Serving(engine, model_name, chat_template)
@@ -71,7 +63,7 @@ def build_app(engine: AsyncEngine | ProcessEngine, model_name: str, api_key: str
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)")
 
-    app = FastAPI(title="quanta", version=_version(), lifespan=lifespan,
+    app = FastAPI(title="quanta", version=quanta_version(), lifespan=lifespan,
                   dependencies=[Depends(check_key)], docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(APIError)
@@ -99,7 +91,7 @@ def build_app(engine: AsyncEngine | ProcessEngine, model_name: str, api_key: str
 
     @app.get("/version")
     async def version():
-        return {"version": _version()}
+        return {"version": quanta_version()}
 
     @app.get("/metrics")
     async def metrics_page():

@@ -2,9 +2,8 @@
 vLLM's metric names under the `quanta:` prefix so dashboards carry over."""
 from __future__ import annotations
 
-from quanta.engine.async_engine import AsyncEngine
-from quanta.engine.process_engine import ProcessEngine
-from quanta.engine.stats import Histogram
+from quanta.engine.drivers.client import EngineClient
+from quanta.engine.drivers.stats import Histogram
 
 
 def _family(lines: list[str], name: str, kind: str, help_text: str) -> None:
@@ -24,7 +23,7 @@ def _histogram(lines: list[str], name: str, help_text: str, h: Histogram, labels
     lines.append(f"{name}_count{_label(labels)} {h.count}")
 
 
-def render(engine: AsyncEngine | ProcessEngine, model_name: str) -> str:
+def render(engine: EngineClient, model_name: str) -> str:
     """The metrics page."""
     stats, g = engine.stats, engine.gauges()
     labels = {"model_name": model_name}

@@ -17,8 +17,7 @@ from functools import partial
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from quanta.engine.async_engine import AsyncEngine
-from quanta.engine.process_engine import ProcessEngine
+from quanta.engine.drivers.client import EngineClient
 from quanta.engine.chat_template import chat_token_ids
 from quanta.engine.outputs import RequestOutput
 from quanta.quant.errors import ConfigError
@@ -61,7 +60,7 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
 class Serving:
     """Route logic over one engine; `model_name` is the served model's name."""
 
-    def __init__(self, engine: AsyncEngine | ProcessEngine, model_name: str, chat_template: str | None = None):
+    def __init__(self, engine: EngineClient, model_name: str, chat_template: str | None = None):
         self.engine, self.model_name, self.chat_template = engine, model_name, chat_template
         self.tokenizer = engine.tokenizer
 

@@ -1,0 +1,1 @@
+"""The model architectures the engine builds (the llama family)."""

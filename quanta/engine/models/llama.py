@@ -1,21 +1,6 @@
-"""The llama-family decoder: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
-
-Built on the meta device, then filled from a Checkpoint by `model_loader.build_model` (quantized
-linear weights go through QuantLinear's kernels); the rotary frequencies, which no checkpoint holds,
-are made on the target device as the model is built. `triton` says whether the norms, rotary and
-SiLU-and-mul run as Triton kernels (the engine decides it once, with the KV cache's).
-
-forward() takes a flat list of a step's tokens and an attention context that owns the KV cache
-(engine/forward_batch.py). q/k/v and gate/up run as one GEMM each (MergedQuantLinear); the residual
-stream is carried beside the hidden state so that each RMSNorm adds it in the same pass (vLLM's layout).
-
-Tensor parallelism (`tp`, engine/parallel.py), as Megatron / vLLM split a llama: q/k/v and gate/up are
-column-parallel (each part cut by rows: this rank's query heads, its KV heads -- one replicated head when
-there are fewer KV heads than ranks -- and its share of the intermediate rows); o_proj and down_proj are
-row-parallel (cut by input columns; their partial outputs summed over the ranks by the RMSNorm that reads
-them next, in one kernel on GPUs); the embedding and lm_head are vocab-parallel (rows in pieces of
-cdiv(vocab, world); the embedding's partial lookups summed by the first norm, the logits pieces gathered).
-Norms and rotary are replicated. Every cut happens as the weight is read (layers.Cut), before its kernel repacks it.
+"""The llama-family decoder: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), built on the meta
+device and filled from a Checkpoint by `model_loader.build_model`; under tensor parallelism (`tp`) each
+rank's modules hold its cut of every weight (LlamaForCausalLM says which).
 """
 from __future__ import annotations
 
@@ -25,8 +10,8 @@ import torch
 from torch import nn
 
 from quanta.engine.layers import Cut, Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
-from quanta.engine.parallel import TensorParallel, kv_head_range, vocab_range
-from quanta.kernels import cpu_matmul
+from quanta.engine.parallel.group import TensorParallel, kv_head_range, vocab_range
+from quanta.kernels.cpu import matmul as cpu_matmul
 from quanta.loaders.checkpoint import ModelConfig
 
 
@@ -153,8 +138,21 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Decoder + lm_head. Tied embeddings share the embedding's (possibly quantized) table. `device`: where
-    the model will run; `triton`: whether its elementwise ops run as Triton kernels; `tp`: this rank's
-    tensor-parallel group (None: the whole model)."""
+    the model will run (the rotary frequencies, which no checkpoint holds, are made there as the model is
+    built); `triton`: whether the norms, rotary and SiLU-and-mul run as Triton kernels (the engine decides
+    it once, with the KV cache's); `tp`: this rank's tensor-parallel group (None: the whole model).
+
+    forward() takes a flat list of a step's tokens and an attention context that owns the KV cache
+    (engine/forward_batch.py). q/k/v and gate/up run as one GEMM each (MergedQuantLinear); the residual
+    stream is carried beside the hidden state so that each RMSNorm adds it in the same pass (vLLM's layout).
+
+    Tensor parallelism splits a llama as Megatron / vLLM do: q/k/v and gate/up are column-parallel (each part
+    cut by rows: this rank's query heads, its KV heads -- one replicated head when there are fewer KV heads
+    than ranks -- and its share of the intermediate rows); o_proj and down_proj are row-parallel (cut by input
+    columns; their partial outputs summed over the ranks by the RMSNorm that reads them next, in one kernel on
+    GPUs); the embedding and lm_head are vocab-parallel (rows in pieces of cdiv(vocab, world); the embedding's
+    partial lookups summed by the first norm, the logits pieces gathered). Norms and rotary are replicated.
+    Every cut happens as the weight is read (layers.Cut), before its kernel repacks it."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu", triton: bool = False,
                  tp: TensorParallel | None = None):

@@ -1,17 +1,6 @@
 """The GEMV path of the affine kernels: M = 1 or 2 rows over the packed layout (layout.py), no tensor cores.
 
-At M = 1 a 4-bit weight must stream at copy bandwidth; on an H100 that leaves about four instructions per
-code for everything, and too few loads in flight leave the SMs waiting. So:
-  - fp16 (H2, CUDA only): pairs of codes become pairs of halves and meet the activations in packed-half
-    FMAs written in PTX (below): ~2 instructions per 4-bit code.
-  - otherwise (bf16, the interpreter) three per code in fp32 (LOP3, FADD, FFMA): no shift and no int->float
-    conversion: code i of a word is masked in place and OR-ed into the float 2**(23 - bits*j)
-    (j = i mod PACK/2), whose unit in the last place is 2**-(bits*j), so the float is 2**(23 - bits*j) +
-    code exactly; one FADD removes the magic (and the symmetric zero point).
-  - scales leave the inner loop when a tile lies inside one group (group >= TILE_K, e.g. g128):
-    sum_k x*(q*s + zb) = s * sum_k x*q + zb * sum_k x, applied once per tile per column.
-  - a program's step covers RS word rows by BLOCK_N columns; split-K goes through a float32 workspace
-    that the last split of a column block reads and re-zeroes (no memset launch per call).
+At M = 1 a 4-bit weight must stream at copy bandwidth; _affine_gemv_kernel says how its inner loops fit in that.
 The compiled loops: `python -m quanta.kernels.compile_check --sass gemv_w4_h2` (or `affine_gemv_w4`).
 """
 from __future__ import annotations
@@ -189,7 +178,19 @@ def _affine_gemv_kernel(
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
 ):
-    """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles).
+    """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles), a step of which
+    covers RS word rows by BLOCK_N columns.
+
+    At M = 1 a 4-bit weight must stream at copy bandwidth; on an H100 that leaves about four instructions per
+    code for everything, and too few loads in flight leave the SMs waiting. So:
+      - fp16 (H2, CUDA only): pairs of codes become pairs of halves and meet the activations in packed-half
+        FMAs written in PTX (above): ~2 instructions per 4-bit code.
+      - otherwise (bf16, the interpreter) three per code in fp32 (LOP3, FADD, FFMA): no shift and no int->float
+        conversion: code i of a word is masked in place and OR-ed into the float 2**(23 - bits*j)
+        (j = i mod PACK/2), whose unit in the last place is 2**-(bits*j), so the float is 2**(23 - bits*j) +
+        code exactly; one FADD removes the magic (and the symmetric zero point).
+      - scales leave the inner loop when a tile lies inside one group (group >= TILE_K, e.g. g128):
+        sum_k x*(q*s + zb) = s * sum_k x*q + zb * sum_k x, applied once per tile per column (TILE_SCALE).
 
     Split-K without a zeroed output: the splits add float32 partials into the workspace row ws[m] and count
     themselves in lock[m, column block]; the last to arrive takes the sum (resetting ws to zero), writes y

@@ -1,18 +1,8 @@
 """The affine kernels' weight layout, made once by `prepare()`, and the decoding every path shares.
 
-Marlin's lessons in Triton terms:
-  packed [K_pad / PACK, N] int32, PACK = 32 // bits codes per word, packed along K so that every load is
-  coalesced along N. Within each tile of TILE_K = PACK * R input columns (R = 16 rows of words), word
-  row r holds the columns k = i * R + r for i = 0..PACK-1 (code i in bits [bits*i, bits*(i+1))), so that
-  unpacking code i of a [R, BLOCK_N] tile is one shift and gives the contiguous K slice i of the tile.
-  scales as int32 words [rows, N] of two 16-bit floats in the compute dtype, so that a scale row loads in
-  the same register layout as a row of codes: with zero points, word g = (s_g | zbias_g << 16) where
-  zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
-  integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
-  Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel.
-Codes of up to 4 bits are held in 4-bit words and codes of 5 to 8 bits in 8-bit words: a wider field
-holds them exactly, and the kernels read the zero point as it is, not as the field's centre.
-The codebook (NF4 / FP4) and FP8 weight-only kernels pack their codes the same way (`pack`, MODE LUT / FP8_*).
+The layout is Marlin's lessons in Triton terms (AffineState describes it): codes packed along K into int32 words,
+scales as int32 words of two 16-bit floats, act-order columns sorted once. The codebook (NF4 / FP4) and FP8
+weight-only kernels pack their codes the same way (`pack`, MODE LUT / FP8_*).
 """
 from __future__ import annotations
 
@@ -36,9 +26,19 @@ PACK_ROWS = 2048
 
 @dataclass(slots=True)
 class AffineState:
-    """An affine weight in kernel layout (see the module docstring)."""
+    """An affine weight in kernel layout, Marlin's lessons in Triton terms:
+
+      packed [K_pad / PACK, N] int32, PACK = 32 // bits codes per word, packed along K so that every load is
+      coalesced along N. Within each tile of TILE_K = PACK * R input columns (R = 16 rows of words), word
+      row r holds the columns k = i * R + r for i = 0..PACK-1 (code i in bits [bits*i, bits*(i+1))), so that
+      unpacking code i of a [R, BLOCK_N] tile is one shift and gives the contiguous K slice i of the tile.
+      scales as int32 words [rows, N] of two 16-bit floats in the compute dtype, so that a scale row loads in
+      the same register layout as a row of codes: with zero points, word g = (s_g | zbias_g << 16) where
+      zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
+      integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
+      Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel."""
     packed: torch.Tensor            # int32 [K_pad // PACK, N]
-    sz: torch.Tensor                # int32 [G_pad or G_pad / 2, N]: scale words (see the module docstring)
+    sz: torch.Tensor                # int32 [G_pad or G_pad / 2, N]: scale words (see above)
     has_zb: bool                    # words hold (scale, zbias) pairs; else pairs of symmetric scales
     perm: torch.Tensor | None       # int32 [K]: column k of the sorted weight reads x[:, perm[k]]
     n: int
@@ -205,6 +205,8 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> Affine
                                    f"{w.group_size} columns each once sorted")
         if not torch.equal(order, torch.arange(k, device=order.device)):
             codes, perm = codes[:, order], order.to(torch.int32)
+    # codes of up to 4 bits are held in 4-bit words and codes of 5 to 8 bits in 8-bit words: a wider field
+    # holds them exactly, and the kernels read the zero point as it is, not as the field's centre
     bits = 4 if w.bits <= 4 else 8
     group = w.group_size if w.num_groups > 1 else None
     scales = w.effective_scales()           # bnb int8's post_scale (1/127) folded in

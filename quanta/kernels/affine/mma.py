@@ -1,45 +1,10 @@
 """The MMA path of the affine kernels: a tensor-core GEMM whose decoded weight tile is the MMA's A operand, straight
 from registers (sm90: Hopper's wgmma reads operand A from registers).
 
-The split-K `tl.dot` kernel (splitk.py) is bound by its decoded weight tile travelling through shared memory to the
-tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is computed transposed,
-yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers, and the activations are
-operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's N (16..256), so M = 3 wastes
-little. A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4
-warps up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with
-128 or 256 rows of x for large M, where the decode is spread over 256 columns of output and the kernel is bound by
-the MMA. There, too few output tiles for whole waves of SMs (8B qkv at M = 256: 48 tiles on 132 SMs) are balanced
-by stream-K: whole waves first, then equal runs of (tile, K tile) steps, each added to the zeroed output.
-
-No layout of its own: the kernel reads layout.py's packed words. In a tile, word row r holds the columns
-k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives lane (g, q) = (lane // 4, lane % 4) of
-warp w the rows 64j + 16w + g and 64j + 16w + g + 8 (j the repetition) and the columns 2q, 2q+1, 2q+8, 2q+9 of
-every 16: that is, the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows, whose codes are those columns in every
-16-column slice. The MMA accumulator of a [rows, 16] product has that same thread map, so the words are OR-ed
-with zeros in the accumulator layout: Triton then reads them from the pipeliner's shared-memory buffer straight
-into it, the decoded codes are joined along register dims only, and the tile reaches the MMA without a
-conversion (sm90 SASS: no ldmatrix, no shared store of weights in the loop). One tl.dot per tile: a dot per
-code makes Triton wait for each wgmma.
-
-Which weight row an MMA row computes is the kernel's choice (the output is stored through the same map): MMA
-row (16 W) j + 16 w + 8 h + g takes weight row C (8 w + g) + 2 j + h of the block, C = 2 x repetitions. A
-thread's rows are then C adjacent columns of memory, so each word row arrives by C * 4-byte cp.async, and the
-outputs leave as vector stores or atomics. Loaded in the row-major order of an unswizzled shared buffer, [word
-row // 8, word row % 2, lane group, q, C columns], a phase of lanes reads 128 contiguous bytes (C <= 4; at
-C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). With identity rows the words would come
-by 4-byte copies.
-
-Under programmatic dependent launch (sm90) a program reads its scales before waiting for the previous kernel
-and lets the next one launch once past its main loop.
-
-fp16 affine codes decode two columns at a time (H2): `prmt` gathers the same code of the words r and r + 1
-(columns 2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact
-`fma.f16x2` takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides
-by 16), and one more applies the scale (and zbias): layout.H2_PAIR_*. bf16 4-bit codes decode the same way around
-128, the exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma
-with -0 (5 instructions a pair). 4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte
-permutes in registers (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8), not gathered from memory
-per code. Other modes (bf16 8-bit codes, fp8) decode per element through layout.decode.
+The product is computed transposed, yᵀ = W · xᵀ, so that the weight is the operand read from registers
+(_affine_mma_kernel says why). No layout of its own: the kernel reads layout.py's packed words and decodes them
+into the operand in place (_partial). The launcher (matmul) splits K or balances the output tiles by stream-K;
+MMA_CONFIGS and default_config choose a program's shape by M.
 """
 from __future__ import annotations
 
@@ -93,7 +58,14 @@ _TABLE_BF16 = tl.constexpr("{" + _TABLE_LOOKUP + "mov.b32 z, 0x80008000;\nfma.rn
 def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
               R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
     """Weights [BN, R] in DT (fp16, or bf16 with 4-bit codes) of code i of words p [BN, R] (column i * R + r), two
-    columns per instruction."""
+    columns per instruction.
+
+    fp16 affine codes decode two columns at a time: `prmt` gathers the same code of the words r and r + 1 (columns
+    2q and 2q + 1) into the two halves, `lop3` masks it and ORs in the exponent of 1024, one exact `fma.f16x2`
+    takes off the magic and the zero point (for a high nibble, which `lop3` leaves 16x, it also divides by 16),
+    and one more applies the scale (and zbias): layout.H2_PAIR_*. bf16 4-bit codes decode the same way around 128,
+    the exponent of which leaves a 7-bit mantissa: a high nibble is shifted down first, and the scale is an fma
+    with -0 (5 instructions a pair)."""
     BYTE: tl.constexpr = i // 2 if BITS == 4 else i
     SEL: tl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
     HIGH: tl.constexpr = BITS == 4 and i % 2 == 1
@@ -123,7 +95,10 @@ def _h2_codes(p, i: tl.constexpr, s, zb, BITS: tl.constexpr, ZERO: tl.constexpr,
 @triton.jit
 def _table_pairs(p, j: tl.constexpr, lut, s0, s1, R: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
     """Weights [BN, R] of codes 2j and 2j + 1 of words p [BN, R] (columns 2j * R + r, (2j + 1) * R + r), looked up in
-    the 16-entry table `lut` (8 words of its bytes) and scaled by s0, s1 [BN], two columns per instruction."""
+    the 16-entry table `lut` (8 words of its bytes) and scaled by s0, s1 [BN], two columns per instruction.
+
+    4-bit table codes (NF4 / FP4, fp16 or bf16) are looked up four at a time by byte permutes in registers
+    (_TABLE_LOOKUP: 14 instructions for 4 codes, the affine pairs' 8), not gathered from memory per code."""
     pairs = tl.reshape(p, (BN, R // 2, 2))                          # columns 2q, 2q+1: one pack of two
     shape: tl.constexpr = (BN, R // 2, 2)
     SEL: tl.constexpr = j | ((4 + j) << 4) | (j << 8) | ((4 + j) << 12)
@@ -168,7 +143,8 @@ def _row_scales(sz_ptr, g, y_cols, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, 
 def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr,
            ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr,
            H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
-    """Weights [BN, R] in DT of code i of words p: columns kt + i * R + r."""
+    """Weights [BN, R] in DT of code i of words p: columns kt + i * R + r. With H2 two columns an instruction
+    (_h2_codes); other modes (bf16 8-bit codes, fp8) decode per element through layout.decode."""
     if not TILE_SCALE:                                              # groups narrower than the tile
         s, zb = _row_scales(sz_ptr, (kt + i * R) // GS, y_cols, N, ZERO, HAS_ZB, DT, BN)
     if H2:
@@ -258,7 +234,24 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
              BLOCK_N: tl.constexpr, PDL: tl.constexpr, WARPS: tl.constexpr):
     """K tiles [t_begin, t_end) of output tile `tile` (BLOCK_N weight rows of column block tile % n_blocks, BLOCK_M
     rows of x of block tile // n_blocks): stored, or added to y (zeroed) when ATOMIC; nothing when the range is
-    empty (a stream-K program's spare segment)."""
+    empty (a stream-K program's spare segment).
+
+    In a tile, word row r holds the columns k = i * R + r (i = 0..PACK-1). The A fragment of an m64nNk16 MMA gives
+    lane (g, q) = (lane // 4, lane % 4) of warp w the rows 64j + 16w + g and 64j + 16w + g + 8 (j the repetition)
+    and the columns 2q, 2q+1, 2q+8, 2q+9 of every 16: that is, the words r = 2q, 2q+1, 2q+8, 2q+9 of those rows,
+    whose codes are those columns in every 16-column slice. The MMA accumulator of a [rows, 16] product has that
+    same thread map, so the words are OR-ed with zeros in the accumulator layout: Triton then reads them from the
+    pipeliner's shared-memory buffer straight into it, the decoded codes are joined along register dims only, and
+    the tile reaches the MMA without a conversion (sm90 SASS: no ldmatrix, no shared store of weights in the
+    loop). One tl.dot per tile: a dot per code makes Triton wait for each wgmma.
+
+    Which weight row an MMA row computes is the kernel's choice (the output is stored through the same map): MMA
+    row (16 W) j + 16 w + 8 h + g takes weight row C (8 w + g) + 2 j + h of the block, C = 2 x repetitions. A
+    thread's rows are then C adjacent columns of memory, so each word row arrives by C * 4-byte cp.async, and the
+    outputs leave as vector stores or atomics. Loaded in the row-major order of an unswizzled shared buffer, [word
+    row // 8, word row % 2, lane group, q, C columns], a phase of lanes reads 128 contiguous bytes (C <= 4; at
+    C = 8, 4-way bank conflicts that Triton's choice of buffer order leaves). With identity rows the words would
+    come by 4-byte copies."""
     PACK: tl.constexpr = 32 // BITS
     TILE_K: tl.constexpr = PACK * R
     DT: tl.constexpr = x_ptr.dtype.element_ty
@@ -284,7 +277,9 @@ def _partial(x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, M, N, K, 
         lut = load_lut_words(lut_ptr)
     else:
         lut = (0,)
-    pdl_wait(PDL)                        # x (and y) belong to the kernels before this one
+    # under programmatic dependent launch (sm90) the scales above are read before this wait; x (and y) belong to
+    # the kernels before this one
+    pdl_wait(PDL)
     # --- main loop: one tile of TILE_K columns per step; a tile-wide scale row is loaded one step ahead
     for t in range(t_begin, t_end):
         kt = t * TILE_K
@@ -344,9 +339,17 @@ def _affine_mma_kernel(
     """y[M, N] (+)= (W[BLOCK_N rows, K range] @ x[BLOCK_M rows]ᵀ)ᵀ over output tiles (tile = M block * n_blocks +
     column block; BLOCK_N weight rows in WARPS warps, 16, 32 or 64 a warp).
 
+    Why transposed: the split-K `tl.dot` kernel (splitk.py) is bound by its decoded weight tile travelling through
+    shared memory to the tensor cores (wgmma and mma.sync read operand B from shared memory). Here the product is
+    computed transposed, yᵀ[N, M] = W[N, K] · xᵀ[K, M]: the weight is operand A, which both read from registers,
+    and the activations are operand B, which the pipeliner loads into shared memory; the M rows of x are the MMA's
+    N (16..256), so M = 3 wastes little.
+
     Split-K: program (tile0 + i, split j) takes K tiles [j * tiles_per_split, ...) of one output tile. Stream-K:
     program i takes the `stream_iters` (output tile, K tile) steps from (tile0 * num_tiles + i * stream_iters) in
-    tile-major order, up to the last tile's: at most two partial tiles when stream_iters <= num_tiles, added to y."""
+    tile-major order, up to the last tile's: at most two partial tiles when stream_iters <= num_tiles, added to y.
+    Stream-K balances large M where the output tiles are too few for whole waves of SMs (8B qkv at M = 256: 48
+    tiles on 132 SMs): whole waves first, then equal runs of (tile, K tile) steps, each added to the zeroed output."""
     TILE_SCALE: tl.constexpr = GS % ((32 // BITS) * R) == 0         # one scale row per K tile: loaded once a tile
     if STREAM_K:
         it = tile0 * num_tiles + tl.program_id(0) * stream_iters
@@ -372,7 +375,12 @@ def _affine_mma_kernel(
 class MmaConfig(NamedTuple):
     """An MMA launch: BLOCK_M rows of x a program, the K loop split for about `waves` programs an SM (None: whole
     waves of one an SM, whole_wave_split_k, and stream-K where it expects that faster), `warps` x `rows_a_warp`
-    weight rows a program."""
+    weight rows a program.
+
+    A program holds 16, 32 or 64 weight rows per warp (1, 2 or 4 m64 repetitions a warpgroup): 256 rows in 4 warps
+    up to M = 64 (64 rows where 256-row blocks are too few for the SMs: default_config), 128 rows in 8 warps with
+    128 or 256 rows of x for large M, where the decode is spread over 256 columns of output and the kernel is bound
+    by the MMA."""
     block_m: int
     stages: int
     waves: float | None

@@ -1,14 +1,7 @@
 """Which affine path runs M rows of a weight: one ordered table of paths over a DeviceCaps value.
 
-The first path of PATHS whose `fits(state, caps, m)` returns None runs; each other's answer says why not:
-  wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile: M = 2..16, M = 17..32 where its
-          programs have work enough, M = 33..1024 (bf16 where its K loop is not split), bf16 M = 1 on the
-          larger weights
-  gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)
-  mma     sm90, affine or 4-bit table codes, M <= 512
-  cublas  table codes above the GEMV where the MMA kernel does not run, and every weight from M = 256
-  splitk  the rest: the split-K tl.dot GEMM
-Every choice is computed from the DeviceCaps passed in (QUANTA_DEVICE_CAPS=sm75 plans as a T4 on any GPU) and
+The first path of PATHS whose `fits(state, caps, m)` returns None runs; each other's answer says why not. Every
+choice is computed from the DeviceCaps passed in (QUANTA_DEVICE_CAPS=sm75 plans as a T4 on any GPU) and
 cached on the weight's state per M bucket (bucket_edge): within a bucket no rule or config changes. Reasons are
 built only when asked (`explain`), never on the hot path.
 """
@@ -143,6 +136,14 @@ def _why_splitk(st: AffineState, caps: DeviceCaps, m: int) -> str:
     return f"M={m}: split-K tl.dot GEMM with in-register dequantization"
 
 
+# The paths in order, and what each takes:
+#   wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile: M = 2..16, M = 17..32 where its
+#           programs have work enough, M = 33..1024 (bf16 where its K loop is not split), bf16 M = 1 on the
+#           larger weights
+#   gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)
+#   mma     sm90, affine or 4-bit table codes, M <= 512
+#   cublas  table codes above the GEMV where the MMA kernel does not run, and every weight from M = 256
+#   splitk  the rest: the split-K tl.dot GEMM
 PATHS: tuple[Path, ...] = (
     Path("wgmma", _wgmma_fits, wgmma.default_config, wgmma.matmul, _why_wgmma),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),

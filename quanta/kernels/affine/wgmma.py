@@ -2,35 +2,9 @@
 register operand.
 
 For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ without act-order, RTN g128 or per channel; fp16 or
-bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A.
-Triton waits for every wgmma of a tl.dot before the next instruction, so the MMA kernel joins the 8 codes of a K
-tile into one [rows, 128] operand and holds it in registers until its dot completes: 254 registers a thread, 2
-programs of 4 warps an SM, the issue slots mostly idle. Gluon gives the waits to the kernel: code i's [rows, 16]
-slice goes to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest frees the older slices
-(191 registers at 256 rows a program, 115 at 128). The words, scales and x come in by cp.async into a ring of
-STAGES shared-memory stages. Which M it takes is the plan's (plan.py).
-
-Up to M = 32 a program is one warpgroup (4 warps) with 16 or 32 rows of x, and refills the stage its own wgmmas
-just left, STAGES - 1 tiles ahead. Above, a program is two warpgroups sharing each stage's 64 or 128 rows of x
-(large_m_config): 251 registers, one program an SM, each wgmma m64n128k16 at 128 rows of x. A warpgroup may then
-still read a stage the other has left, so the refill waits for the CTA barrier at the top of each K tile and
-takes the stage of two tiles ago (STAGES - 2 ahead). The programs of one weight block are adjacent (x's blocks
-vary fastest), so a block is read from DRAM once while x stays in L2.
-
-No weight layout of its own: the kernel reads layout.py's packed words (word row r of a K tile holds columns
-16 i + r, i = 0..7). The words of a K tile are loaded from shared memory as [rows, 16] int32 in operand A's
-layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64 and word columns 2q, 2q + 1, 2q + 8,
-2q + 9), which is also the layout of every code's [rows, 16] weights: code i of those words is columns
-16 i + 2q, ... So code i is decoded in place, two columns an instruction, by the PTX of the H2 pairs
-(layout.H2_PAIR_*: prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's columns 16 i .. 16 i + 15: a
-[BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B, in wgmma's 128-byte swizzle (an x stage laid
-out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle was slower at every M). A per-channel scale or a group of
-a multiple of 128 columns is one scale row a K tile; narrower groups and act-order stay with the MMA kernel.
-
-Split-K over programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed
-output (fp16, or float32 for bf16). Under programmatic dependent launch the weight's first stages are issued
-before the wait for the previous kernel (x and y are that kernel's), and the next kernel may launch once the
-main loop is done.
+bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A,
+but with a wgmma per code where the MMA kernel has one tl.dot per K tile (_w4_wgmma_kernel says why and how). No
+weight layout of its own: it reads layout.py's packed words. Which M it takes is the plan's (plan.py).
 """
 from __future__ import annotations
 
@@ -148,7 +122,27 @@ if GLUON_ERROR is None:
                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr):
         """y[M, N] (+)= (W[BLOCK_N rows, K tiles of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
-        (output tile, split j); LAG wgmmas (1..3) left in flight behind each code's."""
+        (output tile, split j); LAG wgmmas (1..3) left in flight behind each code's.
+
+        Triton waits for every wgmma of a tl.dot before the next instruction, so the MMA kernel joins the 8 codes of
+        a K tile into one [rows, 128] operand and holds it in registers until its dot completes: 254 registers a
+        thread, 2 programs of 4 warps an SM, the issue slots mostly idle. Gluon gives the waits to the kernel: code
+        i's [rows, 16] slice goes to its own wgmma while code i + 1 decodes, and a wait for all but the LAG newest
+        frees the older slices (191 registers at 256 rows a program, 115 at 128). The words, scales and x come in by
+        cp.async into a ring of STAGES shared-memory stages.
+
+        Up to M = 32 a program is one warpgroup (4 warps) with 16 or 32 rows of x, and refills the stage its own
+        wgmmas just left, STAGES - 1 tiles ahead. Above, a program is two warpgroups sharing each stage's 64 or 128
+        rows of x (large_m_config): 251 registers, one program an SM, each wgmma m64n128k16 at 128 rows of x. A
+        warpgroup may then still read a stage the other has left, so the refill waits for the CTA barrier at the top
+        of each K tile and takes the stage of two tiles ago (STAGES - 2 ahead).
+
+        Word row r of a K tile holds columns 16 i + r (i = 0..7). The words of a K tile are loaded from shared
+        memory as [rows, 16] int32 in operand A's layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64
+        and word columns 2q, 2q + 1, 2q + 8, 2q + 9), which is also the layout of every code's [rows, 16] weights:
+        code i of those words is columns 16 i + 2q, ... So code i is decoded in place, two columns an instruction,
+        by the PTX of the H2 pairs (layout.H2_PAIR_*: prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's
+        columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B."""
         DT: gl.constexpr = x_ptr.dtype.element_ty
         WARPS: gl.constexpr = gl.num_warps()    # the launch's (a parameter of that name would take its place)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -174,11 +168,15 @@ if GLUON_ERROR is None:
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        # x in wgmma's 128-byte swizzle (an x stage laid out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle
+        # was slower at every M)
         x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
                            HAS_ZB, BLOCK_N)
+        # under programmatic dependent launch the weight's first stages are issued before the wait for the
+        # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
         if PDL:
             gdc_wait()
         for p in gl.static_range(AHEAD):
@@ -257,7 +255,8 @@ class WgmmaConfig(NamedTuple):
 
 def weight_fits(st: AffineState) -> bool:
     """Whether the kernel computes this weight: 4-bit affine codes with one scale row a K tile (a group of a
-    multiple of 128 columns, or per channel), no act-order, in fp16 or bf16."""
+    multiple of 128 columns, or per channel), no act-order, in fp16 or bf16. Narrower groups and act-order stay
+    with the MMA kernel."""
     return (st.mode == AFFINE and st.bits == 4 and st.perm is None and st.group_size % TILE_K_COLUMNS == 0
             and st.dtype in (torch.float16, torch.bfloat16))
 
@@ -334,7 +333,9 @@ def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None, maxnreg: int | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (WgmmaConfig's fields) and `maxnreg` (a register cap, so that
-    more programs fit an SM) are forced by tests and benchmarks; `caps` defaults to the device's."""
+    more programs fit an SM) are forced by tests and benchmarks; `caps` defaults to the device's. Split-K over
+    programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed output
+    (fp16, or float32 for bf16)."""
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
     caps = caps or device_caps(x2.device)

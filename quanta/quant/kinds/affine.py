@@ -20,7 +20,7 @@ from quanta.quant.qtensor import AffineScheme, QTensor, same
 
 
 @dataclass(eq=False, repr=False)
-class Affine(QTensor, kind="affine"):
+class Affine(QTensor, kind="affine", shape_of="codes"):
     codes: torch.Tensor                       # uint8 [N, K]
     scales: torch.Tensor                      # float [N, G]
     bits: int
@@ -30,11 +30,6 @@ class Affine(QTensor, kind="affine"):
     g_idx: torch.Tensor | None = None         # int [K], group of each input column
     post_scale: float | None = None           # one constant multiplier applied last
     shape: tuple[int, int] = None             # (N, K); defaults to codes.shape
-
-    def __post_init__(self):
-        if self.shape is None:
-            self.shape = tuple(self.codes.shape)
-        super().__post_init__()
 
     @property
     def num_groups(self) -> int:

@@ -26,7 +26,7 @@ FP4_TABLE = tuple(v / 12 for v in (0, 0.0625, 8, 12, 4, 6, 2, 3, -0.0, -0.0625, 
 
 
 @dataclass(eq=False, repr=False)
-class Codebook(QTensor, kind="codebook"):
+class Codebook(QTensor, kind="codebook", shape_of="codes"):
     codes: torch.Tensor                         # uint8 [N, K], values 0..15
     table: torch.Tensor                         # float32 [16]
     blocksize: int
@@ -38,11 +38,6 @@ class Codebook(QTensor, kind="codebook"):
     nested_blocksize: int = 256
     nested_offset: float = 0.0
     dtype: torch.dtype = torch.float16          # the dtype bitsandbytes dequantizes to
-
-    def __post_init__(self):
-        if self.shape is None:
-            self.shape = tuple(self.codes.shape)
-        super().__post_init__()
 
     @property
     def double_quant(self) -> bool:

@@ -18,17 +18,12 @@ FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 @dataclass(eq=False, repr=False)
-class Fp8(QTensor, kind="fp8"):
+class Fp8(QTensor, kind="fp8", shape_of="data"):
     data: torch.Tensor                          # float8_e4m3fn | float8_e5m2 [N, K]
     scale: torch.Tensor                         # float32 [], [N] or [N/bn, K/bk]
     block_size: tuple[int, int] | None = None   # (bn, bk) for block scales
     input_scale: torch.Tensor | None = None     # static activation scale (W8A8), None = dynamic
     shape: tuple[int, int] = None
-
-    def __post_init__(self):
-        if self.shape is None:
-            self.shape = tuple(self.data.shape)
-        super().__post_init__()
 
     @property
     def fmt(self) -> str:

@@ -1,6 +1,6 @@
 """GGUF native kind: the ggml blocks of a weight exactly as stored, decoded by type.
 
-    data[n] = row n of W: K / block_size blocks of type_size bytes (ggml_types.GGML_TYPES)
+    data[n] = row n of W: K / block_size blocks of type_size bytes (ggml.types.GGML_TYPES)
     W[n, k] = decode(block k // block_size of row n)[k % block_size]
 
 Blocks run along K inside a row, so rows can be selected or permuted without decoding (`take_rows`).
@@ -14,8 +14,8 @@ import torch
 
 from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.ggml_blocks import legacy_codes
-from quanta.quant.ggml_types import GgmlType, ggml_type
+from quanta.quant.ggml.blocks import legacy_codes
+from quanta.quant.ggml.types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.qtensor import AffineScheme, QTensor
 

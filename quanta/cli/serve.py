@@ -1,0 +1,71 @@
+"""`quanta serve [MODEL]`: the OpenAI-compatible server (quanta/server) on one engine.
+
+    quanta serve model.gguf --port 8000 --api-key secret
+    curl -H "Authorization: Bearer secret" localhost:8000/v1/completions -d '{"prompt": "Hi", "max_tokens": 8}'
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from quanta.quant.errors import ConfigError
+from quanta.cli.options import add_engine_args, engine_kwargs, quiet_parent
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file holding a Jinja template, or the template itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    if len(value) < 4096 and path.is_file():
+        return path.read_text()
+    if "{" not in value:
+        raise ConfigError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+    return value
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    import torch
+
+    from quanta.engine.config import EngineConfig
+    from quanta.engine.drivers.process_engine import ProcessEngine
+    from quanta.cli.default_model import default_model_path
+
+    template = _chat_template(args.chat_template)
+    model = str(args.model_path or args.model or default_model_path())
+    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
+    # Forking is safe on the CPU only before this process runs any torch op (ProcessEngine).
+    engine = ProcessEngine(config, start_method="fork" if torch.device(config.device).type == "cpu" else "spawn")
+    from quanta.server.app import build_app
+    name = args.served_model_name or Path(model).name
+    app = build_app(engine, name, api_key=args.api_key, chat_template=template)
+    logging.getLogger(__name__).warning("quanta serve: %s as %r on http://%s:%d", model, name, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
+                timeout_graceful_shutdown=5)
+
+
+def check_serve(args: argparse.Namespace) -> None:
+    """What can be checked before loading."""
+    if args.model_path and args.model and args.model_path != args.model:
+        raise ConfigError(f"two models given: {args.model_path} and --model {args.model}")
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                           parents=[quiet_parent()])
+    serve.add_argument("model_path", nargs="?", metavar="MODEL", help="checkpoint (same as --model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every route "
+                                                       "but /health")
+    serve.add_argument("--served-model-name", default=None, help="the model's name in the API "
+                                                                 "(default: the checkpoint's file name)")
+    serve.add_argument("--chat-template", default=None, help="Jinja chat template, or a file holding one "
+                                                             "(default: the tokenizer's)")
+    add_engine_args(serve)
+    serve.set_defaults(func=cmd_serve, check=check_serve)

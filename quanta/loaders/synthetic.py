@@ -1,0 +1,203 @@
+"""Synthetic checkpoints: real model shapes, random weights built in memory (vLLM's dummy load format),
+for speed and memory work without downloads.
+
+    LLM(model="synthetic:llama3-8b:w4g128")      # shape : weight format [: seed]
+
+Formats: fp16 | bf16 (dense), wNgG (affine N-bit, groups of G, symmetric, e.g. w4g128, w8g128),
+wN (per-channel), wNgGact (act-order: a random g_idx permutation, as GPTQ desc_act writes), nf4
+(bitsandbytes blocks of 64), fp8 (e4m3, per-channel scales), fp8bB (B x B block scales) and gguf-TYPE
+(ggml blocks of TYPE, e.g. gguf-q4_K, gguf-q8_0; random codes, sane scales) -- the kinds tensor
+parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them.
+Tensors are generated on first access, directly on the target device, so the full-precision model
+never exists. There is no tokenizer: prompts are token ids.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.detect import SYNTHETIC_PREFIX as PREFIX
+from quanta.loaders.gguf.mix import assign
+from quanta.loaders.weight_format import WeightFormat, affine_format, dense_format
+from quanta.quant.errors import ConfigError
+from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
+from quanta.quant.kinds import NF4_TABLE, Affine, Codebook, Fp8, Gguf
+
+SHAPES = {
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                      max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "llama3-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                       num_attention_heads=64, num_key_value_heads=8, rope_theta=500000.0,
+                       max_position_embeddings=8192, rms_norm_eps=1e-5),
+    # one rank's share of llama3-70b at tensor-parallel size 4 (16 query and 2 KV heads, a quarter of the MLP and
+    # of the vocabulary) as a whole model: one rank's decode work on one GPU, without the all-reduces
+    "llama3-70b-rank-of-4": dict(vocab_size=32064, hidden_size=8192, intermediate_size=7168, num_hidden_layers=80,
+                                 num_attention_heads=16, num_key_value_heads=2, head_dim=128, rope_theta=500000.0,
+                                 max_position_embeddings=8192, rms_norm_eps=1e-5),
+    # big enough for tensor-parallel cuts of 4 on every kind (256-wide K-quant blocks at 2); 8 heads over
+    # 2 KV heads (replicated at 4 ranks); a vocabulary that 4 ranks pad
+    "tiny-tp": dict(vocab_size=510, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
+}
+# Byte offsets of the float16 scale fields in one block of each ggml type synthetic models make:
+# random bytes elsewhere are valid codes, random float16 scales could be inf / nan.
+GGUF_SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+                      "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,)}
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def is_synthetic(model: str) -> bool:
+    """Whether `model` names a synthetic model (`synthetic:...`)."""
+    return str(model).startswith(PREFIX)
+
+
+def parse(spec: str) -> tuple[str, str, int]:
+    """`synthetic:shape[:format[:seed]]` -> (shape, format, seed), checked."""
+    parts = spec[len(PREFIX):].split(":")
+    shape, fmt = parts[0], parts[1] if len(parts) > 1 else "fp16"
+    seed = int(parts[2]) if len(parts) > 2 else 0
+    if shape not in SHAPES:
+        raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join(SHAPES)})")
+    if fmt not in ("fp16", "bf16", "nf4", "fp8") and not re.fullmatch(r"w[2-8](g\d+(act)?)?|fp8b\d+", fmt) \
+            and fmt.removeprefix("gguf-") not in GGUF_SCALE_OFFSETS:
+        raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w4g128act, w8, nf4, "
+                          f"fp8, fp8b128, gguf-TYPE with TYPE one of {', '.join(GGUF_SCALE_OFFSETS)})")
+    return shape, fmt, seed
+
+
+class SyntheticTensors(Mapping):
+    """name -> a random tensor or Affine QTensor, made on access (deterministic per name and seed)."""
+
+    def __init__(self, config: ModelConfig, fmt: str, seed: int, device: torch.device):
+        self.config, self.fmt, self.seed, self.device = config, fmt, seed, torch.device(device)
+        c = config
+        kv = c.num_key_value_heads * c.head_dim
+        out_in = {"self_attn.q_proj": (c.num_attention_heads * c.head_dim, c.hidden_size),
+                  "self_attn.k_proj": (kv, c.hidden_size), "self_attn.v_proj": (kv, c.hidden_size),
+                  "self_attn.o_proj": (c.hidden_size, c.num_attention_heads * c.head_dim),
+                  "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
+                  "mlp.up_proj": (c.intermediate_size, c.hidden_size),
+                  "mlp.down_proj": (c.hidden_size, c.intermediate_size)}
+        self.shapes: dict[str, tuple[tuple[int, ...], str]] = {
+            "model.embed_tokens.weight": ((c.vocab_size, c.hidden_size), "embed"),
+            "model.norm.weight": ((c.hidden_size,), "norm"),
+            "lm_head.weight": ((c.vocab_size, c.hidden_size), "dense"),
+        }
+        for i in range(c.num_hidden_layers):
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                self.shapes[f"model.layers.{i}.{norm}.weight"] = ((c.hidden_size,), "norm")
+            for name in LINEARS:
+                self.shapes[f"model.layers.{i}.{name}.weight"] = (out_in[name], "linear")
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __getitem__(self, name: str):
+        shape, role = self.shapes[name]
+        gen = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+        dtype = torch.bfloat16 if self.fmt == "bf16" else torch.float16
+        if role == "norm":
+            return (1 + 0.1 * torch.rand(shape, generator=gen, device=self.device)).to(dtype)
+        # Dense tensors are drawn in their own dtype and scaled in place: no float32 copy of a 128k-row
+        # embedding exists, so a synthetic load's transient memory is a real checkpoint's.
+        if role == "embed":
+            return torch.randn(shape, generator=gen, device=self.device, dtype=dtype)
+        std = shape[1] ** -0.5
+        if role == "dense" or self.fmt in ("fp16", "bf16"):
+            return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
+        return quantized_weight(self.fmt, shape, std, gen, self.device, order=self._order(name))
+
+    def _order(self, name: str) -> torch.Generator:
+        """The generator of an act-order weight's column order. GPTQ orders a weight's columns by its
+        Hessian's diagonal, which comes from the layer's input alone, so weights over one input (q/k/v;
+        gate/up) share their g_idx in real checkpoints and stack into one GEMM: so do these."""
+        prefix, _, leaf = name.rpartition(".")[0].rpartition(".")
+        shared = {"q_proj": "attn_input", "k_proj": "attn_input", "v_proj": "attn_input",
+                  "gate_proj": "mlp_input", "up_proj": "mlp_input"}.get(leaf)
+        key = f"{prefix}.{shared}" if shared else name
+        return torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(key.encode()) + 1)
+
+
+def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Generator, device: torch.device,
+                     order: torch.Generator | None = None):
+    """A random weight [N, K] of about `std` in synthetic format `fmt` (not fp16 / bf16); an act-order
+    format's column order is drawn from `order` (default `gen`)."""
+    n, k = shape
+    if fmt.startswith("gguf-"):
+        return random_gguf(fmt[5:], shape, std, gen, device)
+    if fmt.startswith("fp8"):
+        data = (torch.randn(shape, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        if fmt == "fp8":
+            return Fp8(data=data, scale=torch.full((n,), std / 64, device=device))
+        b = int(fmt[4:])
+        blocks = (-(-n // b), -(-k // b))
+        scale = (std / 64) * (0.9 + 0.2 * torch.rand(blocks, generator=gen, device=device))
+        return Fp8(data=data, scale=scale, block_size=(b, b))
+    if fmt == "nf4":
+        codes = torch.randint(0, 16, shape, generator=gen, device=device, dtype=torch.uint8)
+        absmax = 2 * std * (0.9 + 0.2 * torch.rand(-(-n * k // 64), generator=gen, device=device))
+        return Codebook(codes=codes, table=torch.tensor(NF4_TABLE, device=device), blocksize=64, absmax=absmax)
+    match = re.fullmatch(r"w(\d)(?:g(\d+)(act)?)?", fmt)
+    bits, group = int(match[1]), int(match[2] or k)
+    codes = torch.randint(0, 2 ** bits, shape, generator=gen, device=device, dtype=torch.uint8)
+    code_std = ((4 ** bits - 1) / 12) ** 0.5            # std of a uniform code
+    scales = (std / code_std) * (0.9 + 0.2 * torch.rand(n, -(-k // group), generator=gen, device=device))
+    g_idx = None
+    if match[3]:
+        columns = torch.randperm(k, generator=gen if order is None else order, device=device)
+        g_idx = torch.empty(k, dtype=torch.int32, device=device)
+        g_idx[columns] = (torch.arange(k, device=device) // group).to(torch.int32)
+    return Affine(codes=codes, scales=scales.to(torch.float16), bits=bits, group_size=group,
+                  zeros=2 ** (bits - 1), g_idx=g_idx)
+
+
+def random_gguf(type_name: str, shape: tuple[int, int], std: float, gen: torch.Generator,
+                device: torch.device) -> Gguf:
+    """Random ggml blocks of `type_name` for a weight [N, K], their float16 scales set to keep values
+    near `std` (the codes' own spread is the type's)."""
+    t = GGML_TYPES_BY_NAME[type_name]
+    n, k = shape
+    blocks = torch.randint(0, 256, (n * k // t.block_size, t.type_size), generator=gen, device=device,
+                           dtype=torch.uint8)
+    step = std / (8 if t.block_size == 32 else 16)
+    for at in GGUF_SCALE_OFFSETS[type_name]:
+        scale = (step * (0.5 + torch.rand(blocks.shape[0], generator=gen, device=device))).to(torch.float16)
+        blocks[:, at:at + 2] = scale.view(torch.uint8).view(-1, 2)
+    return Gguf(data=blocks.view(n, -1), ggml_type=t.id, shape=shape)
+
+
+def load_synthetic(spec: str, device: torch.device | str = "cpu") -> Checkpoint:
+    """A Checkpoint with the spec's shapes whose tensors are made on first access, on `device`."""
+    shape, fmt, seed = parse(spec)
+    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
+    config = ModelConfig(model_type="llama", torch_dtype=dtype, **SHAPES[shape])
+    return Checkpoint(path=Path(spec), format="synthetic", config=config,
+                      tensors=SyntheticTensors(config, fmt, seed, device), tokenizer=None,
+                      quant_config={"synthetic": fmt})
+
+
+def weight_format(config: ModelConfig, qc: dict, path: Path | None) -> WeightFormat:
+    """What a synthetic model's linear weights are, for the memory plan (its format, `qc["synthetic"]`)."""
+    fmt = qc["synthetic"]
+    if fmt in ("fp16", "bf16"):
+        return dense_format(fmt)
+    if fmt == "nf4":
+        return WeightFormat("nf4", "codebook", 4, 64)
+    if fmt.startswith("fp8"):
+        return WeightFormat("fp8", "fp8")
+    if fmt.startswith("gguf-"):
+        return WeightFormat(f"gguf:{fmt[5:]}", "gguf", gguf=assign(fmt[5:], config))
+    match = re.fullmatch(r"w(\d)(?:g(\d+)(act)?)?", fmt)
+    return affine_format("gptq", int(match[1]), int(match[2]) if match[2] else None, True, act_order=bool(match[3]))

@@ -1,0 +1,88 @@
+"""The tensor stream of `quanta quantize --method gguf`: each weight quantized to the GGML type
+llama-quantize gives it for the asked type or mix (gguf.mix.assign), one tensor at a time.
+
+    stream = GgufStream(ckpt, "Q4_K_M", calibration=None, quiet=False)
+    write_gguf(dst, ckpt, stream, ggml_type="Q4_K_M")      # Gguf weights of the asked type pass as they are
+    stream.report                                          # [ReportRow] weight errors
+
+With calibration data the importance matrix is collected as llama-imatrix does (the mean of x_k^2 over
+every token row reaching a linear, quant.ggml.quantize.Imatrix) by running the unquantized model one
+decoder layer at a time (quant/calibration.py); each layer's linears are quantized with it as soon as
+that layer has run. The embedding and lm_head have no imatrix entry (llama-imatrix records only the
+inputs of matrix multiplications of the decoder; the output is the tied embedding here or none).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from quanta.loaders.gguf.mix import assign
+from quanta.loaders.gguf.writer import gguf_name
+from quanta.quant.ggml.quantize import QUANTIZERS, Imatrix, quantize
+from quanta.quant.qtensor import QTensor
+from quanta.quant.quantize_model import LAYER_NAME, ReportRow, as_float, model_order, names_by_layer
+
+# Linear -> the linear whose input it shares (one Imatrix per distinct input).
+INPUT_OF = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+            "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj", "mlp.down_proj": "mlp.down_proj"}
+
+
+class GgufStream:
+    """Iterate for (canonical name, Gguf or float tensor); `report` fills as it runs."""
+
+    def __init__(self, ckpt, ggml_type: str, calibration=None, quiet: bool = False):
+        self.ckpt, self.calibration, self.quiet = ckpt, calibration, quiet
+        self.types = assign(ggml_type, ckpt.config)
+        self.report: list[ReportRow] = []
+        self.names = sorted(ckpt.tensors, key=model_order)
+
+    def _quantized(self, name: str, t, imatrix: torch.Tensor | None):
+        """`t` as the Gguf of its assigned type, or unchanged when the mix keeps it in float."""
+        want = self.types.of_tensor(gguf_name(name))
+        if want not in QUANTIZERS:              # norms, biases (no type assigned) and float-kept weights
+            return t if not isinstance(t, QTensor) else t.dequantize(self.ckpt.config.torch_dtype)
+        w = as_float(t)
+        q = quantize(w, want, imatrix, what=name)
+        err = float((q.dequantize() - w).norm() / w.norm().clamp(min=1e-12))
+        self.report.append(ReportRow(name, want.upper() + (" imatrix" if imatrix is not None else ""), err, None))
+        return q
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor | QTensor]]:
+        from tqdm import tqdm
+
+        tensors, cfg = self.ckpt.tensors, self.ckpt.config
+        by_layer = names_by_layer(self.names)
+        runner = x = None
+        if self.calibration is not None:
+            from quanta.quant.calibration import LayerRunner
+            runner = LayerRunner(cfg)
+            x = as_float(tensors["model.embed_tokens.weight"])[self.calibration.tokens]
+        yield "model.embed_tokens.weight", self._quantized("model.embed_tokens.weight",
+                                                           tensors["model.embed_tokens.weight"], None)
+        desc = f"quantize {self.types.name}"
+        for i in tqdm(range(cfg.num_hidden_layers), desc=desc, disable=self.quiet):
+            names = by_layer.get(i, [])
+            originals = {LAYER_NAME.fullmatch(n).group(2): tensors[n] for n in names}
+            weights = imatrix = None
+            if runner is not None:
+                weights = {rel: as_float(t) for rel, t in originals.items()}
+                imatrix, x = self._collect(runner, i, weights, x)
+            for n in names:
+                rel = LAYER_NAME.fullmatch(n).group(2)
+                linear = rel.removesuffix(".weight")
+                t = originals[rel] if weights is None else weights[rel]
+                yield n, self._quantized(n, t, imatrix[INPUT_OF[linear]].weights()
+                                         if imatrix is not None and linear in INPUT_OF else None)
+        for name in self.names:
+            if model_order(name)[0] == 2:
+                yield name, self._quantized(name, tensors[name], None)
+
+    @staticmethod
+    def _collect(runner, i: int, weights: dict[str, torch.Tensor], x: torch.Tensor):
+        """Run float layer i on x, accumulating one Imatrix per distinct linear input: (imatrices, output)."""
+        layer = runner.build(i, weights)
+        imatrix = {name: Imatrix(layer.get_submodule(name).weight.shape[1]) for name in set(INPUT_OF.values())}
+        out = runner.capture(layer, x, {name: m.add for name, m in imatrix.items()})
+        return imatrix, out
