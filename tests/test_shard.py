@@ -11,7 +11,8 @@ import torch
 from quanta.loaders.synthetic import quantized_weight
 from quanta.quant.errors import ConfigError
 from quanta.quant.kinds import Gguf
-from quanta.quant.shard import ShardError, shard_cols, shard_rows, split_range, take_cols, take_rows
+from quanta.quant.shard import (ShardError, column_unit, shard_cols, shard_rows, split_range, take_cols, take_rows,
+                                widened_cols)
 
 SHAPE = (128, 1024)
 FORMATS = ["w4g128", "w4g64act", "w8", "nf4", "fp8", "fp8b32", "gguf-q4_K", "gguf-q6_K", "gguf-q2_K"]
@@ -96,3 +97,29 @@ def test_codebook_blocks_across_rows_cannot_be_cut_along_k():
     with pytest.raises(ShardError, match="across rows"):
         take_cols(w, 0, 48)
     assert torch.equal(take_rows(w, 0, 32).dequantize(), w.dequantize()[:32])     # 32 x 96 = 48 blocks
+
+
+@pytest.mark.parametrize("fmt", ["gguf-q4_K", "gguf-q6_K", "w4g128", "nf4", "fp8b32", "w8", "w4g64act"])
+@pytest.mark.parametrize("world", [3, 5])
+def test_widened_pieces_make_the_exact_product_of_their_columns(fmt, world):
+    """A row-parallel cut of 1280 columns (widths 426/427 and 256 a rank cut 256-wide blocks and 128-wide
+    groups): each piece covers its range in whole units, and x padded with zeros on the columns it holds for its
+    neighbours gives the product over its own columns (to float64 summation order); kinds without such units are
+    cut as they are."""
+    w = weight(fmt, shape=(64, 1280))
+    full = w.dequantize().double()
+    x = torch.randn(3, 1280, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    bounds = [1280 * r // world for r in range(world + 1)]
+    total = torch.zeros(3, 64, dtype=torch.float64)
+    for start, stop in zip(bounds, bounds[1:]):
+        piece, (left, right) = widened_cols(w, start, stop)
+        lo, hi = start - left, stop + right
+        assert type(piece) is type(w) and piece.shape == (64, hi - lo) and lo <= start < stop <= hi <= 1280
+        assert torch.equal(piece.dequantize().double(), full[:, lo:hi])
+        unit = column_unit(w)
+        assert (left, right) == (0, 0) if unit is None else (lo % unit == 0 and (hi % unit == 0 or hi == 1280))
+        xs = torch.nn.functional.pad(x[:, start:stop], (left, right))
+        product = xs @ piece.dequantize().double().T              # the zero columns add exact zeros
+        torch.testing.assert_close(product, x[:, start:stop] @ full[:, start:stop].T, rtol=1e-13, atol=1e-12)
+        total += product
+    torch.testing.assert_close(total, x @ full.T)

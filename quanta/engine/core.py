@@ -101,7 +101,7 @@ class EngineCore:
             check_capacity(blocks, cfg.block_size, self.max_model_len)
         source = Source.of(self.checkpoint)
         if self.world > 1:                                 # which sizes split, before any process starts
-            check_shardable(mc, source, self.world, str(cfg.model))
+            check_shardable(mc, self.world, str(cfg.model))
         total = device_total(self.device)
         self.plan = None if total is None else check_fits(cfg, self.world, mc, source, total, str(cfg.model))
         return blocks

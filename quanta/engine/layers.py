@@ -35,7 +35,9 @@ class Cut:
     keep_bias: bool = True
 
     def weight(self, w, name: str):
-        """The piece of `w` (read whole from the checkpoint), cut before anything else touches it."""
+        """(piece, (left, right)): the piece of `w` (read whole from the checkpoint), cut before anything else
+        touches it, and the zero input columns a row-parallel piece widened to whole groups or blocks takes on
+        each side of this rank's input (shard.widened_cols)."""
         if w.shape[self.dim] != self.full:
             raise ShapeError(f"{name}: weight shape {list(w.shape)} has {w.shape[self.dim]} "
                              f"{'rows' if self.dim == 0 else 'columns'}, expected {self.full}")
@@ -63,6 +65,7 @@ class QuantLinear(nn.Module):
         self.state = None
         self.bias: torch.Tensor | None = None
         self.stored_bytes = 0                       # the canonical weight's bytes, as read from the checkpoint
+        self.pad = (0, 0)                           # zero input columns before / after x (a widened TP piece)
 
     def load(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | None, device: torch.device,
              dtype: torch.dtype, name: str = "", force_kernel: str | None = None) -> None:
@@ -70,11 +73,11 @@ class QuantLinear(nn.Module):
         if self.has_bias != (bias is not None):
             raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
         if self.cut is not None:
-            weight, bias = self.cut.weight(weight, name), self.cut.bias(bias)
+            (weight, self.pad), bias = self.cut.weight(weight, name), self.cut.bias(bias)
         shape = tuple(weight.shape)
-        if shape != (self.out_features, self.in_features):
+        if shape != (self.out_features, self.in_features + sum(self.pad)):
             raise ShapeError(f"{name}: weight shape {list(shape)} != expected "
-                             f"{[self.out_features, self.in_features]}")
+                             f"{[self.out_features, self.in_features + sum(self.pad)]}")
         self.dtype = dtype
         self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel)
         self.scheme = weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"
@@ -83,6 +86,8 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad != (0, 0):
+            x = F.pad(x, self.pad)
         return self.kernel.apply(x, self.state, self.bias)
 
     def take_input_order(self) -> torch.Tensor | None:
@@ -124,7 +129,7 @@ class MergedQuantLinear(nn.Module):
             for b, name in zip(biases, names):
                 if self.has_bias != (b is not None):
                     raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
-            weights = [c.weight(w, name) for c, w, name in zip(self.cuts, weights, names)]
+            weights = [c.weight(w, name)[0] for c, w, name in zip(self.cuts, weights, names)]   # rows: no pad
             biases = [c.bias(b) for c, b in zip(self.cuts, biases)]
         for w, b, n, name in zip(weights, biases, self.sizes, names):
             if tuple(w.shape) != (n, self.in_features):
@@ -230,7 +235,7 @@ class Embedding(nn.Module):
             raise ShapeError(f"model.embed_tokens.weight: shape {list(weight.shape)} != "
                              f"{[self.vocab_size, self.dim]}")
         if self.cut is not None:
-            weight = self.cut.weight(weight, "model.embed_tokens.weight")
+            weight, _ = self.cut.weight(weight, "model.embed_tokens.weight")
         self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         if isinstance(weight, QTensor) and not hasattr(weight, "take_rows"):
             weight = weight.dequantize(dtype)   # kinds without row access: decode the table once

@@ -44,6 +44,11 @@ SHAPES = {
     # 2 KV heads (replicated at 4 ranks); a vocabulary that 4 ranks pad
     "tiny-tp": dict(vocab_size=510, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                     num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
+    # tiny-tp with an MLP whose 1280 columns cut into pieces of 640 / 320: down_proj's 256-wide ggml blocks and
+    # 128-column groups straddle the ranks at tensor-parallel sizes 2 and 4 (o_proj's at 4)
+    "tiny-tp-straddle": dict(vocab_size=510, hidden_size=512, intermediate_size=1280, num_hidden_layers=2,
+                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+                             rms_norm_eps=1e-5),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
 }

@@ -20,8 +20,8 @@ from quanta.loaders.formats import Source
 from quanta.planner.gpus import CARDS, MIB, Gpus
 from quanta.planner.memory_plan import TP_SIZES, MemoryPlan, format_verdict, plan
 from quanta.planner.request import MemoryRequest, PlanRequest
-from quanta.planner.weight_bytes import tp_problem
-from quanta.quant.errors import ConfigError, QuantaError, UnsupportedError
+from quanta.planner.weight_bytes import size_problem
+from quanta.quant.errors import ConfigError, UnsupportedError
 
 
 def gpu_name(total: int) -> str:
@@ -78,18 +78,13 @@ def out_of_memory(what: str, plan: MemoryPlan | None) -> Iterator[None]:
     raise error from None
 
 
-def check_shardable(config: ModelConfig, source: Source, world: int, name: str) -> None:
-    """ConfigError, before anything is loaded, when the model cannot be split over `world` ranks: its
-    heads, KV heads, intermediate size or vocabulary, or (where memory_plan models the checkpoint's
-    format) a quantization group or block that o_proj's or down_proj's cut would split. It names the
-    sizes that would work. A cut the format check cannot foresee is refused at load (shard.ShardError)."""
-    try:
-        fmt = source.weight_format(config)
-    except QuantaError:
-        fmt = None
-
-    why = tp_problem(config, fmt, world)
+def check_shardable(config: ModelConfig, world: int, name: str) -> None:
+    """ConfigError, before anything is loaded, when the model's sizes cannot be split over `world` ranks (heads,
+    KV heads, intermediate size, vocabulary), naming the sizes that would work. A group or block that straddles
+    two ranks is held whole by both (shard.widened_cols); a cut only the load can find (a row block of an fp8
+    weight split across ranks) is refused there (shard.ShardError)."""
+    why = size_problem(config, world)
     if why is not None:
-        works = [t for t in TP_SIZES if tp_problem(config, fmt, t) is None]
+        works = [t for t in TP_SIZES if size_problem(config, t) is None]
         raise ConfigError(f"{name} cannot run at tensor_parallel_size={world}: {why}; sizes that would: "
                           f"{', '.join(map(str, works)) or 'none'}")

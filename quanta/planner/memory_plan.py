@@ -25,7 +25,7 @@ from quanta.planner.gpus import Gpus, parse_gpus
 from quanta.planner.model_shapes import resolve
 from quanta.planner.request import PlanRequest
 from quanta.planner.scheme import parse_format
-from quanta.planner.weight_bytes import (WeightBytes, cdiv, check_gguf_rows, load_peak, packs, shard, tp_problem,
+from quanta.planner.weight_bytes import (WeightBytes, cdiv, check_gguf_rows, load_peak, packs, shard, size_problem,
                                       weight_bytes)
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
@@ -122,9 +122,9 @@ def _plan(name: str, config: ModelConfig, source: Source, r: PlanRequest) -> Mem
     tp = cards.count if r.tensor_parallel_size is None else r.tensor_parallel_size
     if not isinstance(tp, int) or tp < 1 or tp > cards.count:
         raise ConfigError(f"tensor_parallel_size={tp} needs 1..{cards.count} GPUs ({cards} given)")
-    problem = tp_problem(config, fmt, tp)
+    problem = size_problem(config, tp)
     if problem is not None:
-        works = [t for t in TP_SIZES if tp_problem(config, fmt, t) is None]
+        works = [t for t in TP_SIZES if size_problem(config, t) is None]
         raise ConfigError(f"{name} ({fmt.describe()}) cannot run at tensor_parallel_size={tp}: {problem}; "
                           f"sizes that would: {', '.join(map(str, works)) or 'none'}")
     length = config.max_position_embeddings if r.max_model_len is None else r.max_model_len

@@ -1,6 +1,6 @@
 """Device bytes of a model's weights per GPU, counted as quanta's kernels hold them, from a config alone:
-per GEMM (gemm_bytes), per rank (weight_bytes), at the height of the load (load_peak), and the tensor-parallel
-cuts a format allows (tp_problem).
+per GEMM (gemm_bytes), per rank (weight_bytes, held_columns), at the height of the load (load_peak), and the
+sizes a tensor-parallel split needs (size_problem).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.weight_format import WeightFormat
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
+from quanta.quant.shard import widened_range
 
 AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
 LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
@@ -112,24 +113,6 @@ def size_problem(config: ModelConfig, tp: int) -> str | None:
     return None
 
 
-def tp_problem(config: ModelConfig, fmt: WeightFormat | None, tp: int) -> str | None:
-    """Why the model cannot be split over tp ranks, or None. Column-parallel: q/k/v by heads, gate/up by
-    rows; row-parallel o_proj and down_proj split K, which must not cut a quantization group or block
-    (not checked when `fmt` is None: a format the plan does not model)."""
-    problem = size_problem(config, tp)
-    if problem is not None or tp == 1 or fmt is None:
-        return problem
-    for name, k in (("o_proj", config.num_attention_heads * config.head_dim), ("down_proj", config.intermediate_size)):
-        role = "attn_output" if name == "o_proj" else "ffn_down"
-        types = fmt.gguf.all_of(role) if fmt.gguf else [None]
-        for t in types:
-            block = fmt.k_block(t)
-            if block and (k // tp) % block:
-                what = f"{t} blocks" if t else "groups"
-                return f"{name}'s {k // tp} input columns per rank cut its {what} of {block}"
-    return None
-
-
 @dataclass(frozen=True)
 class WeightBytes:
     """Device bytes of one GPU's weights, by part."""
@@ -170,14 +153,29 @@ def layer_gemms(s: Shard, h: int) -> tuple:
             ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter))
 
 
+ROW_PARALLEL = ("attn_output", "ffn_down")
+
+
+def held_columns(fmt: WeightFormat, s: Shard, role: str, k: int, gguf_type: str | None) -> int:
+    """Input columns one rank holds of a GEMM whose share of K is `k`: a row-parallel piece is widened to whole
+    groups or blocks where one straddles two ranks (shard.widened_cols), the widest rank's piece counted."""
+    if s.tp == 1 or role not in ROW_PARALLEL or fmt.act_order and role == "attn_output":
+        return k
+    full = k * s.tp
+    unit = fmt.k_block(gguf_type)
+    return max(hi - lo for lo, hi in (widened_range(r * k, (r + 1) * k, full, unit) for r in range(s.tp)))
+
+
 def held_bytes(fmt: WeightFormat, s: Shard, roles: tuple, k: int, e: int, t) -> int:
-    """gemm_bytes of one GEMM of layer_gemms (`t`: role -> GGML type or None). Act-order (GPTQ desc_act)
-    weights pack with their columns sorted by group; under tensor parallelism o_proj's piece of them (a
-    contiguous range of attention-head columns) holds uneven groups, which the kernels do not take, so it is
-    held dequantized. down_proj's groups are sorted before the cut (quant/group_sort.py): it stays packed."""
+    """gemm_bytes of one GEMM of layer_gemms (`t`: role -> GGML type or None), over the columns a rank holds.
+    Act-order (GPTQ desc_act) weights pack with their columns sorted by group; under tensor parallelism
+    o_proj's piece of them (a contiguous range of attention-head columns) holds uneven groups, which the kernels
+    do not take, so it is held dequantized. down_proj's groups are sorted before the cut (quant/group_sort.py):
+    it stays packed."""
     if fmt.act_order and s.tp > 1 and roles[0][0] == "attn_output":
         return sum(n for _, n in roles) * k * e
-    return gemm_bytes(fmt, [(n, t(role)) for role, n in roles], k, e)
+    role = roles[0][0]
+    return gemm_bytes(fmt, [(n, t(role)) for role, n in roles], held_columns(fmt, s, role, k, t(role)), e)
 
 
 def canonical_bytes(fmt: WeightFormat, n: int, k: int, e: int, gguf_type: str | None = None) -> int:
@@ -221,7 +219,8 @@ def load_peak(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> int:
         t = (lambda role: g.of(role, i)) if g else (lambda role: None)
         for (roles, k), (whole_roles, whole_k) in zip(layer_gemms(s, h), layer_gemms(whole, h)):
             final = held_bytes(fmt, s, roles, k, e, t)
-            canonical = sum(canonical_bytes(fmt, n, k, e, t(role)) for role, n in roles)
+            canonical = sum(canonical_bytes(fmt, n, held_columns(fmt, s, role, k, t(role)), e, t(role))
+                            for role, n in roles)
             read = sum(canonical_bytes(fmt, n, whole_k, e, t(role)) for role, n in whole_roles) if s.tp > 1 else 0
             # act-order: down_proj is read with gate/up, to sort its groups (quant/group_sort.py)
             ahead = canonical_bytes(fmt, h, whole.inter, e) if fmt.act_order and roles[0][0] == "ffn_gate" else 0

@@ -4,9 +4,11 @@
                                  column-parallel layers (q/k/v, gate/up, a vocab-parallel lm_head)
     shard_cols(w, rank, world)   columns (input features): row-parallel layers (o_proj, down_proj)
     take_rows(w, start, stop) / take_cols(w, start, stop)     the same for any range
+    widened_cols(w, start, stop)  a row-parallel piece widened to whole groups / blocks, with the zero input
+                                 columns that keep its product exact
 
 A cut never requantizes: it keeps whole scale groups and blocks, so the piece dequantizes exactly to
-the same slice of the full weight; where it would split one, it raises ShardError.
+the same slice of the full weight; where it would split one, take_* raise ShardError.
 """
 from __future__ import annotations
 
@@ -136,16 +138,49 @@ def _affine_cols(w: Affine, start: int, stop: int, name: str) -> Affine:
                                shape=(w.shape[0], stop - start))
 
 
+def column_unit(w) -> int | None:
+    """The columns a kind keeps together along K (a ggml block, a scale group, a block of an fp8 or
+    bitsandbytes weight), or None where any column range can be cut as it is (per-channel scales, act-order
+    groups renumbered per piece, dense weights)."""
+    if isinstance(w, Gguf):
+        return w.type.block_size
+    if isinstance(w, Affine):
+        return w.group_size if w.g_idx is None and w.num_groups > 1 else None
+    if isinstance(w, Codebook):
+        return w.blocksize if w.shape[1] % w.blocksize == 0 else None
+    if isinstance(w, Fp8) and w.block_size is not None:
+        return w.block_size[1]
+    return None
+
+
+def widened_range(start: int, stop: int, full: int, unit: int | None) -> tuple[int, int]:
+    """[lo, hi) ⊇ [start, stop): the range widened to whole units of `unit` columns (capped at `full`)."""
+    if unit is None:
+        return start, stop
+    return start // unit * unit, min(-(-stop // unit) * unit, full)
+
+
+def widened_cols(w, start: int, stop: int, name: str = "weight"):
+    """(piece, (left, right)): the columns [lo, hi) of `w` covering [start, stop) in whole units (column_unit),
+    and how many of them lie left and right of [start, stop). A row-parallel layer gets its input columns
+    [start, stop) only; given `left` zero columns before them and `right` after, its product over the widened
+    piece is exactly the product over [start, stop), since the columns it holds for a neighbour rank meet
+    zeros. So a group or block that straddles two ranks is held whole by both."""
+    lo, hi = widened_range(start, stop, w.shape[1], column_unit(w))
+    return take_cols(w, lo, hi, name), (start - lo, hi - stop)
+
+
 def cut(w, dim: int, start: int, stop: int, name: str = "weight"):
-    """take_rows (dim 0) or take_cols (dim 1) of `w`, holding only its own memory: a piece kept as it is
-    cut (a dense lm_head or embedding table, which no kernel repacks) would otherwise pin the whole
-    weight's storage on every rank."""
-    piece = take_rows(w, start, stop, name) if dim == 0 else take_cols(w, start, stop, name)
+    """(piece, (left, right)): take_rows (dim 0) or widened_cols (dim 1) of `w`, holding only its own memory (a
+    piece kept as it is cut, such as a dense lm_head or embedding table, which no kernel repacks, would otherwise
+    pin the whole weight's storage on every rank), and the zero input columns a row-parallel piece needs on
+    each side (none for rows)."""
+    piece, pad = (take_rows(w, start, stop, name), (0, 0)) if dim == 0 else widened_cols(w, start, stop, name)
     if isinstance(piece, torch.Tensor):
-        return _own(piece)
+        return _own(piece), pad
     fields = {f.name: _own(getattr(piece, f.name)) for f in dataclasses.fields(piece)
               if isinstance(getattr(piece, f.name), torch.Tensor)}
-    return dataclasses.replace(piece, **fields)
+    return dataclasses.replace(piece, **fields), pad
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:
