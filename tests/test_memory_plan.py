@@ -15,7 +15,8 @@ from quanta.loaders.formats import Source
 from quanta.planner.scheme import parse_format
 from quanta.planner.weight_bytes import held_columns, shard
 from quanta.planner.memory_plan import NCCL_OVERHEAD, RUNTIME_OVERHEAD, format_verdict, plan
-from quanta.planner.model_shapes import KNOWN_MODELS, known_config, resolve, resolve_config
+from quanta.loaders.shapes import KNOWN_MODELS, known_config
+from quanta.planner.model_shapes import resolve, resolve_config
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.planner.weight_bytes import WeightFormat, gemm_bytes
 from quanta.quant.errors import ConfigError, QuantaError

@@ -41,7 +41,7 @@ def assert_same_as_tp1(model: str, tp: int):
     tokens, logits, layer = run(model)
     tokens_tp, logits_tp, layer_tp = run(model, tensor_parallel_size=tp)
     assert layer_tp.self_attn.num_heads * tp == layer.self_attn.num_heads     # rank 0 holds its share of the heads
-    torch.testing.assert_close(logits_tp, logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits_tp, logits, atol=5e-4, rtol=1e-4)      # float32 sums in another order
     assert tokens_tp == tokens
     return layer_tp
 

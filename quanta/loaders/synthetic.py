@@ -22,7 +22,10 @@ import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.detect import SYNTHETIC_PREFIX as PREFIX
-from quanta.loaders.gguf.mix import assign
+from quanta.loaders.hf import canonical_shapes
+from quanta.loaders.gguf.mix import MIXES, assign
+from quanta.loaders.gguf.writer import gguf_name
+from quanta.loaders.shapes import KNOWN_MODELS
 from quanta.loaders.weight_format import WeightFormat, affine_format, dense_format
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
@@ -49,6 +52,10 @@ SHAPES = {
     "tiny-tp-straddle": dict(vocab_size=510, hidden_size=512, intermediate_size=1280, num_hidden_layers=2,
                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
                              rms_norm_eps=1e-5),
+    # a Qwen2-style tiny model: q/k/v biases, tied embeddings
+    "tiny-qwen2": dict(model_type="qwen2", attention_bias=True, tie_word_embeddings=True, vocab_size=512,
+                       hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
 }
@@ -56,8 +63,6 @@ SHAPES = {
 # random bytes elsewhere are valid codes, random float16 scales could be inf / nan.
 GGUF_SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
                       "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,)}
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 def is_synthetic(model: str) -> bool:
@@ -66,17 +71,27 @@ def is_synthetic(model: str) -> bool:
 
 
 def parse(spec: str) -> tuple[str, str, int]:
-    """`synthetic:shape[:format[:seed]]` -> (shape, format, seed), checked."""
+    """`synthetic:shape[:format[:seed]]` -> (shape, format, seed), checked. The shape is one of SHAPES or a
+    published one (shapes.KNOWN_MODELS, e.g. llama-3-8b); a GGUF format a type or a llama-quantize mix."""
     parts = spec[len(PREFIX):].split(":")
     shape, fmt = parts[0], parts[1] if len(parts) > 1 else "fp16"
     seed = int(parts[2]) if len(parts) > 2 else 0
-    if shape not in SHAPES:
-        raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join(SHAPES)})")
-    if fmt not in ("fp16", "bf16", "nf4", "fp8") and not re.fullmatch(r"w[2-8](g\d+(act)?)?|fp8b\d+", fmt) \
-            and fmt.removeprefix("gguf-") not in GGUF_SCALE_OFFSETS:
-        raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w4g128act, w8, nf4, "
-                          f"fp8, fp8b128, gguf-TYPE with TYPE one of {', '.join(GGUF_SCALE_OFFSETS)})")
+    if shape not in SHAPES and shape.lower() not in KNOWN_MODELS:
+        raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join([*SHAPES, *KNOWN_MODELS])})")
+    gguf = fmt.removeprefix("gguf-").lower()
+    if fmt not in ("fp16", "bf16", "nf4", "fp8") and not re.fullmatch(r"w[2-8](g\d+(act|z)?)?|fp8b\d+", fmt) \
+            and not (fmt.startswith("gguf-") and (gguf in MIXES or fmt[5:] in GGUF_SCALE_OFFSETS)):
+        raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w4g128z (zero points), "
+                          f"w4g128act, w8, nf4, fp8, fp8b128, gguf-TYPE with TYPE one of "
+                          f"{', '.join(GGUF_SCALE_OFFSETS)} or a mix: {', '.join(MIXES)})")
     return shape, fmt, seed
+
+
+def model_config(shape: str, fmt: str) -> ModelConfig:
+    """The ModelConfig of a synthetic model: the shape's, in float16 (bfloat16 for the bf16 format)."""
+    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
+    known = SHAPES[shape] if shape in SHAPES else KNOWN_MODELS[shape.lower()]
+    return ModelConfig(**{"model_type": "llama", **known, "torch_dtype": dtype})
 
 
 class SyntheticTensors(Mapping):
@@ -84,24 +99,9 @@ class SyntheticTensors(Mapping):
 
     def __init__(self, config: ModelConfig, fmt: str, seed: int, device: torch.device):
         self.config, self.fmt, self.seed, self.device = config, fmt, seed, torch.device(device)
-        c = config
-        kv = c.num_key_value_heads * c.head_dim
-        out_in = {"self_attn.q_proj": (c.num_attention_heads * c.head_dim, c.hidden_size),
-                  "self_attn.k_proj": (kv, c.hidden_size), "self_attn.v_proj": (kv, c.hidden_size),
-                  "self_attn.o_proj": (c.hidden_size, c.num_attention_heads * c.head_dim),
-                  "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
-                  "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-                  "mlp.down_proj": (c.hidden_size, c.intermediate_size)}
-        self.shapes: dict[str, tuple[tuple[int, ...], str]] = {
-            "model.embed_tokens.weight": ((c.vocab_size, c.hidden_size), "embed"),
-            "model.norm.weight": ((c.hidden_size,), "norm"),
-            "lm_head.weight": ((c.vocab_size, c.hidden_size), "dense"),
-        }
-        for i in range(c.num_hidden_layers):
-            for norm in ("input_layernorm", "post_attention_layernorm"):
-                self.shapes[f"model.layers.{i}.{norm}.weight"] = ((c.hidden_size,), "norm")
-            for name in LINEARS:
-                self.shapes[f"model.layers.{i}.{name}.weight"] = (out_in[name], "linear")
+        self.shapes = canonical_shapes(config)
+        # GGUF models hold every weight in the type llama-quantize gives it, the embedding and lm_head too
+        self.gguf_types = assign(fmt[5:], config) if fmt.startswith("gguf-") else None
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -110,17 +110,21 @@ class SyntheticTensors(Mapping):
         return iter(self.shapes)
 
     def __getitem__(self, name: str):
-        shape, role = self.shapes[name]
+        shape, role = self.shapes[name], _role(name)
         gen = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
         dtype = torch.bfloat16 if self.fmt == "bf16" else torch.float16
         if role == "norm":
             return (1 + 0.1 * torch.rand(shape, generator=gen, device=self.device)).to(dtype)
+        if role == "bias":
+            return (0.02 * torch.randn(shape, generator=gen, device=self.device)).to(dtype)
+        std = 1.0 if role == "embed" else shape[1] ** -0.5
+        if self.gguf_types is not None:
+            t = self.gguf_types.of_tensor(gguf_name(name))
+            if t in GGUF_SCALE_OFFSETS:
+                return random_gguf(t, shape, std, gen, self.device)
         # Dense tensors are drawn in their own dtype and scaled in place: no float32 copy of a 128k-row
         # embedding exists, so a synthetic load's transient memory is a real checkpoint's.
-        if role == "embed":
-            return torch.randn(shape, generator=gen, device=self.device, dtype=dtype)
-        std = shape[1] ** -0.5
-        if role == "dense" or self.fmt in ("fp16", "bf16"):
+        if role in ("embed", "dense") or self.fmt in ("fp16", "bf16") or self.gguf_types is not None:
             return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
         return quantized_weight(self.fmt, shape, std, gen, self.device, order=self._order(name))
 
@@ -133,6 +137,17 @@ class SyntheticTensors(Mapping):
                   "gate_proj": "mlp_input", "up_proj": "mlp_input"}.get(leaf)
         key = f"{prefix}.{shared}" if shared else name
         return torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(key.encode()) + 1)
+
+
+def _role(name: str) -> str:
+    """How a tensor is drawn: norm, bias, embed, dense (the lm_head, kept dense unless GGUF) or linear."""
+    if name == "model.embed_tokens.weight":
+        return "embed"
+    if name == "lm_head.weight":
+        return "dense"
+    if name.endswith(".bias"):
+        return "bias"
+    return "norm" if "norm" in name.rsplit(".", 2)[-2] else "linear"
 
 
 def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Generator, device: torch.device,
@@ -154,11 +169,15 @@ def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Ge
         codes = torch.randint(0, 16, shape, generator=gen, device=device, dtype=torch.uint8)
         absmax = 2 * std * (0.9 + 0.2 * torch.rand(-(-n * k // 64), generator=gen, device=device))
         return Codebook(codes=codes, table=torch.tensor(NF4_TABLE, device=device), blocksize=64, absmax=absmax)
-    match = re.fullmatch(r"w(\d)(?:g(\d+)(act)?)?", fmt)
+    match = re.fullmatch(r"w(\d)(?:g(\d+)(act|z)?)?", fmt)
     bits, group = int(match[1]), int(match[2] or k)
     codes = torch.randint(0, 2 ** bits, shape, generator=gen, device=device, dtype=torch.uint8)
     code_std = ((4 ** bits - 1) / 12) ** 0.5            # std of a uniform code
     scales = (std / code_std) * (0.9 + 0.2 * torch.rand(n, -(-k // group), generator=gen, device=device))
+    if match[3] == "z":                                 # a zero point per group near the codes' middle (AWQ)
+        zeros = torch.randint(2 ** (bits - 1) - 2, 2 ** (bits - 1) + 2, scales.shape, generator=gen,
+                              device=device, dtype=torch.uint8)
+        return Affine(codes=codes, scales=scales.to(torch.float16), bits=bits, group_size=group, zeros=zeros)
     g_idx = None
     if match[3]:
         columns = torch.randperm(k, generator=gen if order is None else order, device=device)
@@ -186,8 +205,7 @@ def random_gguf(type_name: str, shape: tuple[int, int], std: float, gen: torch.G
 def load_synthetic(spec: str, device: torch.device | str = "cpu") -> Checkpoint:
     """A Checkpoint with the spec's shapes whose tensors are made on first access, on `device`."""
     shape, fmt, seed = parse(spec)
-    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
-    config = ModelConfig(model_type="llama", torch_dtype=dtype, **SHAPES[shape])
+    config = model_config(shape, fmt)
     return Checkpoint(path=Path(spec), format="synthetic", config=config,
                       tensors=SyntheticTensors(config, fmt, seed, device), tokenizer=None,
                       quant_config={"synthetic": fmt})
@@ -204,5 +222,7 @@ def weight_format(config: ModelConfig, qc: dict, path: Path | None) -> WeightFor
         return WeightFormat("fp8", "fp8")
     if fmt.startswith("gguf-"):
         return WeightFormat(f"gguf:{fmt[5:]}", "gguf", gguf=assign(fmt[5:], config))
-    match = re.fullmatch(r"w(\d)(?:g(\d+)(act)?)?", fmt)
-    return affine_format("gptq", int(match[1]), int(match[2]) if match[2] else None, True, act_order=bool(match[3]))
+    match = re.fullmatch(r"w(\d)(?:g(\d+)(act|z)?)?", fmt)
+    zeros = match[3] == "z"
+    return affine_format("awq" if zeros else "gptq", int(match[1]), int(match[2]) if match[2] else None,
+                         symmetric=not zeros, act_order=match[3] == "act")
