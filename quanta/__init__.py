@@ -29,6 +29,9 @@ def __getattr__(name):
     if name == "validate":
         from quanta.eval import validate
         return validate
+    if name == "bench":
+        from quanta.toolkit.bench.pipeline import bench
+        return bench
     if name == "quantize":
         from quanta.toolkit.quantize.pipeline import quantize
         return quantize
@@ -36,4 +39,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "PlanRequest",
-           "quantize", "validate", "convert"]
+           "quantize", "validate", "convert", "bench"]

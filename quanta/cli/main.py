@@ -12,7 +12,7 @@ from quanta.cli.options import sampling_params
 # Sub-commands, each a module with register(subparsers).
 COMMANDS: tuple[str, ...] = ("quanta.cli.generate", "quanta.cli.inspect", "quanta.cli.plan",
                              "quanta.cli.quantize", "quanta.cli.convert", "quanta.cli.serve",
-                             "quanta.cli.validate")
+                             "quanta.cli.validate", "quanta.cli.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
