@@ -94,3 +94,13 @@ def test_bad_requests_are_typed():
         quantize(torch.zeros(2, 256), "iq2_xxs")
     with pytest.raises(ShapeError, match="imatrix must have shape"):
         quantize(torch.zeros(2, 256), "q4_K", imatrix=torch.ones(3))
+
+
+def test_sqrtf_is_the_correctly_rounded_root():
+    """The K-quant searches weight values by square roots; C's sqrtf is correctly rounded, and so must ours be
+    (numpy's float32 sqrt is IEEE's, the oracle) over every scale of input, subnormals and zero included."""
+    from quanta.quant.ggml.qsearch import sqrtf
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(2_000_000, generator=g) * 10.0 ** torch.randint(-40, 38, (2_000_000,), generator=g),
+                   torch.tensor([0.0, 1e-45, 1.17e-38, 3.4e38, 1.0, 2.0])]).float()
+    assert np.array_equal(sqrtf(x).numpy(), np.sqrt(x.numpy()))

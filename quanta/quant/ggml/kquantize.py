@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from quanta.quant.ggml.qsearch import (make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants,
-                                      nearest_int, rdiv, seq_sum)
+                                      nearest_int, rdiv, seq_sum, sqrtf)
 
 
 # --- packing --------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def _affine_k(x, qw, sub: int, nmax: int, ref_search: tuple, scale_top: int):
         if sub == 16:                                            # Q2_K
             w = xg.abs()
         else:                                                    # Q4_K / Q5_K
-            av_x = torch.sqrt(seq_sum(xg * xg) / 32).unsqueeze(1)
+            av_x = sqrtf(seq_sum(xg * xg) / 32).unsqueeze(1)
             w = av_x + xg.abs()
         scales, L, mins = make_qkx_quants(xg, w, nmax, *ref_search)
         scales, mins = scales.view(nb, -1), mins.view(nb, -1)
@@ -80,7 +80,7 @@ def _affine_k(x, qw, sub: int, nmax: int, ref_search: tuple, scale_top: int):
         lm, dmin = _scale_levels(mins, scale_top, scale_top if sub == 16 else 63)
     else:
         sigma2 = seq_sum(x * x) / 256 if sub == 16 else 2 * seq_sum(x * x) / 256
-        w = (qw * torch.sqrt(sigma2.unsqueeze(1) + x * x)).reshape(-1, sub)
+        w = (qw * sqrtf(sigma2.unsqueeze(1) + x * x)).reshape(-1, sub)
         sw = seq_sum(w).view(nb, -1)
         scales, L, mins = make_qkx_quants(xg, w, nmax, -0.9, 0.05, 36, False)
         d, ls = make_qp_quants(scales.view(nb, -1), scale_top, sw)
@@ -126,7 +126,7 @@ def q3_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
         d = torch.where(nz, 1 / torch.where(nz, iscale, 1.0), 0.0)
     else:
         sigma2 = 2 * seq_sum(x * x) / 256
-        w = (qw * torch.sqrt(sigma2.unsqueeze(1) + x * x)).reshape(-1, 16)
+        w = (qw * sqrtf(sigma2.unsqueeze(1) + x * x)).reshape(-1, 16)
         scales, L = make_qx_quants(xg, 4, w)
         d, ls = make_qx_quants(scales.view(nb, 16), 32, seq_sum(w).view(nb, 16))
     d = f16_round(d)

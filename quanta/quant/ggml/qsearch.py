@@ -35,6 +35,13 @@ def seq_sum(t: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def sqrtf(t: torch.Tensor) -> torch.Tensor:
+    """C's sqrtf: the correctly rounded float32 square root. torch's vectorized float32 sqrt on the CPU is not
+    correctly rounded (it misses on a fraction of a percent of inputs, which moves a K-quant's sub-block scale by
+    a step); the float64 root rounded to float32 is exact, since float64 holds more than 2 x 24 + 2 bits."""
+    return torch.sqrt(t.double()).to(t.dtype)
+
+
 def rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
     """c / t rounded once, as C does (torch computes `c / tensor` as c * (1 / tensor): two roundings)."""
     return torch.full_like(t, c) / t

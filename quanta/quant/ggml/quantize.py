@@ -18,7 +18,7 @@ import torch
 from quanta.quant.ggml import kquantize as kq
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes, pack
-from quanta.quant.ggml.qsearch import make_qkx_quants, make_qx_quants, seq_sum
+from quanta.quant.ggml.qsearch import make_qkx_quants, make_qx_quants, seq_sum, sqrtf
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf
@@ -57,7 +57,7 @@ def _sigma2(x: torch.Tensor, row_blocks: int) -> torch.Tensor:
 
 
 def _weights(x: torch.Tensor, qw: torch.Tensor, row_blocks: int) -> torch.Tensor:
-    return qw * torch.sqrt(_sigma2(x, row_blocks) + x * x)
+    return qw * sqrtf(_sigma2(x, row_blocks) + x * x)
 
 
 def q4_0(x, qw=None, row_blocks=1):
