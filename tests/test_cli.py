@@ -196,3 +196,16 @@ def test_bad_model_path_is_a_clear_error(tmp_path, capsys):
 def test_bad_arguments_are_clear_errors(argv, default_model_path, capsys):
     assert main(["-q", *argv]) == 2
     assert "quanta: error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["generate", "--temperature", "-3", "x"],
+                                  ["convert", "x", "--bogus"]])
+def test_help_and_flag_errors_come_before_torch_loads(argv):
+    """Parsing the command line, its help and the flags' own checks import neither torch nor the engine: they
+    answer at once (the library loads only for the work)."""
+    code = ("import runpy, sys; sys.argv = ['quanta', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('quanta.cli.main', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().endswith("NO-TORCH"), out.stderr[-2000:]

@@ -16,7 +16,7 @@ from tiny_models import ARCHS, build_tiny_hf, make_tiny_hf, tokenizer_dir  # noq
 
 from quanta.loaders import load  # noqa: E402
 from quanta.loaders.checkpoint import ModelConfig  # noqa: E402
-from quanta.loaders.detect import detect  # noqa: E402
+from quanta.loaders.detection import detect  # noqa: E402
 from quanta.loaders.hf import load_hf, load_tokenizer, model_config_from_hf  # noqa: E402
 from quanta.loaders.safetensors_io import open_weights, read_config  # noqa: E402
 from quanta.quant.errors import (ConfigError, CorruptFileError, QuantaError, ShapeError,  # noqa: E402

@@ -37,8 +37,7 @@ def cmd_bench(args) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from quanta.toolkit.bench.peers import PEERS
-    from quanta.toolkit.bench.variants import DEFAULT_FORMATS
+    from quanta.toolkit.bench.names import DEFAULT_FORMATS, PEERS
 
     p = sub.add_parser("bench", help="compare formats: memory, speed and quality on one engine, with peers",
                        parents=[quiet_parent()])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from quanta.cli.interrupt import ends_cleanly
-from quanta.toolkit.convert.target import names
+from quanta.loaders.formats import convert_targets
 
 
 def cmd_convert(args) -> None:
@@ -31,14 +31,13 @@ def cmd_convert(args) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from quanta.toolkit.convert.pipeline import DEFAULT_CTX, DEFAULT_SHARD_SIZE, DEFAULT_WINDOWS
-    from quanta.toolkit.convert.rules import DEFAULT_GROUP
+    from quanta.toolkit.convert.defaults import DEFAULT_CTX, DEFAULT_GROUP, DEFAULT_SHARD_SIZE, DEFAULT_WINDOWS
     from quanta.cli.options import quiet_parent
 
     p = sub.add_parser("convert", help="convert a checkpoint to another format (lossless where possible)",
                        parents=[quiet_parent()])
     p.add_argument("src", help="source checkpoint: GGUF file or HF-style directory")
-    p.add_argument("--to", required=True, help=f"output format: {', '.join(names())}[:TYPE] (e.g. gguf:Q4_K_M)")
+    p.add_argument("--to", required=True, help=f"output format: {', '.join(convert_targets())}[:TYPE] (e.g. gguf:Q4_K_M)")
     p.add_argument("--out", required=True, help="output directory (a .gguf file for gguf)")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--no-validate", action="store_true", help="skip the validation against the source")

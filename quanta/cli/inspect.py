@@ -11,7 +11,6 @@ import logging
 import re
 from collections import Counter
 
-from quanta.quant.qtensor import QTensor
 from quanta.cli.options import quiet_parent
 
 BATCH_SIZES = (1, 16, 256)
@@ -35,6 +34,7 @@ def _engine_logs_silenced():
 
 
 def _tensor_entry(name: str, t) -> dict:
+    from quanta.quant.qtensor import QTensor
     nbytes = t.nbytes if isinstance(t, QTensor) else t.numel() * t.element_size()
     numel = t.numel if isinstance(t, QTensor) else t.numel()
     return {"name": name, "shape": list(t.shape), "bytes": nbytes, "parameters": numel,

@@ -109,7 +109,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def sampling_params(args: argparse.Namespace):
     """SamplingParams from the flags; raises ConfigError naming the bad value."""
-    from quanta.engine import SamplingParams
+    from quanta.engine.sampling_params import SamplingParams
     try:
         return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,

@@ -13,7 +13,7 @@ import torch
 
 from quanta.loaders.checkpoint import SUPPORTED_ARCHITECTURES, Checkpoint, ModelConfig
 from quanta.loaders.config_fields import get_dict, get_int, get_number, get_str, get_str_list
-from quanta.loaders.detect import detect_dir
+from quanta.loaders.detection import detect_dir
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config
 from quanta.loaders.weight_format import WeightFormat, dense_format
 from quanta.quant.errors import ConfigError, CorruptFileError, QuantaError, ShapeError, UnsupportedError

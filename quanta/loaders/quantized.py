@@ -16,7 +16,7 @@ import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
 from quanta.loaders.config_fields import MISSING, get_int
-from quanta.loaders.detect import QUANT_SIDECARS, read_sidecar
+from quanta.loaders.detection import QUANT_SIDECARS, read_sidecar
 from quanta.loaders.hf import (FLOAT_DTYPES, TOKENIZER_FILES, canonical_shapes, check_layer_count, load_tokenizer,
                                model_config_from_hf)
 from quanta.loaders.safetensors_io import TensorStore, open_weights, read_config

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
-from quanta.loaders.detect import SYNTHETIC_PREFIX as PREFIX
+from quanta.loaders.detection import SYNTHETIC_PREFIX as PREFIX
 from quanta.loaders.hf import canonical_shapes
 from quanta.loaders.gguf.mix import MIXES, assign
 from quanta.loaders.gguf.writer import gguf_name

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quanta.loaders.checkpoint import ModelConfig
-from quanta.loaders.detect import detect, detect_dir, gguf_files_in, is_gguf_file
+from quanta.loaders.detection import detect, detect_dir, gguf_files_in, is_gguf_file
 from quanta.loaders.formats import Source
 from quanta.loaders.gguf.reader import read_header
 from quanta.loaders.hf import model_config_from_hf

@@ -1,5 +1,6 @@
-"""Model-conversion tools built on the loaders, the quantizers and the writers.
+"""Model-conversion tools built on the loaders, the quantizers and the writers, and the format comparison.
 
-    quanta.quantize(model, out, method, ...) -> QuantizeSummary      (toolkit/quantize.py)
-    quanta.convert(src, to, out, ...) -> ConvertReport               (toolkit/convert.py)
+    quanta.quantize(model, out, method, ...) -> QuantizeSummary      (toolkit/quantize/)
+    quanta.convert(src, to, out, ...) -> ConvertReport               (toolkit/convert/)
+    quanta.bench(models, formats=..., peers=...) -> BenchResult      (toolkit/bench/)
 """

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from quanta.toolkit.bench.measure import Row, Settings, prompt, release
+from quanta.toolkit.bench.names import PEERS
 
-PEERS = ("transformers", "transformers-bnb", "llama.cpp")
 GAIN = 1.03                 # a doubling of the batch must add 3% throughput to go on
 MAX_BATCH = {"cuda": 1024, "cpu": 16}
 

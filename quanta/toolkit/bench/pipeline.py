@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from quanta.loaders.detect import detect
+from quanta.loaders.detection import detect
 from quanta.quant.errors import ConfigError
 from quanta.toolkit.bench import peers as peer_runs
 from quanta.toolkit.bench.measure import Row, Settings, copy_bandwidth, measure

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from quanta.loaders.detect import detect
+from quanta.loaders.detection import detect
 from quanta.loaders.shapes import KNOWN_MODELS
 from quanta.quant.errors import ConfigError
+from quanta.toolkit.bench.names import DEFAULT_FORMATS
 
-DEFAULT_FORMATS = ("fp16", "bf16", "awq", "gptq", "gptq-act-order", "w8", "nf4", "fp8", "gguf:Q4_0", "gguf:Q4_K_M",
-                   "gguf:Q6_K", "gguf:Q8_0")
 GROUPS = (128, 64, 32)          # the group size of integer formats: the first that divides every linear's K
 
 

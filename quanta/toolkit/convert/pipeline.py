@@ -20,13 +20,12 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.quant.errors import ConfigError
 from quanta.toolkit.convert.output import Staging, check_paths
 from quanta.toolkit.convert.report import ConvertReport, TensorRecord
-from quanta.toolkit.convert.rules import DEFAULT_GROUP, TensorConverter
+from quanta.toolkit.convert.defaults import DEFAULT_CTX, DEFAULT_GROUP, DEFAULT_SHARD_SIZE, DEFAULT_WINDOWS
+from quanta.toolkit.convert.rules import TensorConverter
 from quanta.toolkit.convert.target import Target, parse_target
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SHARD_SIZE = "1GB"        # the output shard buffered in memory: a term of the memory bound
-DEFAULT_WINDOWS, DEFAULT_CTX = 4, 512
 
 
 def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, validate: bool = True,

@@ -22,12 +22,12 @@ from quanta.quant.kinds import Affine
 from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor
 from quanta.quant.rtn import rtn_affine
+from quanta.toolkit.convert.defaults import DEFAULT_GROUP
 from quanta.toolkit.convert.report import TensorRecord, scheme_of
 from quanta.toolkit.convert.rows import cast, dequantize, rel_error
 from quanta.toolkit.convert.target import Target
 
 LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
-DEFAULT_GROUP = 128
 
 Tensor = torch.Tensor | QTensor
 
