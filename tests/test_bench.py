@@ -62,3 +62,13 @@ def test_a_failed_row_keeps_its_place_in_the_table():
     table = markdown(rows, ("24GiB",), {"command": "quanta bench m", "device": "cpu"})
     assert "| m | awq | 1.00 | 1,000 | 10.0 |" in table and "| m | llama.cpp  |" in table
     assert "llama_cpp is not installed" in table
+
+
+def test_a_format_that_cannot_hold_the_model_is_a_row_with_its_reason(default_model_path, monkeypatch):
+    """The default model's rows of 576 are not whole 256-wide Q6_K blocks: quantize refuses, and that format's
+    row says so while the others are measured."""
+    from quanta.toolkit.bench import pipeline
+    monkeypatch.setattr(pipeline, "measure", lambda model, fmt, *a, **k: Row(model, fmt, decode_tok_s=1.0))
+    rows = bench([str(default_model_path)], formats="gguf:Q6_K", quiet=True).rows
+    assert [r.format for r in rows] == ["as is (gguf)", "gguf:Q6_K"]
+    assert rows[0].error is None and "Q6_K blocks do not tile" in rows[1].error

@@ -65,6 +65,10 @@ def bench(models: list[str], formats: str | list[str] | None = None, peers: str 
         with variants(model, names, quiet=True) as each:
             for v in each:
                 bar.set_description(f"bench {v.format}")
+                if v.error is not None:
+                    rows.append(Row(model, v.format, error=v.error))
+                    bar.update()
+                    continue
                 rows.append(measure(model, v.format, v.path, s, bandwidth, ref))
                 if "llama.cpp" in wanted and not v.path.startswith("synthetic:") and detect(v.path) == "gguf":
                     rows.append(_peer("llama.cpp", model, v.format,

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from quanta.loaders.detection import detect
 from quanta.loaders.shapes import KNOWN_MODELS
-from quanta.quant.errors import ConfigError
+from quanta.quant.errors import ConfigError, QuantaError
 from quanta.toolkit.bench.names import DEFAULT_FORMATS
 
 GROUPS = (128, 64, 32)          # the group size of integer formats: the first that divides every linear's K
@@ -77,6 +77,7 @@ class Variant:
     format: str                 # the bench format, or "as is (<family>)"
     path: str                   # a synthetic spec or a checkpoint path
     converted: bool = False     # made by the bench from `model`
+    error: str | None = None    # why it could not be made (the format cannot hold this model, say)
 
 
 def group_for(model: str) -> int:
@@ -107,7 +108,11 @@ def _each(model: str, formats: list[str], scratch: Path, quiet: bool) -> Iterato
     yield Variant(model, f"as is ({detect(model)})", str(model))
     for name in formats:
         out = scratch / name.replace(":", "-")
-        make(model, recipe(name, group), out, quiet)
+        try:
+            make(model, recipe(name, group), out, quiet)
+        except QuantaError as e:
+            yield Variant(model, name, str(out), converted=True, error=f"{type(e).__name__}: {e}")
+            continue
         yield Variant(model, name, str(out), converted=True)
         _remove(out)
 
