@@ -1,13 +1,6 @@
 """quanta: a quantization-centric LLM inference engine and model-conversion toolkit."""
-import os
-
-# Idle OpenMP threads sleep instead of spinning (set before torch loads libgomp; OMP_WAIT_POLICY=ACTIVE
-# restores spinning). With more runnable threads than cores, a spinning thread holds the core its
-# descheduled partner needs to reach the barrier, and every parallel torch op waits a scheduler slice.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from quanta.quant.errors import QuantaError  # noqa: E402
-from quanta.version import quanta_version  # noqa: E402
+from quanta.quant.errors import QuantaError
+from quanta.version import quanta_version
 
 __version__ = quanta_version()
 

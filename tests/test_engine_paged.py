@@ -73,6 +73,38 @@ def test_token_budget_and_chunked_prefill(tiny, alone):
     assert_pool_empty(llm)
 
 
+def test_long_prefill_interleaves_with_a_new_request_and_its_decodes(tiny):
+    """A 4-token request added while a 200-token prompt is prefilled in chunks of a 32-token budget is in
+    the very next step, beside a chunk of half the budget; afterwards its decodes run in every step beside
+    the long prompt's chunks, which take the rest of the budget."""
+    llm = engine(tiny, max_num_batched_tokens=32)
+    long, short = prompts([200, 4])
+    steps = []
+    schedule = llm.scheduler.schedule
+
+    def recording():
+        batch = schedule()
+        steps.append([it.num_tokens for it in batch])
+        return batch
+    llm.scheduler.schedule = recording
+    llm.add_request(long, GREEDY)
+    llm.step()
+    llm.add_request(short, GREEDY)
+    while llm.has_unfinished():
+        llm.step()
+    assert steps[:4] == [[32], [16, 4], [31, 1], [31, 1]]
+    assert all(sum(s) <= 32 for s in steps)
+    assert_pool_empty(llm)
+
+
+def test_cpu_steps_default_to_a_small_token_budget(tiny):
+    """On the CPU a step holds CPU_BATCHED_TOKENS tokens unless asked otherwise (the GPU's default is larger)."""
+    from quanta.engine.config import CPU_BATCHED_TOKENS
+    from quanta.planner.request import GPU_BATCHED_TOKENS
+    assert EngineConfig(model=tiny, device="cpu").max_num_batched_tokens == CPU_BATCHED_TOKENS < GPU_BATCHED_TOKENS
+    assert EngineConfig(model=tiny, device="cpu", max_num_batched_tokens=4096).max_num_batched_tokens == 4096
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_preemption_under_memory_pressure_keeps_outputs(tiny, alone, async_scheduling):
     # 8 blocks of 16 tokens for six sequences growing to 13..52 tokens (13 blocks): forces recompute; with

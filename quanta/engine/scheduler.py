@@ -2,10 +2,12 @@
 
 Every step is one flat batch under two budgets, `max_num_batched_tokens` and `max_num_seqs`.
 Running sequences go first, oldest first: a decode takes one token, a prompt still being prefilled
-takes the next chunk that fits (chunked prefill). Then waiting sequences are admitted in arrival
-order (FCFS) while the budgets and the block pool allow. When a running sequence needs a block and
-none is free, the newest running sequence is preempted: its blocks are freed and it goes back to
-the front of the queue to be recomputed (prompt + tokens generated so far) later.
+takes the next chunk that fits (chunked prefill), leaving a token for each running sequence after it
+and taking at most half the budget while sequences wait: so a long prompt's prefill goes on beside the
+others' decodes, and a request arriving meanwhile starts in the next step, not after the whole prompt. Then waiting sequences are admitted in arrival order (FCFS) while the budgets and the block
+pool allow. When a running sequence needs a block and none is free, the newest running sequence is
+preempted: its blocks are freed and it goes back to the front of the queue to be recomputed (prompt +
+tokens generated so far) later.
 
 Async scheduling has its whole rule in schedule_ahead: which decode step may be launched while the
 previous step's tokens are still on their way to the host, so that the host's bookkeeping (stop rules,
@@ -60,6 +62,7 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSeq]:
         """The next step: running sequences first, then waiting ones in order, under the budgets (module docstring)."""
         budget, batch, preempted = self.max_num_batched_tokens, [], False
+        chunk = max(1, budget // 2) if self.waiting else budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -70,7 +73,9 @@ class Scheduler:
                     break
             else:
                 self.pool.append_slot(seq)
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget, chunk)
+                if n > 1:                       # a prefill chunk leaves a token for each later running sequence
+                    n = max(1, min(n, budget - (len(self.running) - i - 1)))
                 batch.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1

@@ -13,6 +13,7 @@ from quanta.quant.errors import ConfigError
 DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16}
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+GPU_BATCHED_TOKENS = 8192          # a step's tokens on a GPU: prefill fills its GEMMs well before this
 GRAPH_MEMORY_MARGIN = 512 << 20     # the CUDA graphs' pool and the sampler's buffers, which a dry run does not see
 
 
@@ -24,7 +25,8 @@ class MemoryRequest:
     kv_cache_dtype: str | KvFormat = "auto"   # a paged_kv.KV_CACHE_DTYPES name; held as its KvFormat
     block_size: int = 16                # tokens per KV block
     gpu_memory_utilization: float = 0.9   # share of GPU memory for weights + activations + KV cache
-    max_num_batched_tokens: int = 8192  # token budget of one step (chunked prefill beyond it)
+    max_num_batched_tokens: int | None = None   # token budget of one step (chunked prefill beyond it);
+                                                # default GPU_BATCHED_TOKENS (the engine: CPU_BATCHED_TOKENS on a CPU)
     max_num_seqs: int = 256             # sequences in one step
     enforce_eager: bool = False         # no CUDA graphs
     max_gpu_memory: int | str | None = None   # cap on one process's GPU memory: bytes, "15GiB" or a card name
@@ -40,6 +42,8 @@ class MemoryRequest:
             raise ConfigError(f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size!r}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = GPU_BATCHED_TOKENS
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             if not _positive_int(getattr(self, name)):
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
