@@ -15,6 +15,7 @@ from quanta.engine import core as core_module
 from quanta.quant.errors import ConfigError, UnsupportedError
 from quanta.cli import plan as plan_cmd
 from quanta.cli.main import main
+from quanta.planner.request import GPU_BATCHED_TOKENS
 
 GIB = 2**30
 
@@ -48,7 +49,8 @@ def test_a_real_out_of_memory_error_carries_the_plans_verdict(tiny, monkeypatch,
     monkeypatch.setattr(core_module, "device_total", lambda device: 16 * GIB)
     monkeypatch.setattr(core_module, where, oom)
     with pytest.raises(ConfigError) as e:
-        LLM(tiny, device="cpu", dtype="float32", max_model_len=128, num_kv_blocks=64, quiet=True)
+        LLM(tiny, device="cpu", dtype="float32", max_model_len=128, num_kv_blocks=64, quiet=True,
+            max_num_batched_tokens=GPU_BATCHED_TOKENS)   # the GPU's step budget, as `quanta plan` assumes
     message = str(e.value)
     assert message.startswith(f"out of GPU memory while {what} (CUDA out of memory. Tried to allocate 2.00 GiB")
     verdict = plan_words(tiny, capsys)

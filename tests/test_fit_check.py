@@ -12,6 +12,7 @@ from quanta.loaders.formats import Source
 from quanta.planner.fit_check import check_fits
 from quanta.planner.memory_plan import format_verdict
 from quanta.planner.model_shapes import resolve
+from quanta.planner.request import GPU_BATCHED_TOKENS
 from quanta.loaders.synthetic import load_synthetic
 from quanta.quant.errors import ConfigError
 from quanta.cli import plan as plan_cmd
@@ -22,6 +23,8 @@ MARGINS = 512 * MIB + 512 * MIB     # CUDA graphs' margin + runtime overhead, th
 
 
 def config(model: str, **kw) -> EngineConfig:
+    """An EngineConfig on the CPU standing in for a GPU: the GPU's step budget, which `quanta plan` assumes."""
+    kw.setdefault("max_num_batched_tokens", GPU_BATCHED_TOKENS)
     return EngineConfig(model=model, device="cpu", **kw)
 
 

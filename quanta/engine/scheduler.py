@@ -1,17 +1,15 @@
 """Iteration-level scheduling: which sequences run in the next step, and how many tokens each.
 
-Every step is one flat batch under two budgets, `max_num_batched_tokens` and `max_num_seqs`.
-Running sequences go first, oldest first: a decode takes one token, a prompt still being prefilled
-takes the next chunk that fits (chunked prefill), leaving a token for each running sequence after it
-and taking at most half the budget while sequences wait: so a long prompt's prefill goes on beside the
-others' decodes, and a request arriving meanwhile starts in the next step, not after the whole prompt. Then waiting sequences are admitted in arrival order (FCFS) while the budgets and the block
-pool allow. When a running sequence needs a block and none is free, the newest running sequence is
-preempted: its blocks are freed and it goes back to the front of the queue to be recomputed (prompt +
-tokens generated so far) later.
+Every step is one flat batch under two budgets, `max_num_batched_tokens` and `max_num_seqs`. Running
+sequences go first, oldest first: a decode takes one token; a prompt being prefilled takes the next chunk
+that fits, leaving a token for each running sequence after it and at most half the budget while others
+wait, so a long prefill runs beside decodes and a new request starts in the next step. Waiting sequences
+are then admitted in arrival order while the budgets and the block pool allow. A running sequence that
+needs a block when none is free preempts the newest running one, which goes back to the queue's front
+to be recomputed later.
 
-Async scheduling has its whole rule in schedule_ahead: which decode step may be launched while the
-previous step's tokens are still on their way to the host, so that the host's bookkeeping (stop rules,
-detokenizing, scheduling) overlaps the device instead of idling it.
+Async scheduling has its whole rule in schedule_ahead: which decode step may launch while the previous
+step's tokens are on their way to the host, so the host's bookkeeping overlaps the device.
 """
 from __future__ import annotations
 
