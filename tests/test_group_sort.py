@@ -51,11 +51,11 @@ def test_uneven_groups_and_plain_weights_are_left_as_they_are():
 
 
 def test_engine_runs_an_act_order_down_proj_packed():
-    # cpu_int4 takes plain 4-bit groups only: unsorted, an act-order down_proj would fall back to a dequantized copy
+    # cpu_int4 takes plain 4-bit groups only: unsorted, an act-order down_proj would fall back to cpu_rows
     with LLM("synthetic:tiny-tp:w4g64act", device="cpu", max_model_len=64, num_kv_blocks=8, quiet=True) as llm:
         kernels = {k["name"].rsplit(".", 1)[-1]: k["kernel"] for k in llm.kernels()}
     assert kernels["down_proj"] == "cpu_int4"
-    assert kernels["o_proj"] == "dequantized"             # its K is the attention heads: not reorderable
+    assert kernels["o_proj"] == "cpu_rows"                # its K is the attention heads: not reorderable
 
 
 def test_synthetic_act_order_shares_g_idx_over_one_input_as_gptq_does():

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from quanta.engine import host_heap
 from quanta.engine.block_pool import BlockPool
 from quanta.engine.config import EngineConfig
 from quanta.engine.kernel_report import kernel_report
@@ -131,6 +132,7 @@ class EngineCore:
         # What the load itself held at its height (weights so far + one module's transient), measured.
         self.load_peak = (torch.cuda.max_memory_allocated(self.device) - before
                           if self.device.type == "cuda" else None)
+        host_heap.trim()
         if self.tp is not None:
             self.tp.agree(None)
             if self.device.type == "cuda" and not cfg.disable_custom_all_reduce:

@@ -68,8 +68,10 @@ class QuantLinear(nn.Module):
         self.pad = (0, 0)                           # zero input columns before / after x (a widened TP piece)
 
     def load(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | None, device: torch.device,
-             dtype: torch.dtype, name: str = "", force_kernel: str | None = None) -> None:
-        """Check the weight's shape, cut this rank's piece, pick its kernel and repack it into its layout."""
+             dtype: torch.dtype, name: str = "", force_kernel: str | None = None,
+             avoid: dict[str, str] | None = None) -> None:
+        """Check the weight's shape, cut this rank's piece, pick its kernel (registry.select's `force` and
+        `avoid`) and repack it into its layout."""
         if self.has_bias != (bias is not None):
             raise ShapeError(f"{name}: bias {'missing' if self.has_bias else 'unexpected'}")
         if self.cut is not None:
@@ -79,7 +81,7 @@ class QuantLinear(nn.Module):
             raise ShapeError(f"{name}: weight shape {list(shape)} != expected "
                              f"{[self.out_features, self.in_features + sum(self.pad)]}")
         self.dtype = dtype
-        self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel)
+        self.kernel, self.kernel_reason = registry.select(weight, device, dtype, force=force_kernel, avoid=avoid)
         self.scheme = weight.describe() if isinstance(weight, QTensor) else f"dense {weight.dtype}"
         self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         self.state = self.kernel.prepare(weight, device, dtype)
@@ -239,7 +241,11 @@ class Embedding(nn.Module):
         self.stored_bytes = weight.nbytes if isinstance(weight, QTensor) else weight.numel() * weight.element_size()
         if isinstance(weight, QTensor) and not hasattr(weight, "take_rows"):
             weight = weight.dequantize(dtype)   # kinds without row access: decode the table once
-        self.table = weight.to(device) if isinstance(weight, QTensor) else weight.to(device, dtype)
+        if isinstance(weight, QTensor):
+            self.table = weight.to(device)
+        else:                                   # a plain table narrower than dtype stays so: rows widen exactly
+            narrower = weight.is_floating_point() and weight.element_size() < torch.finfo(dtype).bits // 8
+            self.table = weight.to(device) if narrower else weight.to(device, dtype)
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -252,7 +258,7 @@ class Embedding(nn.Module):
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.table, QTensor):
             return self.table.take_rows(ids.reshape(-1)).dequantize(self.dtype).reshape(*ids.shape, self.dim)
-        return F.embedding(ids, self.table)
+        return F.embedding(ids, self.table).to(self.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

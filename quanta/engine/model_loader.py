@@ -17,6 +17,10 @@ from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
 
 
+# Kernels an lm_head passes over. cpu_rows dequantizes its rows on every call: for the lm_head, often the
+# model's largest matrix and read whole each step, that would outweigh the rest of a decode step.
+HEAD_AVOIDS = {"cpu_rows": "the lm_head runs from one dequantized copy, not rows decoded per call"}
+
 def open_checkpoint(cfg: EngineConfig) -> Checkpoint:
     """The checkpoint `cfg.model` names (a path or a synthetic spec): its config, tokenizer (cfg.tokenizer
     overriding the checkpoint's) and tensors, which the readers make lazily (synthetic ones on cfg.device)."""
@@ -91,10 +95,17 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
                         force_kernel=force_kernel)
             del weights
         elif isinstance(module, QuantLinear):
-            module_dtype = (lm_head_dtype or dtype) if module is model.lm_head else dtype
+            head = module is model.lm_head
+            module_dtype = (lm_head_dtype or dtype) if head else dtype
             weight = early.pop(f"{name}.weight", None)
-            module.load(take(f"{name}.weight") if weight is None else weight, take(f"{name}.bias", module.has_bias),
-                        device, module_dtype, name=f"{name}.weight", force_kernel=force_kernel)
+            table = model.model.embed_tokens.table
+            if weight is None and head and embed_as_head and isinstance(table, torch.Tensor) and tp is None:
+                weight = table                  # tied: one plain table for both, no second read and no second copy
+                if device.type == "cpu" and table.element_size() == 2 and module_dtype.itemsize == 2:
+                    module_dtype = table.dtype  # a 16-bit lm_head on the CPU computes in the table's own 16 bits
+            weight = take(f"{name}.weight") if weight is None else weight
+            module.load(weight, take(f"{name}.bias", module.has_bias), device, module_dtype, name=f"{name}.weight",
+                        force_kernel=force_kernel, avoid=HEAD_AVOIDS if head else None)
             del weight
         elif isinstance(module, Embedding):
             module.load(take(f"{name}.weight"), device, dtype)

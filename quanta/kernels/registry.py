@@ -37,13 +37,15 @@ log = logging.getLogger(__name__)
 CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dense", "cpu"): ("quanta.kernels.dense",),
     ("dense", "cuda"): ("quanta.kernels.dense",),
-    ("affine", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.dequantized"),
+    ("affine", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",
+                        "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
-    ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.dequantized"),
+    ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",
+                      "quanta.kernels.dequantized"),
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),     # Q4_0..Q8_0 converted exactly
-    ("codebook", "cpu"): ("quanta.kernels.dequantized",),
+    ("codebook", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
-    ("fp8", "cpu"): ("quanta.kernels.dequantized",),
+    ("fp8", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("fp8", "cuda"): ("quanta.kernels.fp8_gemm", "quanta.kernels.dequantized"),
 }
 
@@ -55,11 +57,12 @@ def weight_kind(weight: torch.Tensor | QTensor) -> str:
 
 
 def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dtype,
-           force: str | None = None) -> tuple[ModuleType, str]:
+           force: str | None = None, avoid: dict[str, str] | None = None) -> tuple[ModuleType, str]:
     """The kernel module for `weight` on `device` computing in `dtype`, and the reason for the choice.
 
     `force` names a kernel (its NAME) to use for quantized weights regardless of order; it must still
-    support the weight. Plain tensors always run the dense kernel.
+    support the weight. `avoid` maps kernel NAMEs this layer must pass over to the reason (as a caller
+    knows what the kernel cannot: the lm_head's size). Plain tensors always run the dense kernel.
     """
     device = torch.device(device)
     if not isinstance(weight, QTensor):
@@ -73,7 +76,7 @@ def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dt
         module = importlib.import_module(path)
         if force is not None and module.NAME != force:
             continue
-        why_not = module.supports(weight, device, dtype)
+        why_not = (avoid or {}).get(module.NAME) or module.supports(weight, device, dtype)
         if why_not is None:
             reason = "first choice" if not passed else "fallback: " + "; ".join(passed)
             if passed and (module.NAME, reason) not in _warned:

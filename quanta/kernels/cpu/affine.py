@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from quanta.quant.ggml.blocks import q4_k_affine
+from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import AffineScheme, QTensor
 
 DTYPES = (torch.bfloat16, torch.float32)        # the activations torch's CPU integer GEMMs take
@@ -20,8 +23,26 @@ def cpu_scheme(weight, device: torch.device, dtype: torch.dtype) -> tuple[Affine
         return None, "CPU only"
     if dtype not in DTYPES:
         return None, f"computes in bfloat16 or float32, not {dtype}"
+    if _is_q4_k(weight):
+        return AffineScheme(4, 32, weight.shape[1] // 32, False, "float"), None
     scheme = weight.affine_scheme() if isinstance(weight, QTensor) else None
     return (scheme, None) if scheme is not None else (None, "no exact affine form")
+
+
+def affine_form(weight: QTensor) -> Affine:
+    """The exactly equal Affine form a CPU integer kernel repacks: the weight's own (to_affine), or for GGUF
+    Q4_K its sub-blocks as groups of 32 with float32 scales and mins. Q4_K is the CPU's alone: a GPU kernel
+    reads its blocks as stored, where float32 scales would cost a third more bytes than the file."""
+    if not _is_q4_k(weight):
+        return weight.to_affine()
+    n, k = weight.shape
+    codes, scales, mins = q4_k_affine(weight.data.reshape(-1, weight.type.type_size))
+    return Affine(codes=codes.view(n, k), scales=scales.view(n, k // 32), bits=4, group_size=32,
+                  mins=mins.view(n, k // 32), shape=(n, k))
+
+
+def _is_q4_k(weight) -> bool:
+    return isinstance(weight, Gguf) and weight.type.name == "q4_K"
 
 
 def finish(y: torch.Tensor, lead: torch.Size, n: int, dtype: torch.dtype,

@@ -48,7 +48,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
-    a = weight.to_affine()
+    a = cpu_affine.affine_form(weight)
     scales = a.effective_scales()
     if a.mins is not None:
         zero = a.mins.float() + 8 * scales

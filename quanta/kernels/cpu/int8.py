@@ -24,13 +24,13 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if why_not is not None:
         return why_not
     if scheme.bits != 8 or scheme.num_groups != 1 or scheme.act_order or scheme.zero != "sym" \
-            or weight.to_affine().zeros != 128:
+            or cpu_affine.affine_form(weight).zeros != 128:
         return f"needs symmetric per-channel 8-bit, weight is {weight.describe()}"
     return None
 
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
-    a = weight.to_affine()
+    a = cpu_affine.affine_form(weight)
     codes = (a.codes.to(torch.int16) - 128).to(torch.int8)
     return State(codes.contiguous(), a.effective_scales()[:, 0].to(dtype).contiguous())
 

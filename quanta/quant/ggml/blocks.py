@@ -164,6 +164,16 @@ def q4_k(b):
     return _k_affine(b, unpack(b[:, 16:], 4, 32))
 
 
+def q4_k_affine(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks as affine groups of 32 with float mins, exactly: codes uint8 [nb, 256], scales d*sc and mins
+    -dmin*m float32 [nb, 8] (an fp16 times a 6-bit integer is exact in float32), so codes * scales + mins is
+    q4_k(b) bit for bit."""
+    n = b.shape[0]
+    sc, mn = k_scale_min(b[:, 4:16])
+    return (unpack(b[:, 16:], 4, 32).to(torch.uint8), (f16(b[:, 0:2]) * sc.float()).view(n, 8),
+            -(f16(b[:, 2:4]) * mn.float()).view(n, 8))
+
+
 def q5_k(b):
     """d, dmin, scales[12], qh[32], qs[128]: as q4_K with a 5th bit."""
     ql, qh = unpack(b[:, 48:], 4, 32), unpack(b[:, 16:48], 1, 32)
