@@ -19,6 +19,8 @@ from quanta.quant.errors import ConfigError, QuantaError
 
 log = logging.getLogger(__name__)
 
+MASK64 = (1 << 64) - 1
+
 
 class RequestFailedError(QuantaError, RuntimeError):
     """One request failed alone (its logits processor or its text decoding raised; RequestOutput.error
@@ -158,14 +160,26 @@ class Requests(Mapping[str, Request]):
             self.scheduler.finish(seq)
 
     def _new_seq(self, req: Request) -> Sequence:
-        """The request's next sample (its own generator when seeded; samples share sample 0's)."""
+        """The request's next sample; a seeded one draws from a generator of its own (sample_seed), so its
+        tokens do not depend on the other samples, the batch or preemption."""
         p = req.params
-        generator = torch.Generator(device=self.device).manual_seed(p.seed) if p.seed is not None else None
-        if req.seqs:
-            generator = req.seqs[0].generator
+        generator = None
+        if p.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sample_seed(p.seed, len(req.seqs)))
         seq = Sequence(req.request_id, len(req.seqs), req.prompt_ids, p, generator,
                        logprobs=[] if p.logprobs is not None else None,
                        max_len=self.max_model_len if p.max_tokens is None
                        else min(self.max_model_len, len(req.prompt_ids) + p.max_tokens))
         req.seqs.append(seq)
         return seq
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded with `seed`: the seed itself for sample 0 (so n = 1
+    and sample 0 of n > 1 agree), else a splitmix64 mix of both, so samples draw unrelated streams."""
+    if index == 0:
+        return seed
+    z = (seed + index * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
