@@ -17,7 +17,7 @@ from quanta.engine.core import EngineCore
 from quanta.engine.requests import RequestFailedError
 from quanta.engine.outputs import RequestOutput
 from quanta.engine.sampling_params import SamplingParams
-from quanta.engine.drivers.client import Intake
+from quanta.engine.drivers.client import EngineDeadError, Intake
 from quanta.engine.drivers.stats import EngineStats, RequestTimes
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class AsyncEngine(Intake):
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):    # a failure of the loop is in self.error, logged
                 pass
 
     @property
@@ -142,7 +142,7 @@ class AsyncEngine(Intake):
             log.exception("engine loop failed")
             self.error = e
             for queue in self._queues.values():
-                queue.put_nowait(RuntimeError(f"the engine failed: {e!r}"))
+                queue.put_nowait(EngineDeadError(f"the engine failed: {e!r}"))
             raise
 
     def _apply_pending(self) -> None:

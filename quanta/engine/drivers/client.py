@@ -11,6 +11,11 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.quant.errors import ConfigError
 
 
+class EngineDeadError(RuntimeError):
+    """The engine stopped (its loop failed, its process died or the server is shutting down): every request
+    in flight and every new one fails with this, and the server answers 503."""
+
+
 class EngineClient(Protocol):
     """An engine the server drives: started and stopped with the app, asked for one request's outputs."""
     stats: EngineStats                  # serving counters and latency histograms (/metrics)
@@ -64,7 +69,7 @@ class Intake:
         """Queue one request and yield its RequestOutputs until the finished one. Closing the generator
         early (the consumer went away) aborts the request."""
         if not self.healthy:
-            raise RuntimeError(f"the engine is not running: {self.error!r}")
+            raise EngineDeadError(f"the engine is not running: {self.error}")
         self.check_prompt(prompt_ids)
         if self._running(request_id):
             raise ConfigError(f"request id {request_id!r} is already running")

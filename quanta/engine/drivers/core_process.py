@@ -84,7 +84,10 @@ def run(config, conn, parent_end=None) -> None:
     try:
         core = EngineCore(config)
     except BaseException as e:
-        conn.send(("failed", _picklable(e)))
+        try:
+            conn.send(("failed", _picklable(e)))
+        except OSError:                             # the parent has gone already (it failed first): its
+            pass                                    # error line is the one the user sees
         return
     conn.send(("ready", {"max_model_len": core.max_model_len, "num_kv_blocks": core.num_kv_blocks}))
     inbox: queue.SimpleQueue = queue.SimpleQueue()

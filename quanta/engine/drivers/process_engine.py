@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from quanta.engine.drivers import core_process
-from quanta.engine.drivers.client import Intake
+from quanta.engine.drivers.client import EngineDeadError, Intake
 from quanta.engine.config import EngineConfig
 from quanta.engine.requests import RequestFailedError
 from quanta.engine.outputs import CompletionOutput, RequestOutput
@@ -25,10 +25,6 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.drivers.stats import EngineStats, RequestTimes
 
 log = logging.getLogger(__name__)
-
-
-class EngineDiedError(RuntimeError):
-    """The engine process failed or went away; every request in flight fails with this."""
 
 
 @dataclass(eq=False)
@@ -84,10 +80,14 @@ class ProcessEngine(Intake):
         self._proc.start()
         child.close()
         from quanta.engine.model_loader import open_checkpoint
-        checkpoint = open_checkpoint(config)               # the tokenizer and vocabulary, while the core loads
-        self.tokenizer, self.vocab_size = checkpoint.tokenizer, checkpoint.config.vocab_size
-        self.model = str(config.model)
-        self._ready(timeout)
+        try:
+            checkpoint = open_checkpoint(config)           # the tokenizer and vocabulary, while the core loads
+            self.tokenizer, self.vocab_size = checkpoint.tokenizer, checkpoint.config.vocab_size
+            self.model = str(config.model)
+            self._ready(timeout)
+        except BaseException:
+            self._end_child()                              # a child left loading would outlive the error
+            raise
         self.stats = EngineStats()
         self._streams: dict[str, _Stream] = {}
         self._outbox: list[tuple] = []
@@ -101,14 +101,18 @@ class ProcessEngine(Intake):
     def _ready(self, timeout: float | None) -> None:
         try:
             if not self._conn.poll(timeout):
-                raise EngineDiedError("the engine process did not start in time")
+                raise EngineDeadError("the engine process did not start in time")
             kind, payload = self._conn.recv()
         except EOFError:
-            kind, payload = "failed", EngineDiedError(f"the engine process exited ({self._proc.exitcode})")
+            kind, payload = "failed", EngineDeadError(f"the engine process exited ({self._proc.exitcode})")
         if kind != "ready":
             self._proc.join(10)
             raise payload
         self.max_model_len, self.num_kv_blocks = payload["max_model_len"], payload["num_kv_blocks"]
+
+    def _end_child(self) -> None:
+        self._proc.terminate()
+        self._proc.join(10)
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -127,7 +131,7 @@ class ProcessEngine(Intake):
         if self._proc.is_alive():
             self._proc.terminate()
             await asyncio.to_thread(self._proc.join, 5)
-        self._fail_all(EngineDiedError("the server is shutting down"))
+        self._fail_all(EngineDeadError("the server is shutting down"))
 
     @property
     def healthy(self) -> bool:
@@ -236,10 +240,11 @@ class ProcessEngine(Intake):
     def _died(self, message: str) -> None:
         log.error("%s", message)
         if self.error is None:
-            self.error = EngineDiedError(message)
+            self.error = EngineDeadError(message)
         self._fail_all(self.error)
 
     def _fail_all(self, error: BaseException) -> None:
+        self._gauges = self._gauges | {"running": 0, "waiting": 0}
         for stream in self._streams.values():
             stream.failure = error
             stream.ready.set()
