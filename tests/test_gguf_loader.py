@@ -297,3 +297,29 @@ def test_tokenizer_cache_can_be_turned_off(default_model_path, monkeypatch):
     from quanta.loaders.gguf.reader import tokenizer_cache_dir
     monkeypatch.setenv("QUANTA_CACHE", "")
     assert tokenizer_cache_dir(default_model_path) is None
+
+
+def test_two_writers_of_the_tokenizer_cache_both_succeed_silently(default_model_path, tmp_path, monkeypatch, caplog):
+    """Two servers starting at once convert the tokenizer and both rename their entry into place: the second
+    finds the first's entry there. That entry stands, nothing is reported and no temporary entry is left."""
+    import logging
+    from quanta.loaders.gguf import reader
+    monkeypatch.setenv("QUANTA_CACHE", str(tmp_path))
+    tok = reader.load_tokenizer(default_model_path)
+    cache = reader.tokenizer_cache_dir(default_model_path)
+    with caplog.at_level(logging.INFO, logger=reader.__name__):
+        reader._save_atomically(tok, cache)                 # the later writer of the race
+    assert "not written" not in caplog.text
+    assert [p.name for p in cache.parent.iterdir()] == [cache.name]
+    assert reader.load_tokenizer(default_model_path)("Hello world")["input_ids"] == tok("Hello world")["input_ids"]
+
+
+def test_an_unwritable_tokenizer_cache_is_reported_and_skipped(default_model_path, tmp_path, caplog):
+    import logging
+    from quanta.loaders.gguf import reader
+    tok = reader.load_tokenizer(default_model_path)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with caplog.at_level(logging.INFO, logger=reader.__name__):
+        reader._save_atomically(tok, blocked / "entry")
+    assert "tokenizer cache not written" in caplog.text

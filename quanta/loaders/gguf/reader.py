@@ -308,14 +308,22 @@ def tokenizer_cache_dir(path: Path) -> Path | None:
 
 
 def _save_atomically(tok, cache: Path) -> None:
+    """Write the cache entry under a temporary name and rename it into place, so that a reader sees a whole
+    entry or none. When another process renamed its entry first (two servers starting at once), that entry
+    stands and ours is dropped; only a cache that cannot be written at all is reported."""
+    tmp = None
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=".tmp-"))
         tok.save_pretrained(str(tmp))
         os.replace(tmp, cache)
-    except OSError as e:    # read-only home, a concurrent writer won: run without the cache
-        log.info("tokenizer cache not written (%s)", e)
-        shutil.rmtree(locals().get("tmp", ""), ignore_errors=True)
+        tmp = None
+    except OSError as e:
+        if not (cache / "tokenizer_config.json").is_file():     # read-only home, full disk: run without it
+            log.info("tokenizer cache not written (%s)", e)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_header(path: str | Path) -> tuple[ModelConfig, dict[str, str]]:
