@@ -396,13 +396,25 @@ def test_preemption_under_a_small_kv_pool(default_model_path):
     with _serving(default_model_path, "--max-model-len", "96", "--block-size", "16",
                   "--num-kv-blocks", "6") as url:
         body = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        seeded = {"max_tokens": 40, "temperature": 0.8, "ignore_eos": True, "n": 2}
 
         async def run():
             async with httpx.AsyncClient(timeout=120) as http:
                 return await asyncio.gather(*(http.post(url + "/v1/completions", json=body | {"prompt": p})
-                                              for p in PROMPTS[:4]))
+                                              for p in PROMPTS[:4]),
+                                            *(http.post(url + "/v1/completions", json=seeded | {"prompt": p,
+                                                                                               "seed": 7 + i})
+                                              for i, p in enumerate(PROMPTS[4:6])))
         responses = [r.json() for r in asyncio.run(run())]
-        assert all(r["usage"]["completion_tokens"] == 40 for r in responses), responses
+        assert all(r["usage"]["completion_tokens"] in (40, 80) for r in responses), responses
+        # Seeded n = 2 gives the samples of the engine that never preempted (each sample its own generator).
+        from quanta.engine import LLM, SamplingParams
+        with LLM(str(default_model_path), device="cpu", max_model_len=96, quiet=True) as alone:
+            for i, (prompt, served) in enumerate(zip(PROMPTS[4:6], responses[4:])):
+                want = alone.generate(prompt, SamplingParams(n=2, seed=7 + i, temperature=0.8, max_tokens=40,
+                                                             ignore_eos=True), use_tqdm=False)[0].outputs
+                assert [c["text"] for c in sorted(served["choices"], key=lambda c: c["index"])] == \
+                    [o.text for o in want]
         text = httpx.get(url + "/metrics", timeout=10).text
         values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                   if line and not line.startswith("#") and "_bucket" not in line}
@@ -436,3 +448,105 @@ def test_generate_url_errors_are_clear(server, capsys):
     assert "HTTP 401" in capsys.readouterr().err
     assert main(["-q", "generate", "--url", "http://127.0.0.1:9", "hi"]) == 2
     assert "cannot reach http://127.0.0.1:9/v1" in capsys.readouterr().err
+
+
+# --- hostile input and engine faults -------------------------------------------------------------
+def _latencies(url: str, seconds: float, out: list) -> None:
+    """Time /health every 50 ms for `seconds` into `out`."""
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=5) as http:          # one connection: the client's own set-up is not timed
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            r = http.get(url + "/health")
+            out.append((time.perf_counter() - t0, r.status_code))
+            time.sleep(0.05)
+
+
+def _during_a_huge_prompt(url: str, headers: dict) -> tuple[int, list, float]:
+    """Send a 10 MB prompt; meanwhile time /health and a 4-token request. (its status, health times, short s)"""
+    import threading
+    huge = ("All work and no play makes Jack a dull boy. " * 240_000)[:10_000_000]
+    body = json.dumps({"prompt": huge, "max_tokens": 1}).encode()      # encoded before the clock starts
+    result = {}
+
+    def send():
+        result["status"] = httpx.post(url + "/v1/completions", content=body, timeout=120,
+                                      headers=headers | {"content-type": "application/json"}).status_code
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.3)
+    health: list = []
+    watcher = threading.Thread(target=_latencies, args=(url, 2.5, health))
+    watcher.start()
+    t0 = time.perf_counter()
+    short = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0},
+                       headers=headers, timeout=30)
+    short_s = time.perf_counter() - t0
+    assert short.status_code == 200, short.text
+    watcher.join()
+    sender.join()
+    return result["status"], health, short_s
+
+
+def test_a_10_mb_prompt_is_refused_at_once_and_holds_nothing_up(server):
+    status, health, short_s = _during_a_huge_prompt(server, {"Authorization": f"Bearer {KEY}"})
+    assert status == 413                                      # over the body limit the model's context implies
+    assert all(code == 200 for _, code in health) and max(t for t, _ in health) < 0.1, health
+    assert short_s < 2.0
+
+
+def test_a_10_mb_prompt_being_tokenized_holds_nothing_up(default_model_path):
+    """With limits raised so that the prompt is read and tokenized (then refused as longer than the context),
+    the event loop still answers /health within 100 ms and a short request completes within 2 s."""
+    with _serving(default_model_path, "--max-model-len", "512", "--max-prompt-chars", "20000000",
+                  "--max-request-bytes", "30000000") as url:
+        status, health, short_s = _during_a_huge_prompt(url, {})
+    assert status == 400
+    assert all(code == 200 for _, code in health) and max(t for t, _ in health) < 0.1, health
+    assert short_s < 2.0
+
+
+def test_a_killed_engine_makes_the_server_answer_503_and_exit(default_model_path):
+    """kill -9 of the engine process: /health and requests answer 503 at once and the server exits non-zero
+    within seconds (so that a supervisor restarts it)."""
+    import os
+    import signal
+    import psutil
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "quanta.cli.main", "-q", "serve", str(default_model_path),
+                             "--port", str(port), "--device", "cpu", "--max-model-len", "256"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(240):
+            if _healthy(url):
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.25)
+        child = next(p for p in psutil.Process(proc.pid).children(recursive=True) if "resource_tracker" not in
+                     " ".join(p.cmdline()))
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2
+        while _healthy(url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        codes = []
+        with contextlib.suppress(httpx.TransportError):
+            codes.append(httpx.get(url + "/health", timeout=2).status_code)
+            codes.append(httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                                    timeout=2).status_code)
+        assert codes and set(codes) == {503}, codes
+        code = proc.wait(timeout=10)
+        assert code != 0 and "the engine stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_model_that_cannot_load_is_one_error_line(tmp_path):
+    for _ in range(3):                        # the child's broken pipe raced the parent's error before
+        out = subprocess.run([sys.executable, "-m", "quanta.cli.main", "serve", str(tmp_path / "missing.gguf"),
+                              "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("quanta: error:") and "missing.gguf" in lines[0], out.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 
 import pytest
@@ -120,10 +121,10 @@ def test_a_model_path_in_a_request_is_404_and_never_opened(tiny, tmp_path):
     assert not touched, touched
 
 
-def test_a_request_failing_alone_gets_an_error_body_the_others_complete(tiny):
+def test_a_request_failing_alone_gets_an_error_body_the_others_complete(tiny, caplog):
     """The tokenizer raises on one token that only prompt 0's greedy output holds: that request, whole,
-    gets a 500 error body, and streamed, an error event then [DONE]; the requests beside it get the
-    oracle's tokens and the server stays healthy."""
+    gets a 500 error body naming a request id (the failure's text is in the log only), and streamed, an error
+    event then [DONE]; the requests beside it get the oracle's tokens and the server stays healthy."""
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     prompts = [[5, 17, 300, 9], [44, 45, 46], [7] * 20]
     want = [o.outputs[0].token_ids for o in llm(tiny).generate(
@@ -147,12 +148,16 @@ def test_a_request_failing_alone_gets_an_error_body_the_others_complete(tiny):
     async def run(http):
         results = await asyncio.gather(whole(http, 0), streamed(http, 0), whole(http, 1), streamed(http, 2))
         return results, (await http.get("/health")).status_code, (await whole(http, 1))
-    (bad_whole, bad_stream, good_whole, good_stream), health, after = serve(served, run)
-    assert bad_whole[0] == 500 and "poisoned token" in bad_whole[1]["error"]["message"]
+    with caplog.at_level(logging.ERROR):
+        (bad_whole, bad_stream, good_whole, good_stream), health, after = serve(served, run)
+    logged = "\n".join(f"{r.getMessage()} {r.exc_text}" for r in caplog.records)
+    message = bad_whole[1]["error"]["message"]
+    assert bad_whole[0] == 500 and "request id req-" in message and "poisoned" not in message
+    assert message.split("request id ")[1].split(")")[0] in logged and "poisoned token" in logged
     status, events = bad_stream
     assert status == 200 and events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
-    assert error["code"] == 500 and "poisoned token" in error["message"]
+    assert error["code"] == 500 and "request id req-" in error["message"] and "poisoned" not in error["message"]
     assert good_whole[0] == 200 and good_whole[1]["choices"][0]["token_ids"] == want[1]
     status, events = good_stream
     assert status == 200 and events[-1] == "[DONE]"

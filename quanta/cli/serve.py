@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from quanta.quant.errors import ConfigError
 from quanta.cli.options import add_engine_args, engine_kwargs, quiet_parent
+
+DEATH_GRACE_SECONDS = 1.0   # after the engine stops, the server answers 503 this long, then exits non-zero
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -41,10 +44,26 @@ def cmd_serve(args: argparse.Namespace) -> None:
     engine = ProcessEngine(config, start_method="fork" if torch.device(config.device).type == "cpu" else "spawn")
     from quanta.server.app import build_app
     name = args.served_model_name or Path(model).name
-    app = build_app(engine, name, api_key=args.api_key, chat_template=template)
+    server = None
+
+    def exit_soon() -> None:                # the engine stopped: exit, so that a supervisor restarts us
+        import asyncio
+        asyncio.get_running_loop().call_later(DEATH_GRACE_SECONDS, setattr, server, "should_exit", True)
+
+    app = build_app(engine, name, api_key=args.api_key, chat_template=template, limits=_limits(args),
+                    on_engine_death=exit_soon)
     logging.getLogger(__name__).warning("quanta serve: %s as %r on http://%s:%d", model, name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=5,
+                                           log_level="warning" if args.quiet else "info"))
+    server.run()
+    if engine.error is not None:
+        print(f"quanta: error: the engine stopped ({engine.error}); the server exited", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _limits(args: argparse.Namespace):
+    from quanta.server.limits import DEFAULT_MAX_N, Limits
+    return Limits(args.max_prompt_chars, args.max_request_bytes, args.max_n or DEFAULT_MAX_N)
 
 
 def check_serve(args: argparse.Namespace) -> None:
@@ -53,6 +72,10 @@ def check_serve(args: argparse.Namespace) -> None:
         raise ConfigError(f"two models given: {args.model_path} and --model {args.model}")
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port")
+    for flag in ("max_prompt_chars", "max_request_bytes", "max_n"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,5 +90,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                  "(default: the checkpoint's file name)")
     serve.add_argument("--chat-template", default=None, help="Jinja chat template, or a file holding one "
                                                              "(default: the tokenizer's)")
+    serve.add_argument("--max-prompt-chars", type=int, default=None,
+                       help="longest prompt text, refused before tokenizing (default: max_model_len times the "
+                            "tokenizer's longest token)")
+    serve.add_argument("--max-request-bytes", type=int, default=None,
+                       help="largest request body, refused with 413 before it is read whole (default: room for "
+                            "the longest prompt)")
+    serve.add_argument("--max-n", type=int, default=None,
+                       help="most samples one request may ask for, n times its prompts (default 128)")
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve, check=check_serve)

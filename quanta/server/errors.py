@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
           500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 

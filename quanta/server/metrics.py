@@ -30,6 +30,8 @@ def render(engine: EngineClient, model_name: str) -> str:
     lb = _label(labels)
     lines: list[str] = []
     gauges = [
+        ("quanta:engine_healthy", "1 while the engine runs, 0 once it has stopped (the server then exits).",
+         int(engine.healthy)),
         ("quanta:num_requests_running", "Sequences in the running batch.", g["running"]),
         ("quanta:num_requests_waiting", "Sequences waiting to be scheduled.", g["waiting"]),
         ("quanta:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).",

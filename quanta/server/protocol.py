@@ -5,14 +5,27 @@ Out-of-range values are refused here or by SamplingParams' own checks; either wa
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from quanta.engine.sampling_params import SamplingParams
 from quanta.quant.errors import ConfigError
 
 MAX_TOP_LOGPROBS = 20
+
+
+def _unicode(text: str) -> str:
+    """`text` unchanged if it is valid Unicode; JSON's \\u escapes can carry a lone surrogate, which no
+    tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"is not valid Unicode text: a lone surrogate at character {e.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]       # a string the tokenizer can take
 
 
 class StreamOptions(BaseModel):
@@ -32,7 +45,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -64,7 +77,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -87,15 +100,30 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content; this server's models read text parts only."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Text | None = None
+
+    @model_validator(mode="after")
+    def _text_part(self) -> ContentPart:
+        if self.type != "text":
+            raise ValueError(f"content parts of type {self.type!r} are not supported: this model reads text")
+        if self.text is None:
+            raise ValueError("a text content part needs its `text`")
+        return self
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | list[ContentPart] | None = None
 
     def text(self) -> str:
-        """The message's content as text (text parts of a multi-part content joined)."""
+        """The message's content as text (the parts of a multi-part content joined)."""
         if isinstance(self.content, list):
-            return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+            return "".join(part.text for part in self.content)
         return self.content or ""
 
 
