@@ -315,6 +315,9 @@ class EngineCore:
         if tp is not None:          # after the CUDA graphs are gone: NCCL waits on work they captured
             tp.close()
         if self.device.type == "cuda":
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:    # torch keeps a cuBLAS workspace per stream the GEMMs ran on
+                clear_workspaces()
             torch.cuda.empty_cache()
 
     def __getattr__(self, name: str):
