@@ -7,9 +7,12 @@ The server runs the default model (SmolLM2-135M Q4_1) on the CPU with a small KV
 so that the concurrent clients oversubscribe it and sequences are preempted. Each client loops over a
 random mix: greedy completions (whole and streamed, checked token for token against the offline
 LLM.generate of the same model, the oracle, computed before the server starts), sampled chat and n=2
-completions (checked for shape only), streams the client drops after a few chunks, requests the client
-gives up on (timeouts), prompts over max_model_len, malformed bodies (bad JSON, wrong types, out-of-range
-values) and requests without the API key; each of the last three must get its 4xx error body.
+completions (checked for shape; a seeded n=2 completion must give the same samples every time it is sent,
+preempted or not), streams the client drops after a few chunks, requests the client gives up on
+(timeouts), prompts over max_model_len, malformed bodies (bad JSON, wrong types, out-of-range values),
+hostile ones (lone surrogates, chat parts that are not text, n over --max-n, text over the prompt's
+character limit, a body over the byte limit) and requests without the API key; each of the last four must
+get its 4xx error body, and no request may get a 5xx.
 
 Afterwards: /health answers 200, /metrics shows every KV block free, the server's resident memory (the
 process tree's VmRSS, read from /proc) is within --rss-bound-mib of its baseline (taken after a warm-up,
@@ -51,6 +54,14 @@ MALFORMED = [b"{not json", b'{"prompt": 3}', b"[]", b'{"prompt": "x", "max_token
              b'{"prompt": "x", "temperature": "hot"}', b'{"prompt": "x", "n": 0}', b"\xff\xfe\x00",
              b'{"prompt": "x", "top_p": 7}', b'{"prompt": "x", "stream": "yes please"}']
 MALFORMED_CHAT = [b'{"messages": "hi"}', b'{"messages": []}', b'{"messages": [{"role": 5}]}']
+HOSTILE = [("/v1/completions", b'{"prompt": "\\ud800abc", "max_tokens": 2}'),
+           ("/v1/completions", b'{"prompt": ["ok", "x\\udfff"], "max_tokens": 2}'),
+           ("/v1/completions", b'{"prompt": "x", "n": 100000, "max_tokens": 1}'),
+           ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}'),
+           ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": [1]}]}]}'),
+           ("/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}')]
+SEEDED_PROMPTS = 3                  # seeded n=2 requests repeat over a few (prompt, seed) pairs
 
 
 # --- the server process -------------------------------------------------------------------------
@@ -103,6 +114,8 @@ class Tally:
         self.outcomes: collections.Counter = collections.Counter()     # kind/outcome -> count
         self.errors: collections.Counter = collections.Counter()       # unexpected, by class
         self.mismatches: list[dict] = []
+        self.seeded: dict[tuple, list[str]] = {}                        # (prompt, seed, max_tokens) -> samples
+        self.seeded_checked = 0
 
     def error(self, kind: str, cls: str, detail: str = "") -> None:
         self.errors[f"{kind}: {cls}"] += 1
@@ -173,6 +186,10 @@ async def sampled(http, url, rng, t: Tally) -> None:
         kind, path, n = "n2", "/v1/completions", 2
         body = {"model": NAME, "prompt": rng.choice(PROMPTS), "n": 2, "max_tokens": rng.randint(8, 40),
                 "temperature": 1.0, "top_p": 0.9, "stream": stream}
+        if not stream and rng.random() < 0.5:          # seeded: the same samples every time
+            i = rng.randrange(SEEDED_PROMPTS)
+            kind = "n2_seeded"
+            body |= {"prompt": PROMPTS[i], "seed": 1000 + i, "max_tokens": 32, "ignore_eos": True}
     if not stream:
         r = await http.post(url + path, json=body, headers=AUTH, timeout=600)
         if r.status_code != 200:
@@ -182,6 +199,12 @@ async def sampled(http, url, rng, t: Tally) -> None:
               and j["usage"]["completion_tokens"] >= n)
         if not ok:
             return t.error(kind, "malformed_response", r.text)
+        if kind == "n2_seeded":
+            texts = [c["text"] for c in sorted(j["choices"], key=lambda c: c["index"])]
+            first = t.seeded.setdefault((body["prompt"], body["seed"]), texts)
+            t.seeded_checked += 1
+            if texts != first:
+                return t.error(kind, "seeded_samples_differ", json.dumps([first, texts]))
         t.completed += 1
         return
     async with http.stream("POST", url + path, json=body, headers=AUTH, timeout=600) as r:
@@ -233,6 +256,18 @@ async def refused(http, url, rng, t: Tally, max_model_len: int) -> None:
         kind, expect = "oversized", 400
         prompt = [rng.randrange(100, 1000) for _ in range(max_model_len + rng.randint(0, 50))] \
             if rng.random() < 0.5 else "lorem ipsum " * max_model_len
+        r = await http.post(url + "/v1/completions", json={"model": NAME, "prompt": prompt, "max_tokens": 4},
+                            headers=AUTH, timeout=60)
+    elif roll < 0.6:
+        kind, expect = "hostile", 400
+        path, content = rng.choice(HOSTILE)
+        r = await http.post(url + path, content=content, headers=AUTH | {"Content-Type": "application/json"},
+                            timeout=60)
+    elif roll < 0.7:                                        # a text past the character limit, then the body limit
+        kind = "huge"
+        big = rng.random() < 0.5
+        prompt = "lorem ipsum " * (400_000 if big else max_model_len * 20)
+        expect = 413 if big else 400
         r = await http.post(url + "/v1/completions", json={"model": NAME, "prompt": prompt, "max_tokens": 4},
                             headers=AUTH, timeout=60)
     elif roll < 0.85:
@@ -331,6 +366,8 @@ def soak(seconds: float, args) -> dict:
         "idle_after": after["quanta:num_requests_running"] == 0 and after["quanta:num_requests_waiting"] == 0,
         "rss_within_bound": delta <= args.rss_bound_mib * 2**20,
         "no_unexpected_errors": not [k for k in t.errors if not k.endswith("greedy_mismatch")],
+        "no_5xx": not [k for k in t.errors if re.search(r"http_5\d\d", k)],
+        "seeded_n2_reproducible": t.seeded_checked > 0 and not [k for k in t.errors if "seeded" in k],
         "greedy_equal": t.greedy_checked > 0 and not t.mismatches,
         "final_request_equals_oracle": final == oracle[(0, GREEDY_MAX_TOKENS[0])],
         "preempted": after["quanta:num_preemptions_total"] > base["quanta:num_preemptions_total"],
@@ -348,6 +385,7 @@ def soak(seconds: float, args) -> dict:
         "generation_tokens": int(after["quanta:generation_tokens_total"] - base["quanta:generation_tokens_total"]),
         "unexpected_errors": {k: v for k, v in t.errors.items() if not k.endswith("greedy_mismatch")},
         "greedy_equal": t.greedy_checked - len(t.mismatches), "greedy_diverged": len(t.mismatches),
+        "seeded_n2_checked": t.seeded_checked,
         "greedy_divergences": t.mismatches[:20],
         "leaked_blocks": leaked, "kv_blocks_total": int(after["quanta:kv_cache_total_blocks"]),
         "rss_baseline_mib": round(rss_base / 2**20, 1), "rss_after_mib": round(rss_after / 2**20, 1),
