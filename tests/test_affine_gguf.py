@@ -45,11 +45,11 @@ def test_the_registry_runs_them_on_the_affine_kernels(name):
         assert module is affine and reason == "first choice"
 
 
-def test_other_types_stay_dequantized_as_a_named_fallback():
+def test_other_types_go_to_the_ggml_kernels_as_a_named_fallback():
     t = GGMLQuantizationType.Q4_K                                  # 144 bytes a block of 256
     w = Gguf(data=torch.zeros(8, 144, dtype=torch.uint8), ggml_type=int(t), shape=(8, 256))
     module, reason = registry.select(w, torch.device("cuda"), torch.float16)
-    assert module.NAME == "dequantized" and "triton_affine: gguf q4_K: no exact affine form" in reason
+    assert module.NAME == "triton_ggml" and "triton_affine: gguf q4_K: no exact affine form" in reason
 
 
 @pytest.mark.parametrize("name", AFFINE_TYPES)

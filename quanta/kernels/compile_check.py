@@ -15,6 +15,7 @@ import importlib
 import os
 import tempfile
 
+from quanta.kernels.ggml.layout import LAYOUTS
 from quanta.kernels.paged_kv import FP8_FORMATS, NO_FP8_READ
 from quanta.kernels.triton_support import ZERO_BLOCK
 
@@ -41,6 +42,21 @@ _E5M2_READ_HW = FP8_FORMATS["fp8_e5m2"].read_constexprs(hardware=True)
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
+_GGML_POINTER = {"float16": "*fp16", "uint8": "*u8", "int8": "*i8", "int16": "*i16", "int32": "*i32"}
+
+
+def _ggml(name: str) -> tuple[dict, dict]:
+    """A ggml type's pointer types (its planes, ggml/layout.py LAYOUTS) and its constexprs (layout.type_constexprs)."""
+    lay = LAYOUTS[name]
+    planes = [_GGML_POINTER[str(p.dtype).removeprefix("torch.")] for p in lay.planes]
+    planes += [planes[0]] * (4 - len(planes))
+    types = dict(x_ptr="*fp16", lut_ptr="*fp32", bias_ptr="*fp16", y_ptr="*fp32", out_ptr="*fp16",
+                 **{f"p{i}": t for i, t in enumerate(planes)})
+    a, b, c, d = lay.axes
+    return types, dict(TYPE=lay.id, A=a, B=b, C=c, D=d, CENTER=lay.center, HAS_MIN=lay.has_min)
+
+
+_Q4_K, _Q6_K, _IQ4_XS = _ggml("q4_K"), _ggml("q6_K"), _ggml("iq4_xs")
 _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
@@ -98,6 +114,14 @@ CASES = {
                                    dict(_MMA_W4, GS=16, ZERO=0, MODE=1, BLOCK_M=64, BLOCK_N=64), 4, 3, 80),
     "zero": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=ZERO_BLOCK), 4, 1, 75),
     "zero_pdl": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=ZERO_BLOCK, PDL=True), 4, 1, 90),
+    "ggml_gemv_q4_k": ("ggml.gemv", "_ggml_gemv_kernel", _Q4_K[0],
+                       dict(_Q4_K[1], BLOCK_N=32, HAS_BIAS=False, SPLIT_K=2), 4, 1, 75),
+    "ggml_gemm_q6_k": ("ggml.gemm", "_ggml_gemm_kernel", _Q6_K[0],
+                       dict(_Q6_K[1], PARTS=4, BLOCK_M=16, BLOCK_N=64, HAS_BIAS=False, SPLIT_K=2), 4, 4, 80),
+    "ggml_gemm_q4_k_small_smem": ("ggml.gemm", "_ggml_gemm_kernel", _Q4_K[0],
+                                  dict(_Q4_K[1], PARTS=4, BLOCK_M=64, BLOCK_N=64, HAS_BIAS=False, SPLIT_K=1), 4, 2, 75),
+    "ggml_dequant_iq4_xs": ("ggml.cublas", "_ggml_dequant_kernel", _IQ4_XS[0], dict(_IQ4_XS[1], PARTS=4, BLOCK_N=64),
+                            4, 1, 75),
     "affine_dequant": ("affine.cublas", "_affine_dequant_kernel",
                        dict(w_ptr="*i32", sz_ptr="*i32", lut_ptr="*fp32", out_ptr="*fp16"),
                        dict(BITS=4, R=16, ZERO=8, BLOCK_N=128, HAS_ZB=True, MODE=0), 4, 1, 75),

@@ -42,7 +42,8 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
     ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",
                       "quanta.kernels.dequantized"),
-    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),     # Q4_0..Q8_0 converted exactly
+    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
+                       "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes
     ("codebook", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
     ("fp8", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),

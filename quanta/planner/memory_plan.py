@@ -20,6 +20,7 @@ from quanta.kernels.paged_kv import KvFormat
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.formats import Source
 from quanta.loaders.weight_format import WeightFormat
+from quanta.kernels.ggml.layout import LAYOUTS as GGML_LAYOUTS
 from quanta.planner.activation import activation_peak
 from quanta.planner.gpus import Gpus, parse_gpus
 from quanta.planner.model_shapes import resolve
@@ -156,11 +157,11 @@ def _plan(name: str, config: ModelConfig, source: Source, r: PlanRequest) -> Mem
 
 def _notes(config: ModelConfig, fmt: WeightFormat, cards: Gpus, s, e: int) -> list[str]:
     notes = []
-    unpacked = sorted(t for t in set(fmt.gguf.types.values()) if GGML_TYPES_BY_NAME[t].affine is None) \
-        if fmt.kind == "gguf" else []
+    unpacked = sorted(t for t in set(fmt.gguf.types.values())
+                      if GGML_TYPES_BY_NAME[t].affine is None and t not in GGML_LAYOUTS) if fmt.kind == "gguf" else []
     if unpacked:
-        notes.append(f"GGUF types without an affine form ({', '.join(unpacked)}) "
-                     f"are held dequantized ({8 * e}-bit) on CUDA; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 run packed")
+        notes.append(f"GGUF types that neither the affine nor the ggml kernels run ({', '.join(unpacked)}) "
+                     f"are held dequantized ({8 * e}-bit) on CUDA")
     if fmt.name in ("fp32", "float32") and e == 2:
         notes.append("fp32 weights are held in the 16-bit compute dtype (dtype auto); dtype float32 keeps them")
     if fmt.kind == "affine" and not packs(fmt, config.hidden_size):

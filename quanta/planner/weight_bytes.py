@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quanta.kernels.affine.layout import R
+from quanta.kernels.ggml.layout import LAYOUTS as GGML_LAYOUTS
 from quanta.kernels.registry import CANDIDATES
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.weight_format import WeightFormat
@@ -17,8 +18,10 @@ from quanta.quant.shard import widened_range
 AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
 LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
 # GGUF types with an exact affine form (ggml.types' `affine`) run on the affine kernels, a group per ggml
-# block; an integer zero packs as a symmetric scale, a float min as a zero point. Other types are dequantized.
+# block; an integer zero packs as a symmetric scale, a float min as a zero point. The types the ggml kernels decode
+# (K-quants, IQ4) run at their blocks' bytes. Other types are dequantized.
 GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affine"
+GGUF_ON_GGML_KERNELS = "quanta.kernels.ggml_gemm" in CANDIDATES[("gguf", "cuda")]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -70,11 +73,15 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
 
 
 def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
-    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, else the
-    dequantized 16-bit copy."""
+    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, the blocks'
+    own bytes for the types the ggml kernels decode, else the dequantized 16-bit copy."""
     t = GGML_TYPES_BY_NAME[ggml_type]
-    if t.affine is not None and GGUF_ON_AFFINE_KERNELS and k % t.block_size == 0:
+    if k % t.block_size:
+        return n * k * e
+    if t.affine is not None and GGUF_ON_AFFINE_KERNELS:
         return pack_bytes(n, k, t.affine.bits, t.block_size, symmetric=t.affine.zero is not None)
+    if t.name in GGML_LAYOUTS and GGUF_ON_GGML_KERNELS:
+        return n * t.row_bytes(k)
     return n * k * e
 
 

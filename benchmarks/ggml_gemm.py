@@ -1,0 +1,128 @@
+"""GGUF K-quant and IQ4 linears at their file's bytes (the ggml kernels) against cuBLAS on the dequantized fp16
+weight and the W4A16 g128 affine kernels, on the Llama-3-8B shapes, with the copy bandwidth measured in the same run.
+
+    python benchmarks/ggml_gemm.py --out benchmarks/results/ggml-gemm-h200.json [--types q4_K,q6_K]
+                                   [--ms 1,16,256,2048] [--layers qkv,o,gate_up,down] [--paths]
+
+Weights are random valid blocks (random bytes, the fp16 d / dmin fields small and finite), made on the GPU. Each
+timing is kernels.py's: the median of CUDA-event-timed CUDA graph replays after a warm-up, rotating over enough
+weight copies that the L2 holds none between two uses. Every kernel's output is first checked against the cuBLAS
+product of the dequantized weight (1% relative). GB/s counts the weight's stored bytes (GgmlState.nbytes, the
+file's) at M = 1, and its share of the copy bandwidth. `--paths` also times each of the ggml paths forced at every
+M up to 16, to place the plan's GEMV threshold.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernels import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
+
+from quanta.kernels import ggml_gemm  # noqa: E402
+from quanta.kernels.affine import plan as affine_plan  # noqa: E402
+from quanta.kernels.device_caps import device_caps  # noqa: E402
+from quanta.kernels.ggml import plan  # noqa: E402
+from quanta.quant.ggml.types import GGML_TYPES_BY_NAME  # noqa: E402
+from quanta.quant.kinds.gguf import Gguf  # noqa: E402
+
+TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
+# Byte offsets of each type's fp16 fields (d, and dmin / m), from ggml-common.h: random bytes there could be inf.
+FP16_FIELDS = {"q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,), "iq4_nl": (0,),
+               "iq4_xs": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,)}
+
+
+def random_gguf(n: int, k: int, name: str, seed: int = 0) -> Gguf:
+    """Random valid blocks [n, k] of GGML type `name` on the GPU, each fp16 field in +-[2**-9, 2**-8]."""
+    t = GGML_TYPES_BY_NAME[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // t.block_size, t.type_size), generator=g, device="cuda", dtype=torch.uint8)
+    for at in FP16_FIELDS[name]:
+        half = (torch.rand(n, k // t.block_size, 1, generator=g, device="cuda") * 0.5 + 0.5) * 2.0 ** -8
+        half = half * (torch.randint(0, 2, half.shape, generator=g, device="cuda") * 2 - 1)
+        raw[:, :, at:at + 2] = half.half().view(torch.uint8)
+    return Gguf(data=raw.reshape(n, -1), ggml_type=t.id, shape=(n, k))
+
+
+def timed(fn, xs: list[torch.Tensor], weights: list, nbytes: int, ref: torch.Tensor, what: str) -> float:
+    """bench's median µs of fn(x, w), once fn's output for xs[0] matched `ref`."""
+    check_close(fn(xs[0], weights[0]), ref, what)
+    return round(bench(fn, xs, weights, nbytes), 2)
+
+
+def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict) -> None:
+    """Time the ggml kernels on GGML type `name` at each layer shape and M, beside cuBLAS and the W4A16 kernels
+    (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M))."""
+    for layer in layers:
+        n, k = SHAPES["8b"][layer]
+        w = random_gguf(n, k, name)
+        st = prepared_copies_ggml(w)
+        dense = copies(lambda: w.dequantize(torch.float16), 2 * n * k)
+        for m in ms:
+            xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
+            ref = xs[0].float() @ dense[0].float().t()
+            rec = {"type": name, "layer": layer, "n": n, "k": k, "m": m, "bytes": st[0].nbytes,
+                   "path": plan.choose(st[0], device_caps("cuda"), m).path.name}
+            rec["ggml_us"] = timed(ggml_gemm.apply, xs, st, st[0].nbytes, ref, f"{name} {layer} M={m}")
+            rec["fp16_us"] = timed(lambda x, d: x @ d.t(), xs, dense, 2 * n * k, ref, "cuBLAS")
+            if paths and m <= 16:
+                for path in plan.BY_NAME:
+                    rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
+                                              ref, f"{name} {layer} M={m} {path}")
+            if (layer, m) not in w4_us:                   # the W4A16 g128 kernels on the same shape, once a run
+                weight, states = w4[layer]
+                w4_us[(layer, m)] = round(bench(affine_plan.matmul, xs, states, weight.nbytes), 2)
+            rec["w4a16_us"] = w4_us[(layer, m)]
+            rec["ggml_GBps"] = round(rec["bytes"] / rec["ggml_us"] / 1e3, 1)
+            results.append(rec)
+            print(rec, flush=True)
+        del st, dense
+        torch.cuda.empty_cache()
+
+
+def prepared_copies_ggml(w: Gguf) -> list:
+    """Rotating copies (kernels.copies) of the weight in the ggml kernels' layout for fp16."""
+    return copies(lambda: ggml_gemm.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
+
+
+def summary(meta: dict, results: list[dict]) -> None:
+    bw = meta["copy_GBps"]
+    print(f"\n{meta['device']}  copy {bw:.0f} GB/s  (x16 = speed-up over fp16 cuBLAS on the dequantized weight; "
+          "xw4 = over the W4A16 g128 affine kernels; share = weight bytes / µs against the copy, at M = 1)")
+    print(f"{'type':>7} {'layer':>8} {'M':>5} {'path':>5} {'ggml us':>9} {'fp16 us':>9} {'w4a16 us':>9} "
+          f"{'x16':>6} {'xw4':>6} {'GB/s':>7} {'share':>6}")
+    for r in results:
+        share = f"{r['ggml_GBps'] / bw:>6.0%}" if r["m"] == 1 else f"{'':>6}"
+        gbps = f"{r['ggml_GBps']:>7.0f}" if r["m"] == 1 else f"{'':>7}"
+        print(f"{r['type']:>7} {r['layer']:>8} {r['m']:>5} {r['path']:>5} {r['ggml_us']:>9.1f} {r['fp16_us']:>9.1f} "
+              f"{r['w4a16_us']:>9.1f} {r['fp16_us'] / r['ggml_us']:>6.2f} {r['w4a16_us'] / r['ggml_us']:>6.2f} "
+              f"{gbps} {share}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--layers", default=",".join(SHAPES["8b"]))
+    ap.add_argument("--ms", default="1,16,256,2048")
+    ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    t0, meta = start_run()
+    layers = args.layers.split(",")
+    w4 = {layer: (w := affine_w(*SHAPES["8b"][layer], 4, 128), prepared_copies(w)) for layer in layers}
+    results: list[dict] = []
+    w4_us: dict = {}
+    for name in args.types.split(","):
+        run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us)
+    write_run(args.out, meta, t0, results=results)
+    summary(meta, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The ggml kernels' weight layout: each block field of a GGUF weight in its own plane, the same bytes.
+
+A ggml row interleaves its fields block by block (Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, an fp16
+d, then the next block), so a field sits at a 210-byte stride that no wide load can follow. `prepare()` moves each
+field of every block into a plane of its own, row-major [N, blocks * field size]: the code planes become int32
+words that load 16 bytes at a time, coalesced along K, and the held bytes are the file's bytes exactly, permuted.
+
+Each type's row of LAYOUTS gives its planes (the byte range of the field in a block and the dtype the kernels read
+it in, in the order the decoder takes them) and the axes its decoder (decode.py) spreads a tile of 256 values over.
+No Triton here: the memory plan reads this table too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from quanta.quant.ggml.types import GgmlType
+from quanta.quant.kinds.gguf import Gguf
+
+TILE = 256                  # values of a row a tile holds: one K-quant super-block, or eight 32-value blocks
+INT32_LIMIT = 2 ** 31       # plane offsets are int32 in the kernels
+
+
+class Plane(NamedTuple):
+    """One field of a block: bytes [offset, offset + size) of each block, read by the kernels as `dtype`."""
+    offset: int
+    size: int
+    dtype: torch.dtype
+
+
+class GgmlLayout(NamedTuple):
+    """How the kernels read one ggml type.
+
+    `axes` (A, B, C, D): the decoder's tile [BLOCK_N, A, B, C, D] holds value a*B*C*D + b*C*D + c*D + d of the tile
+    (row-major, so a reshape to [BLOCK_N, 256] is the row's order); D is always the byte within a code word, and
+    a scale never changes along C or D. A is split by `parts` (a tile of 256 / parts values); the largest split keeps
+    one value of A. The decoder gives each value as a float f and its sub-block's scale (and min): the value is
+    (f - center) * scale (- min where `has_min`); see decode.py. `block`: values a ggml block holds (a tile spans
+    256 / block blocks, one a value of A, for the 32-value types)."""
+    id: int
+    axes: tuple[int, int, int, int]
+    planes: tuple[Plane, ...]
+    center: float = 1.0
+    has_min: bool = False
+    block: int = TILE
+
+
+U8, I8, I32, F16 = torch.uint8, torch.int8, torch.int32, torch.float16
+
+# The byte layouts are ggml-common.h's (and blocks.py's decoders'); the axes are decode.py's.
+LAYOUTS: dict[str, GgmlLayout] = {
+    "q2_K": GgmlLayout(10, (4, 4, 4, 4), (Plane(0, 16, U8), Plane(16, 64, I32), Plane(80, 4, F16)), has_min=True),
+    "q3_K": GgmlLayout(11, (4, 4, 4, 4), (Plane(0, 32, I32), Plane(32, 64, I32), Plane(96, 12, U8), Plane(108, 2, F16)),
+                       center=1.5),
+    "q4_K": GgmlLayout(12, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8), Plane(16, 128, I32)), has_min=True),
+    "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8), Plane(16, 32, I32), Plane(48, 128, I32)),
+                       has_min=True),
+    "q6_K": GgmlLayout(14, (4, 4, 4, 4), (Plane(0, 128, I32), Plane(128, 64, I32), Plane(192, 16, I8),
+                                          Plane(208, 2, F16)), center=1.5),
+    "iq4_nl": GgmlLayout(20, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 16, I32)), center=0.0, block=32),
+    "iq4_xs": GgmlLayout(23, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 6, U8), Plane(8, 128, I32)), center=0.0),
+    # the 32-value types also run on the affine kernels, which the registry tries first
+    "q4_0": GgmlLayout(2, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 16, I32)), center=1.5, block=32),
+    "q4_1": GgmlLayout(3, (8, 2, 4, 4), (Plane(0, 4, F16), Plane(4, 16, I32)), has_min=True, block=32),
+    "q5_0": GgmlLayout(6, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 4, I32), Plane(6, 16, I32)), center=1.5, block=32),
+    "q5_1": GgmlLayout(7, (8, 2, 4, 4), (Plane(0, 4, F16), Plane(4, 4, I32), Plane(8, 16, I32)), has_min=True,
+                       block=32),
+    "q8_0": GgmlLayout(8, (8, 1, 8, 4), (Plane(0, 2, F16), Plane(2, 32, I32)), center=1.5, block=32),
+}
+# IQ4_NL / IQ4_XS codes index ggml's kvalues_iq4nl
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+@dataclass(slots=True, eq=False)
+class GgmlState:
+    """A GGUF weight [N, K] in plane layout (see the module docstring); `lut` the IQ4 table (float32 [16]) or None."""
+    planes: tuple[torch.Tensor, ...]
+    layout: GgmlLayout
+    name: str
+    n: int
+    k: int
+    dtype: torch.dtype
+    lut: torch.Tensor | None
+    plans: dict = field(default_factory=dict, repr=False)      # plan.choose's cache
+
+    @property
+    def blocks(self) -> int:
+        """ggml blocks a row."""
+        return self.k // self.layout.block
+
+    @property
+    def tiles(self) -> int:
+        """Tiles of 256 values a row (the last one partly masked for 32-value types when K is no multiple of 256)."""
+        return -(-self.k // TILE)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the planes (the file's bytes of the weight, exactly)."""
+        return sum(p.numel() * p.element_size() for p in self.planes)
+
+
+def why_not(weight, t: GgmlType) -> str | None:
+    """None if these kernels decode the weight's type and its shape fits their offsets, else why not."""
+    if t.name not in LAYOUTS:
+        return f"gguf {t.name}: no block decoder in the ggml kernels (they take {', '.join(LAYOUTS)})"
+    n, k = weight.shape
+    if k % t.block_size:
+        return f"gguf {t.name}: K={k} is not a multiple of the block size {t.block_size}"
+    if n * t.row_bytes(k) >= INT32_LIMIT:
+        return f"gguf {t.name} {[n, k]}: {n * t.row_bytes(k)} bytes overflow the kernels' int32 offsets"
+    return None
+
+
+def prepare(weight: Gguf, device: torch.device, dtype: torch.dtype) -> GgmlState:
+    """The weight's blocks split into planes on `device` (a permutation of the same bytes; nothing decoded)."""
+    t = weight.type
+    layout = LAYOUTS[t.name]
+    assert sum(p.size for p in layout.planes) == t.type_size, t.name
+    n, k = weight.shape
+    blocks = weight.data.to(device).view(n, k // t.block_size, t.type_size)
+    planes = tuple(blocks[:, :, p.offset:p.offset + p.size].contiguous().view(p.dtype).reshape(n, -1)
+                   for p in layout.planes)
+    del blocks
+    lut = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device) if t.name.startswith("iq4") else None
+    return GgmlState(planes, layout, t.name, n, k, dtype, lut)
+
+
+def plane_args(st: GgmlState) -> tuple[torch.Tensor, ...]:
+    """The four plane pointers a kernel takes (the first plane stands in for the ones a type does not have)."""
+    return st.planes + (st.planes[0],) * (4 - len(st.planes))
+
+
+def type_constexprs(st: GgmlState) -> dict:
+    """The constexprs that tell a kernel the weight's type: its decoder (TYPE), axes, center and mins."""
+    a, b, c, d = st.layout.axes
+    return dict(TYPE=st.layout.id, A=a, B=b, C=c, D=d, CENTER=st.layout.center, HAS_MIN=st.layout.has_min)

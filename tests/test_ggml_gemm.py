@@ -1,0 +1,211 @@
+"""GGUF K-quant, IQ4 and 32-value block weights on the ggml kernels (kernels/ggml_gemm.py), against the `gguf`
+package's own dequantization of the same bytes: random valid blocks (random bytes, the fp16 d / dmin fields set to
+small finite values), every path, held at the file's bytes."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+from quanta.kernels import ggml_gemm, registry
+from quanta.kernels.affine.layout import Affine
+from quanta.kernels.device_caps import PRESETS
+from quanta.kernels.ggml import cublas, gemm, gemv, plan
+from quanta.quant.kinds.gguf import Gguf
+
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+BLOCK32 = ("IQ4_NL", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# Byte offsets of each type's fp16 fields (d, and dmin / m where the type has them), from ggml-common.h: random
+# bytes there could be inf or NaN.
+FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
+               "IQ4_NL": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
+
+
+def random_blocks(n: int, k: int, name: str, seed: int = 0) -> np.ndarray:
+    """uint8 [n, k / block * type_size]: random bytes with each fp16 field in +-[2**-9, 2**-8]."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    for at in FP16_FIELDS[name]:
+        half = rng.uniform(0.5, 1.0, (n, k // block)) * rng.choice([-1.0, 1.0], (n, k // block)) * 2.0 ** -8
+        raw[:, :, at:at + 2] = half.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def make_gguf(n: int, k: int, name: str, seed: int = 0, device=DEVICE) -> tuple[Gguf, torch.Tensor]:
+    """A Gguf weight of random valid blocks and the gguf package's dequantization of them (float32 [n, k])."""
+    t = GGMLQuantizationType[name]
+    raw = random_blocks(n, k, name, seed)
+    ref = torch.from_numpy(quants.dequantize(raw, t).astype(np.float32))
+    return Gguf(data=torch.from_numpy(raw).to(device), ggml_type=int(t), shape=(n, k)), ref
+
+
+def shape_of(name: str) -> tuple[int, int]:
+    """N = 40 (not a multiple of any BLOCK_N); K two super-blocks, or for the 32-value types 288 = 9 blocks (a
+    partial last tile)."""
+    return (40, 512) if name in K_QUANTS else (40, 288)
+
+
+@pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
+@pytest.mark.parametrize("path,m", [("gemv", 1), ("gemv", 3), ("gemm", 16), ("gemm", 33), ("cublas", 5), (None, 1),
+                                    (None, 5)])
+def test_paths_match_the_gguf_dequantization(name, path, m):
+    n, k = shape_of(name)
+    w, ref = make_gguf(n, k, name, seed=m)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.float16)
+    y = plan.matmul(x, st, path=path)
+    assert y.shape == (m, n) and y.dtype == torch.float16
+    assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
+def test_decoding_is_bit_exact(name):
+    """x = I in float32 through the GEMM: y.T is the decoded weight, each value the float32 product the gguf package
+    computes (scales and mins multiplied as it multiplies them), bit for bit. (The interpreter's float32 dot is exact
+    here; on the GPU it would run in tf32.)"""
+    if DEVICE == "cuda":
+        pytest.skip("float32 tl.dot runs in tf32 on the GPU")
+    n, k = shape_of(name)
+    w, ref = make_gguf(n, k, name, seed=7)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float32)
+    assert torch.equal(gemm.matmul(torch.eye(k), st).T, ref)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "Q5_1"])
+def test_bf16_gemv(name):
+    n, k = shape_of(name)
+    w, ref = make_gguf(n, k, name, seed=3)
+    st = ggml_gemm.prepare(w, DEVICE, torch.bfloat16)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(4)).to(DEVICE, torch.bfloat16)
+    y = plan.matmul(x, st, path="gemv")
+    assert y.dtype == torch.bfloat16 and rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("path,config", [("gemv", (16, 4, 1e-3, 1)), ("gemv", (32, 4, 64.0, 1)),
+                                         ("gemm", (16, 32, 1, 4, 2, 1e-3)), ("gemm", (32, 64, 2, 4, 2, 64.0)),
+                                         ("gemm", gemm.SM90_LARGE_M)])
+def test_bias_whole_and_split_k(path, config):
+    """A bias added once, whether the K loop runs in one program (waves ~0) or is split over several."""
+    w, ref = make_gguf(40, 1024, "Q5_K", seed=5)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.float16)
+    bias = torch.randn(40).to(DEVICE, torch.float16)
+    y = (gemv if path == "gemv" else gemm).matmul(x, st, bias, config)
+    assert rel_err(y, x.double() @ ref.double().T.to(DEVICE) + bias.double()) < TOL[torch.float16]
+
+
+def test_apply_keeps_leading_dims_and_takes_no_rows():
+    w, ref = make_gguf(40, 256, "Q4_K")
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(0)).to(DEVICE, torch.float16)
+    y = ggml_gemm.apply(x, st)
+    assert y.shape == (2, 3, 40)
+    assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16]
+    assert ggml_gemm.apply(x[:0], st).shape == (0, 3, 40)
+
+
+@pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
+def test_held_at_the_files_bytes(name):
+    """The planes are the blocks' bytes permuted: as many as the file's, not a 16-bit copy."""
+    n, k = shape_of(name)
+    w, _ = make_gguf(n, k, name)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    assert st.nbytes == w.nbytes == n * k // GGML_QUANT_SIZES[GGMLQuantizationType[name]][0] \
+        * GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
+    assert st.nbytes <= 1.03 * w.data.numel()
+
+
+@pytest.mark.parametrize("name", K_QUANTS + ("IQ4_NL",))
+def test_the_registry_runs_them_on_cuda(name):
+    w, _ = make_gguf(8, 256, name, device="cpu")
+    module, reason = registry.select(w, torch.device("cuda"), torch.float16)
+    assert module is ggml_gemm and "triton_affine: gguf" in reason and "no exact affine form" in reason
+
+
+def test_the_32_value_affine_types_stay_on_the_affine_kernels():
+    w, _ = make_gguf(8, 256, "Q4_0", device="cpu")
+    assert registry.select(w, torch.device("cuda"), torch.float16)[0].NAME == "triton_affine"
+    assert ggml_gemm.supports(w, torch.device("cuda"), torch.float16) is None       # the second choice
+
+
+def test_refusals_say_why():
+    w, _ = make_gguf(8, 256, "Q4_K", device="cpu")
+    assert "CUDA" in ggml_gemm.supports(w, torch.device("cpu"), torch.float16)
+    assert "float32" in ggml_gemm.supports(w, torch.device("cuda"), torch.float32)
+    assert "not a gguf weight" in ggml_gemm.supports(torch.zeros(8, 256), torch.device("cuda"), torch.float16)
+    affine = Affine(codes=torch.zeros(8, 256, dtype=torch.uint8), scales=torch.ones(8, 2), bits=4, group_size=128,
+                    zeros=8, shape=(8, 256))
+    assert "not a gguf weight" in ggml_gemm.supports(affine, torch.device("cuda"), torch.float16)
+    iq2 = GGMLQuantizationType.IQ2_XXS
+    other = Gguf(data=torch.zeros(8, GGML_QUANT_SIZES[iq2][1], dtype=torch.uint8), ggml_type=int(iq2), shape=(8, 256))
+    assert "iq2_xxs: no block decoder" in ggml_gemm.supports(other, torch.device("cuda"), torch.float16)
+    w.shape = (8, 384)          # Gguf itself refuses such a shape; the kernels say so too
+    assert "K=384 is not a multiple of the block size 256" in ggml_gemm.supports(w, torch.device("cuda"),
+                                                                                  torch.float16)
+
+
+def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_bound():
+    w, _ = make_gguf(40, 256, "Q6_K")
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    caps = PRESETS["sm90"]
+    ms = (1, plan.GEMV_MAX_M, plan.GEMV_MAX_M + 1, 16, 256, plan.CUBLAS_MIN_M - 1, plan.CUBLAS_MIN_M, 300, 2048)
+    names = [plan.choose(st, caps, m).path.name for m in ms]
+    assert names == ["gemv"] * 2 + ["gemm"] * 4 + ["cublas"] * 3
+    assert plan.choose(st, PRESETS["sm75"], 200).config.block_m <= 64         # fits a T4's shared memory
+    name, reason = ggml_gemm.path(st, 1)
+    assert name == "triton_ggml/gemv" and "GEMV" in reason
+    name, reason = ggml_gemm.path(st, 100)
+    assert name == "triton_ggml/gemm" and f"not gemv: M=100 > {plan.GEMV_MAX_M}" in reason
+    name, reason = ggml_gemm.path(st, 300)
+    assert name == "triton_ggml/cublas" and "cuBLAS" in reason
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "Q2_K", "Q4_1"])
+def test_the_dequantized_copy_is_the_gguf_dequantization_rounded_once(name):
+    n, k = shape_of(name)
+    w, ref = make_gguf(n, k, name, seed=11)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    assert torch.equal(cublas.dequantize(st, cublas.default_config(st, PRESETS["sm90"], 300)), ref.half().to(DEVICE))
+
+
+# --- the GPU: Llama-3-8B shapes ---------------------------------------------------------------------------------
+def random_gguf_cuda(n: int, k: int, name: str, seed: int = 0) -> Gguf:
+    """random_blocks made on the GPU (the CPU would take long at these sizes)."""
+    t = GGMLQuantizationType[name]
+    block, size = GGML_QUANT_SIZES[t]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // block, size), generator=g, device="cuda", dtype=torch.uint8)
+    for at in FP16_FIELDS[name]:
+        half = (torch.rand(n, k // block, 1, generator=g, device="cuda") * 0.5 + 0.5) * 2.0 ** -8
+        half = half * (torch.randint(0, 2, half.shape, generator=g, device="cuda") * 2 - 1)
+        raw[:, :, at:at + 2] = half.half().view(torch.uint8)
+    return Gguf(data=raw.reshape(n, -1), ggml_type=int(t), shape=(n, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
+@pytest.mark.parametrize("n,k", [(14336, 4096), (4096, 14336)])
+def test_gpu_llama_shapes(name, n, k):
+    """Llama-3-8B's gate (14336 x 4096) and down (4096 x 14336) shapes on CUDA: the registry's choice (the affine
+    kernels first for Q4_0..Q8_0), the device memory prepare() leaves (the file's bytes), and every planned path of
+    M = 1..300 against dequantize + matmul, fp16 and bf16."""
+    w = random_gguf_cuda(n, k, name)
+    ref_w = w.dequantize(torch.float32).double()
+    for dtype in (torch.float16, torch.bfloat16):
+        module, _ = registry.select(w, torch.device("cuda"), dtype)
+        assert (module is ggml_gemm) == (name in K_QUANTS or name == "IQ4_NL"), module.NAME
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        st = ggml_gemm.prepare(w, torch.device("cuda"), dtype)
+        torch.cuda.synchronize()
+        assert st.nbytes == w.nbytes
+        assert torch.cuda.memory_allocated() - before <= st.nbytes + (1 << 20)
+        for m in (1, 3, 16, 33, 300):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            y = ggml_gemm.apply(x, st)
+            assert rel_err(y, x.double() @ ref_w.T) < TOL[dtype], (dtype, m, ggml_gemm.path(st, m))
+        for path, m in (("gemv", 8), ("gemm", 1)):         # each path at an M the plan gives the other
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)
