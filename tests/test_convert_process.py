@@ -134,7 +134,7 @@ def test_killed_conversion_leaves_no_destination_and_the_source_unchanged(tmp_pa
     """SIGTERM and SIGINT: a clean exit (128 + signal) with nothing left at DST nor beside it. SIGKILL cannot
     be handled: DST is still absent; the staging folder `.DST.tmp-*` may remain, and is never DST."""
     src = tmp_path / "src"
-    write_fp16_llama(src)
+    write_fp16_llama(src, layers=6, hidden=1024, inter=4096)   # a write of seconds: the signal lands within it
     before = _digest(src)
     procs = {}
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
@@ -150,7 +150,7 @@ def test_killed_conversion_leaves_no_destination_and_the_source_unchanged(tmp_pa
             staged = list(tmp_path.glob(f".{dst.name}.tmp-*/*"))
             if any(p.name.startswith(f".{dst.name}.") for p in staged):     # the GGUF writer is writing
                 assert proc.poll() is None, proc.communicate()
-                proc.send_signal(sig)               # at once: a tiny model's whole write takes well under a second
+                proc.send_signal(sig)               # at once, before the writer commits DST
                 del pending[sig]
         time.sleep(0.1)
     assert not pending, "the conversions never reached the writing stage"
