@@ -71,7 +71,7 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
             rec["ggml_us"] = timed(ggml_gemm.apply, xs, st, st[0].nbytes, ref, f"{name} {layer} M={m}")
             rec["fp16_us"] = timed(lambda x, d: x @ d.t(), xs, dense, 2 * n * k, ref, "cuBLAS")
             if paths and m <= 16:
-                for path in plan.BY_NAME:
+                for path in plan.TABLE.by_name:
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")
             if (layer, m) not in w4_us:                   # the W4A16 g128 kernels on the same shape, once a run

@@ -8,8 +8,6 @@ built only when asked (`explain`), never on the hot path.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
@@ -17,8 +15,8 @@ from quanta.kernels import activation
 from quanta.kernels.affine import cublas, gemv, mma, splitk, wgmma
 from quanta.kernels.affine.layout import LUT, AffineState
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.path_table import Choice, Path, PathTable
 from quanta.kernels.rotary import RopeStore
-from quanta.quant.errors import UnsupportedError
 
 # At M <= 2 the GEMV streams the weight with no tensor-core tile to fill. Where the MMA kernel decodes in PTX (sm90)
 # it is faster from M = 2, so the GEMV keeps M = 1; table codes the GEMV would gather from memory per code (bf16)
@@ -41,22 +39,6 @@ WGMMA_MAX_M = 1024
 # Where the MMA kernel does not run the split-K GEMM takes M up to 255: at 256 the GEMM is compute-bound and its
 # 128x256 tiles lose to cuBLAS on the wider weights (qkv).
 CUBLAS_MIN_M = 256
-
-
-class Path(NamedTuple):
-    """One row of the plan: `fits` None where it runs M rows (else why not), `config` its launch config, `run`
-    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports."""
-    name: str
-    fits: Callable[[AffineState, DeviceCaps, int], str | None]
-    config: Callable[[AffineState, DeviceCaps, int], tuple]
-    run: Callable[..., torch.Tensor]
-    why: Callable[[AffineState, DeviceCaps, int], str]
-
-
-class Choice(NamedTuple):
-    """The path that runs an M bucket of a weight, with its named launch config."""
-    path: Path
-    config: tuple
 
 
 def _mma_runs(st: AffineState, caps: DeviceCaps) -> bool:
@@ -151,7 +133,6 @@ PATHS: tuple[Path, ...] = (
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("splitk", lambda st, caps, m: None, splitk.default_config, splitk.matmul, _why_splitk),
 )
-BY_NAME = {p.name: p for p in PATHS}
 
 # The M at which a rule or a launch config may change: the thresholds above, the row blocks of x up to 64 (16, 32,
 # 64: the configs' buckets) and the multiples of 128 above (the large-M programs' rows of x). The bucket of M is the
@@ -166,28 +147,8 @@ def bucket_edge(m: int) -> int:
     return BUCKET_EDGES[i] if i < len(BUCKET_EDGES) else BUCKET_EDGES[-1] + 1
 
 
-def decide(st: AffineState, caps: DeviceCaps, m: int) -> Choice:
-    """The first path of PATHS that fits M rows, with its config (uncached)."""
-    if not caps.supports_dtype(st.dtype):
-        raise UnsupportedError(f"{caps.name} does not compute in {st.dtype}")
-    path = next(p for p in PATHS if p.fits(st, caps, m) is None)
-    return Choice(path, path.config(st, caps, m))
-
-
-def choose(st: AffineState, caps: DeviceCaps, m: int) -> Choice:
-    """decide() for M's bucket, cached on the state."""
-    key = (caps, bucket_edge(m))
-    choice = st.plans.get(key)
-    if choice is None:
-        choice = st.plans[key] = decide(st, caps, key[1])
-    return choice
-
-
-def explain(st: AffineState, caps: DeviceCaps, m: int) -> tuple[str, str]:
-    """(the path that runs M rows, why; and why each path before it does not)."""
-    chosen = choose(st, caps, m).path
-    passed = [f"not {p.name}: {p.fits(st, caps, m)}" for p in PATHS[: PATHS.index(chosen)]]
-    return chosen.name, "; ".join([chosen.why(st, caps, m)] + passed)
+TABLE = PathTable(PATHS, bucket_edge)
+decide, choose, explain = TABLE.decide, TABLE.choose, TABLE.explain
 
 
 def _rows(x: torch.Tensor, st: AffineState) -> torch.Tensor:
@@ -211,7 +172,7 @@ def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, p
     if path is None:
         choice = choose(st, caps, x2.shape[0])
     else:
-        forced = BY_NAME[path]
+        forced = TABLE.by_name[path]
         choice = Choice(forced, forced.config(st, caps, x2.shape[0]))
     y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)

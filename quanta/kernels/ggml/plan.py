@@ -5,15 +5,12 @@ choice is cached on the weight's state per M bucket (the GEMM configs' buckets) 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.path_table import Choice, Path, PathTable
 from quanta.kernels.ggml import cublas, gemm, gemv
 from quanta.kernels.ggml.layout import GgmlState
-from quanta.quant.errors import UnsupportedError
 
 # The GEMV decodes the weight once per activation row, the GEMM once per tile of up to 16 rows: the GEMV's single
 # decode without a trip through shared memory wins at one row, its second decode loses at two (Q4_K and Q6_K at
@@ -22,22 +19,6 @@ GEMV_MAX_M = 1
 # From here the GEMM is compute-bound and decoding each weight tile once per 128-256 rows costs more than decoding the
 # weight once into a transient copy for cuBLAS (the affine kernels' rule, CUBLAS_MIN_M there).
 CUBLAS_MIN_M = 257
-
-
-class Path(NamedTuple):
-    """One row of the plan: `fits` None where it runs M rows (else why not), `config` its launch config, `run`
-    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports."""
-    name: str
-    fits: Callable[[GgmlState, DeviceCaps, int], str | None]
-    config: Callable[[GgmlState, DeviceCaps, int], tuple]
-    run: Callable[..., torch.Tensor]
-    why: Callable[[GgmlState, DeviceCaps, int], str]
-
-
-class Choice(NamedTuple):
-    """The path that runs an M bucket of a weight, with its named launch config."""
-    path: Path
-    config: tuple
 
 
 def _gemv_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -70,7 +51,6 @@ PATHS: tuple[Path, ...] = (
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("gemm", lambda st, caps, m: None, gemm.default_config, gemm.matmul, _why_gemm),
 )
-BY_NAME = {p.name: p for p in PATHS}
 
 
 def bucket_edge(m: int) -> int:
@@ -81,28 +61,8 @@ def bucket_edge(m: int) -> int:
     return next((top for top, _ in gemm.GEMM_CONFIGS if m <= top), max(CUBLAS_MIN_M, gemm.GEMM_CONFIGS[-1][0] + 1))
 
 
-def decide(st: GgmlState, caps: DeviceCaps, m: int) -> Choice:
-    """The first path of PATHS that fits M rows, with its config (uncached)."""
-    if not caps.supports_dtype(st.dtype):
-        raise UnsupportedError(f"{caps.name} does not compute in {st.dtype}")
-    path = next(p for p in PATHS if p.fits(st, caps, m) is None)
-    return Choice(path, path.config(st, caps, m))
-
-
-def choose(st: GgmlState, caps: DeviceCaps, m: int) -> Choice:
-    """decide() for M's bucket, cached on the state."""
-    key = (caps, bucket_edge(m))
-    choice = st.plans.get(key)
-    if choice is None:
-        choice = st.plans[key] = decide(st, caps, key[1])
-    return choice
-
-
-def explain(st: GgmlState, caps: DeviceCaps, m: int) -> tuple[str, str]:
-    """(the path that runs M rows, why; and why each path before it does not)."""
-    chosen = choose(st, caps, m).path
-    passed = [f"not {p.name}: {p.fits(st, caps, m)}" for p in PATHS[: PATHS.index(chosen)]]
-    return chosen.name, "; ".join([chosen.why(st, caps, m)] + passed)
+TABLE = PathTable(PATHS, bucket_edge)
+decide, choose, explain = TABLE.decide, TABLE.choose, TABLE.explain
 
 
 def matmul(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, path: str | None = None,
@@ -118,7 +78,7 @@ def matmul(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, pat
     if path is None:
         choice = choose(st, caps, x2.shape[0])
     else:
-        forced = BY_NAME[path]
+        forced = TABLE.by_name[path]
         choice = Choice(forced, forced.config(st, caps, x2.shape[0]))
     y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)

@@ -1,0 +1,60 @@
+"""A weight kernel's paths by M: one ordered table over a DeviceCaps value, shared by the affine and ggml plans.
+
+The first path whose `fits(state, caps, m)` returns None runs; each earlier path's answer says why it does not. A
+choice is made once per M bucket (the plan's `bucket_edge`: every M of a bucket gets the plan of its edge) and caps,
+and cached on the weight's state (`state.plans`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from quanta.kernels.device_caps import DeviceCaps
+from quanta.quant.errors import UnsupportedError
+
+
+class Path(NamedTuple):
+    """One row of a plan: `fits` None where it runs M rows (else why not), `config` its launch config, `run`
+    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports."""
+    name: str
+    fits: Callable[[Any, DeviceCaps, int], str | None]
+    config: Callable[[Any, DeviceCaps, int], tuple]
+    run: Callable[..., torch.Tensor]
+    why: Callable[[Any, DeviceCaps, int], str]
+
+
+class Choice(NamedTuple):
+    """The path that runs an M bucket of a weight, with its named launch config."""
+    path: Path
+    config: tuple
+
+
+class PathTable:
+    """`paths` in order, and `bucket_edge(m)`: the M whose plan every M of m's bucket shares."""
+
+    def __init__(self, paths: tuple[Path, ...], bucket_edge: Callable[[int], int]):
+        self.paths, self.bucket_edge = paths, bucket_edge
+        self.by_name = {p.name: p for p in paths}
+
+    def decide(self, st, caps: DeviceCaps, m: int) -> Choice:
+        """The first path that fits M rows, with its config (uncached)."""
+        if not caps.supports_dtype(st.dtype):
+            raise UnsupportedError(f"{caps.name} does not compute in {st.dtype}")
+        path = next(p for p in self.paths if p.fits(st, caps, m) is None)
+        return Choice(path, path.config(st, caps, m))
+
+    def choose(self, st, caps: DeviceCaps, m: int) -> Choice:
+        """decide() for M's bucket, cached on the state."""
+        key = (caps, self.bucket_edge(m))
+        choice = st.plans.get(key)
+        if choice is None:
+            choice = st.plans[key] = self.decide(st, caps, key[1])
+        return choice
+
+    def explain(self, st, caps: DeviceCaps, m: int) -> tuple[str, str]:
+        """(the path that runs M rows, why; and why each path before it does not)."""
+        chosen = self.choose(st, caps, m).path
+        passed = [f"not {p.name}: {p.fits(st, caps, m)}" for p in self.paths[: self.paths.index(chosen)]]
+        return chosen.name, "; ".join([chosen.why(st, caps, m)] + passed)
