@@ -23,8 +23,10 @@ LINEARS = {"attn_q": ("hidden", "hidden"), "attn_k": ("kv", "hidden"), "attn_v":
            "ffn_down": ("hidden", "inter")}
 
 
-def write_model(path, shape: dict, linear_type=T.Q4_1, embed_type=T.Q8_0, seed: int = 0):
-    """A llama GGUF file of `shape` with random weights; no tokenizer (prompts are token ids)."""
+def write_model(path, shape: dict, linear_type=T.Q4_1, embed_type=T.Q8_0, seed: int = 0, types: dict | None = None,
+                output_type=None):
+    """A llama GGUF file of `shape` with random weights; no tokenizer (prompts are token ids). `types`: a ggml type
+    per linear name where it is not `linear_type` (a mix); `output_type`: an untied output.weight of that type."""
     rng = np.random.default_rng(seed)
     dims = {"hidden": shape["hidden"], "inter": shape["inter"],
             "kv": shape["kv_heads"] * shape["hidden"] // shape["heads"]}
@@ -41,15 +43,23 @@ def write_model(path, shape: dict, linear_type=T.Q4_1, embed_type=T.Q8_0, seed: 
 
     def add(name, rows, cols, t, scale):
         data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        w.add_tensor(name, quants.quantize(data, t), raw_dtype=t)
+        if t.name.endswith("_K"):                   # gguf-py has no K-quant quantizer: quanta's, llama.cpp's bytes
+            from quanta.quant.ggml.quantize import quantize
+            raw = quantize(torch.from_numpy(data), t.name.lower().replace("_k", "_K")).data.numpy()
+            w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=t)
+        else:
+            w.add_tensor(name, quants.quantize(data, t), raw_dtype=t)
 
     add("token_embd.weight", shape["vocab"], shape["hidden"], embed_type, 0.5)
     for layer in range(shape["layers"]):
         for norm in ("attn_norm", "ffn_norm"):
             w.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(shape["hidden"], dtype=np.float32))
         for name, (rows, cols) in LINEARS.items():
-            add(f"blk.{layer}.{name}.weight", dims[rows], dims[cols], linear_type, 0.5 / dims[cols] ** 0.5)
+            add(f"blk.{layer}.{name}.weight", dims[rows], dims[cols], (types or {}).get(name, linear_type),
+                0.5 / dims[cols] ** 0.5)
     w.add_tensor("output_norm.weight", np.ones(shape["hidden"], dtype=np.float32))
+    if output_type is not None:
+        add("output.weight", shape["vocab"], shape["hidden"], output_type, 0.5 / shape["hidden"] ** 0.5)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -101,3 +111,43 @@ def test_default_model_shape_runs_packed_on_the_affine_kernels(tmp_path):
     assert report.returncode == 0, report.stderr
     info = json.loads(report.stdout)
     assert info["kernels"] and all("triton_affine" in what for what in info["kernels"]), info["kernels"]
+
+
+# A Q4_K_M-like mix at widths that K-quant blocks tile: q, k, o, gate, up Q4_K; v and down Q6_K; a Q6_K output.
+KMIX_SHAPE = dict(vocab=8192, hidden=1024, inter=2816, layers=4, heads=16, kv_heads=4)
+KMIX = {"attn_v": T.Q6_K, "ffn_down": T.Q6_K}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_k_quant_mix_runs_at_its_bytes_on_the_ggml_kernels(tmp_path):
+    """Every linear and the quantized output.weight run on triton_ggml at the blocks' bytes (what `quanta plan`
+    counts, within 3%), and the greedy tokens and logits agree with the same file dequantized once to 16 bits."""
+    from quanta.engine import LLM, SamplingParams
+    from quanta.engine.model_loader import build_model
+    from quanta.loaders import load
+    from quanta.planner.memory_plan import plan
+    path = write_model(tmp_path / "kmix.gguf", KMIX_SHAPE, linear_type=T.Q4_K, embed_type=T.Q4_K, types=KMIX,
+                       output_type=T.Q6_K)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    held = build_model(load(str(path), tokenizer=False), torch.device("cuda"), torch.float16, triton=True, quiet=True)
+    weights = torch.cuda.memory_allocated() - before
+    del held
+    predicted = plan(str(path), gpus="1x80GiB", dtype="float16").weights
+    assert abs(weights - predicted.total) <= 0.03 * predicted.total, (weights, predicted)
+    assert weights <= 1.03 * path.stat().st_size
+
+    flags = dict(dtype="float16", num_kv_blocks=64, max_model_len=512, enforce_eager=True, quiet=True)
+    llm = LLM(model=str(path), **flags)
+    kernels = {row["name"]: row for row in llm.kernels(m=(1, 16, 512))}
+    assert all(r["kernel"] == "triton_ggml" for n, r in kernels.items() if n.startswith("model.layers.")), kernels
+    assert kernels["lm_head"]["kernel"] == "triton_ggml"
+    exact = LLM(model=str(path), kernel="dequantized", **flags)
+    ids = torch.randint(3, KMIX_SHAPE["vocab"], (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    ours, ref = llm.prompt_logits(ids), exact.prompt_logits(ids)          # 300 rows: the cuBLAS path too
+    assert (ours - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+    greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    prompts = [ids[:8], ids[8:40]]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == \
+        [o.outputs[0].token_ids for o in exact.generate(prompts, greedy, use_tqdm=False)]
