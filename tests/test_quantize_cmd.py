@@ -245,3 +245,19 @@ def test_interrupted_run_leaves_nothing(sig, tmp_path):
     assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
     assert "nothing was written" in err
     assert not out.exists() and not list(tmp_path.glob(".o.*"))
+
+
+def test_gguf_to_gguf_never_builds_the_tokenizer_and_keeps_its_entries(default_model_path, tmp_path, monkeypatch):
+    """Requantizing a GGUF without calibration copies the vocabulary and chat template from the source's metadata;
+    building the transformers tokenizer (seconds) would be wasted, so it is not done."""
+    from gguf import GGUFReader
+    from quanta.loaders.gguf import reader
+
+    def refuse(_path):
+        raise AssertionError("the tokenizer was built")
+    monkeypatch.setattr(reader, "load_tokenizer", refuse)
+    out = tmp_path / "q8.gguf"
+    quanta.quantize(default_model_path, out, "gguf", type="Q8_0", quiet=True)
+    source, written = GGUFReader(default_model_path).fields, GGUFReader(out).fields
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template", "tokenizer.ggml.model"):
+        assert key in written and written[key].contents() == source[key].contents(), key

@@ -46,7 +46,7 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     from quanta.loaders import load
     from quanta.toolkit.quantize.format_check import check_model, writer_options
 
-    ckpt = load(model)
+    ckpt = load(model, **({"tokenizer": False} if _tokenizer_unused(model, opts) else {}))
     check_model(opts, ckpt)
     data = None
     if opts.calibration is not None:
@@ -65,6 +65,14 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
         run = quantize_checkpoint(ckpt, opts.spec(), data, quiet=quiet)
         write(out, ckpt, opts.format, run, overwrite=overwrite, **writer_options(opts))
     return summarize(out, opts, ckpt, run.report, time.perf_counter() - start)
+
+
+def _tokenizer_unused(model: str | Path, opts: QuantizeOptions) -> bool:
+    """Whether this run never reads the source's tokenizer, so that the load may skip building it (seconds for a
+    GGUF vocabulary): GGUF to GGUF without calibration, where the writer copies the vocabulary entries and the chat
+    template from the source file's metadata."""
+    from quanta.loaders.detection import detect
+    return opts.method == "gguf" and opts.calibration is None and detect(model) == "gguf"
 
 
 def _destination(out: str | Path, opts: QuantizeOptions, overwrite: bool) -> Path:
