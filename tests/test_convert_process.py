@@ -134,15 +134,18 @@ def test_killed_conversion_leaves_no_destination_and_the_source_unchanged(tmp_pa
     """SIGTERM and SIGINT: a clean exit (128 + signal) with nothing left at DST nor beside it. SIGKILL cannot
     be handled: DST is still absent; the staging folder `.DST.tmp-*` may remain, and is never DST."""
     src = tmp_path / "src"
-    write_fp16_llama(src, layers=6, hidden=1024, inter=4096)   # a write of seconds: the signal lands within it
+    write_fp16_llama(src)
     before = _digest(src)
     procs = {}
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         dst = tmp_path / f"out-{sig.name}.gguf"
         cmd = [sys.executable, "-m", "quanta.cli.main", "convert", str(src), "--to", "gguf:Q4_K_M", "--out",
                str(dst), "--no-validate", "-q"]
+        # SIGINT at its default, as a terminal's Ctrl-C finds it: a test run started in the background (`pytest &`)
+        # would hand the child an ignored SIGINT, which Python keeps ignoring, and the conversion would finish.
         procs[sig] = (subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True), dst)
+                                       text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)),
+                      dst)
     deadline = time.monotonic() + 240
     pending = dict(procs)
     while pending and time.monotonic() < deadline:
