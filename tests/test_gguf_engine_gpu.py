@@ -67,6 +67,18 @@ def write_model(path, shape: dict, linear_type=T.Q4_1, embed_type=T.Q8_0, seed: 
     return path
 
 
+def held_on_the_gpu(path) -> int:
+    """GPU bytes the model's weights take once built from `path` in fp16 on the Triton kernels."""
+    from quanta.engine.model_loader import build_model
+    from quanta.loaders import load
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    held = build_model(load(str(path), tokenizer=False), torch.device("cuda"), torch.float16, triton=True, quiet=True)
+    weights = torch.cuda.memory_allocated() - before
+    del held
+    return weights
+
+
 def test_a_gguf_without_tokenizer_loads_and_takes_token_ids(tmp_path):
     from quanta.engine import LLM, SamplingParams
     llm = LLM(model=str(write_model(tmp_path / "tiny.gguf", TINY)), device="cpu", quiet=True)
@@ -80,15 +92,9 @@ def test_a_gguf_without_tokenizer_loads_and_takes_token_ids(tmp_path):
 def test_default_model_shape_runs_packed_on_the_affine_kernels(tmp_path):
     from quanta.engine import LLM
     from quanta.planner.memory_plan import plan
-    from quanta.engine.model_loader import build_model
-    from quanta.loaders import load
     path = write_model(tmp_path / "smollm2-shape.gguf", SMOLLM2)
     file_bytes = path.stat().st_size
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    held = build_model(load(str(path), tokenizer=False), torch.device("cuda"), torch.float16, triton=True, quiet=True)
-    weights = torch.cuda.memory_allocated() - before
-    del held
+    weights = held_on_the_gpu(path)
     # Held as stored, up to the kernel layout's padding of K to whole tiles (576 columns take 640 in 4-bit
     # tiles of 128), plus the tied lm_head's packed second copy of the Q8_0 table: what `quanta plan` predicts.
     predicted = plan(str(path), gpus="1x80GiB", dtype="float16").weights
@@ -124,16 +130,10 @@ def test_a_k_quant_mix_runs_at_its_bytes_on_the_ggml_kernels(tmp_path):
     """Every linear and the quantized output.weight run on triton_ggml at the blocks' bytes (what `quanta plan`
     counts, within 3%), and the greedy tokens and logits agree with the same file dequantized once to 16 bits."""
     from quanta.engine import LLM, SamplingParams
-    from quanta.engine.model_loader import build_model
-    from quanta.loaders import load
     from quanta.planner.memory_plan import plan
     path = write_model(tmp_path / "kmix.gguf", KMIX_SHAPE, linear_type=T.Q4_K, embed_type=T.Q4_K, types=KMIX,
                        output_type=T.Q6_K)
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    held = build_model(load(str(path), tokenizer=False), torch.device("cuda"), torch.float16, triton=True, quiet=True)
-    weights = torch.cuda.memory_allocated() - before
-    del held
+    weights = held_on_the_gpu(path)
     predicted = plan(str(path), gpus="1x80GiB", dtype="float16").weights
     assert abs(weights - predicted.total) <= 0.03 * predicted.total, (weights, predicted)
     assert weights <= 1.03 * path.stat().st_size

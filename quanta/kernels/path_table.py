@@ -53,6 +53,13 @@ class PathTable:
             choice = st.plans[key] = self.decide(st, caps, key[1])
         return choice
 
+    def pick(self, st, caps: DeviceCaps, m: int, path: str | None = None) -> Choice:
+        """choose() for M rows, or the path named `path` with its config at M (tests and benchmarks force one)."""
+        if path is None:
+            return self.choose(st, caps, m)
+        forced = self.by_name[path]
+        return Choice(forced, forced.config(st, caps, m))
+
     def explain(self, st, caps: DeviceCaps, m: int) -> tuple[str, str]:
         """(the path that runs M rows, why; and why each path before it does not)."""
         chosen = self.choose(st, caps, m).path

@@ -169,11 +169,7 @@ def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, p
     for other caps than the device's (tests)."""
     x2 = _rows(x, st)
     caps = caps or device_caps(x2.device)
-    if path is None:
-        choice = choose(st, caps, x2.shape[0])
-    else:
-        forced = TABLE.by_name[path]
-        choice = Choice(forced, forced.config(st, caps, x2.shape[0]))
+    choice = TABLE.pick(st, caps, x2.shape[0], path)
     y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)
 

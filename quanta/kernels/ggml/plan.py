@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.path_table import Choice, Path, PathTable
+from quanta.kernels.path_table import Path, PathTable
 from quanta.kernels.ggml import cublas, gemm, gemv
 from quanta.kernels.ggml.layout import GgmlState
 
@@ -75,10 +75,6 @@ def matmul(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, pat
     if x2.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], st.n)
     caps = caps or device_caps(x2.device)
-    if path is None:
-        choice = choose(st, caps, x2.shape[0])
-    else:
-        forced = TABLE.by_name[path]
-        choice = Choice(forced, forced.config(st, caps, x2.shape[0]))
+    choice = TABLE.pick(st, caps, x2.shape[0], path)
     y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)
