@@ -4,6 +4,7 @@
     python benchmarks/memory_fit.py 70b      # Llama-3-70B shape, W4 g128, FP8 KV cache, one 80 GB GPU
     python benchmarks/memory_fit.py t4       # Llama-3-8B shape, W4 g128, sm75 caps, capped at 15 GiB,
                                              # four concurrent 8k-token contexts
+    python benchmarks/memory_fit.py 70b --weights gguf-q4_K_M --max-gpu-memory 79GiB   # other weights, a cap
 
 Measured: the load's peak (torch's max allocated while building, over the weights' start), the weights,
 the device memory in use after start-up (the driver's total - free, so the runtime's own share is in it)
@@ -106,8 +107,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--weights", help="the synthetic weights' format instead of w4g128 (e.g. gguf-q4_K_M)")
+    ap.add_argument("--max-gpu-memory",
+                    help="cap the engine's device memory (e.g. 79GiB: an 80 GB card's on a larger GPU)")
     args = ap.parse_args()
     case = dict(CASES[args.case])
+    if args.weights:
+        case["model"] = case["model"].rsplit(":", 1)[0] + ":" + args.weights
+    if args.max_gpu_memory:
+        case["max_gpu_memory"] = args.max_gpu_memory
     caps = case.pop("caps", None)
     if caps:
         os.environ["QUANTA_DEVICE_CAPS"] = caps

@@ -10,7 +10,9 @@ from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPR
 from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
 from quanta.kernels.device_caps import PRESETS
-from quanta.kernels.ggml import cublas, gemm, gemv, plan
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, plan
+from quanta.kernels.ggml.layout import k4_scale_pairs
+from quanta.planner.weight_bytes import gguf_gemm_bytes
 from quanta.quant.kinds.gguf import Gguf
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
@@ -19,6 +21,9 @@ BLOCK32 = ("IQ4_NL", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # bytes there could be inf or NaN.
 FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
                "IQ4_NL": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
+
+
+GGML_NAME = {"q4_K": "Q4_K", "q6_K": "Q6_K"}
 
 
 def random_blocks(n: int, k: int, name: str, seed: int = 0) -> np.ndarray:
@@ -57,6 +62,21 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
     y = plan.matmul(x, st, path=path)
     assert y.shape == (m, n) and y.dtype == torch.float16
     assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", gemv_h2.TYPES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
+    """The packed-half GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX
+    itself in the -m gpu tests), whole and split over K, with a bias."""
+    w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
+    want = x.double() @ ref.double().T.to(DEVICE) + bias.double()
+    for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
+        y = gemv_h2.matmul(x, st, bias, config)
+        assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
 
 
 @pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
@@ -107,13 +127,30 @@ def test_apply_keeps_leading_dims_and_takes_no_rows():
 
 @pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
 def test_held_at_the_files_bytes(name):
-    """The planes are the blocks' bytes permuted: as many as the file's, not a 16-bit copy."""
+    """The planes are the blocks' bytes permuted (Q4_K's 12 scale bytes a block repacked as 16): within 3% of the
+    file's, not a 16-bit copy; the memory plan counts what they hold."""
     n, k = shape_of(name)
     w, _ = make_gguf(n, k, name)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
-    assert st.nbytes == w.nbytes == n * k // GGML_QUANT_SIZES[GGMLQuantizationType[name]][0] \
-        * GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
-    assert st.nbytes <= 1.03 * w.data.numel()
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    file_bytes = n * k // block * size
+    assert w.nbytes == file_bytes
+    assert st.nbytes == (file_bytes * 148 // 144 if name == "Q4_K" else file_bytes)
+    assert st.nbytes <= 1.03 * file_bytes
+    if name in K_QUANTS or name == "IQ4_NL":         # the types the plan puts on these kernels
+        lower = name.lower()
+        assert gguf_gemm_bytes(n, k, lower[:-1] + "K" if lower.endswith("_k") else lower, 2) == st.nbytes
+
+
+def test_q4_k_scales_repack_to_the_gguf_packages_scales_and_mins():
+    """layout.k4_scale_pairs against gguf's own Q4_K.get_scale_min: byte 2s the scale of sub-block s, 2s + 1 its
+    min, for every byte value in every position."""
+    rng = np.random.default_rng(9)
+    packed = rng.integers(0, 256, (512, 12), dtype=np.uint8)
+    packed[:256] = np.arange(256, dtype=np.uint8)[:, None]
+    sc, mn = quants.Q4_K.get_scale_min(packed)
+    pairs = k4_scale_pairs(torch.from_numpy(packed)).numpy()
+    assert np.array_equal(pairs[:, 0::2], sc.reshape(512, 8)) and np.array_equal(pairs[:, 1::2], mn.reshape(512, 8))
 
 
 @pytest.mark.parametrize("name", K_QUANTS + ("IQ4_NL",))
@@ -151,10 +188,12 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     caps = PRESETS["sm90"]
     ms = (1, plan.GEMV_MAX_M, plan.GEMV_MAX_M + 1, 16, 256, plan.CUBLAS_MIN_M - 1, plan.CUBLAS_MIN_M, 300, 2048)
     names = [plan.choose(st, caps, m).path.name for m in ms]
-    assert names == ["gemv"] * 2 + ["gemm"] * 4 + ["cublas"] * 3
+    assert names == ["gemv_h2"] * 2 + ["gemm"] * 4 + ["cublas"] * 3
+    assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
+    assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
     assert plan.choose(st, PRESETS["sm75"], 200).config.block_m <= 64         # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
-    assert name == "triton_ggml/gemv" and "GEMV" in reason
+    assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_h2: not CUDA" in reason
     name, reason = ggml_gemm.path(st, 100)
     assert name == "triton_ggml/gemm" and f"not gemv: M=100 > {plan.GEMV_MAX_M}" in reason
     name, reason = ggml_gemm.path(st, 300)
@@ -200,12 +239,12 @@ def test_gpu_llama_shapes(name, n, k):
         before = torch.cuda.memory_allocated()
         st = ggml_gemm.prepare(w, torch.device("cuda"), dtype)
         torch.cuda.synchronize()
-        assert st.nbytes == w.nbytes
+        assert st.nbytes == (w.nbytes * 148 // 144 if name == "Q4_K" else w.nbytes)
         assert torch.cuda.memory_allocated() - before <= st.nbytes + (1 << 20)
         for m in (1, 3, 16, 33, 300):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             y = ggml_gemm.apply(x, st)
             assert rel_err(y, x.double() @ ref_w.T) < TOL[dtype], (dtype, m, ggml_gemm.path(st, m))
-        for path, m in (("gemv", 8), ("gemm", 1)):         # each path at an M the plan gives the other
+        for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1)):     # each path at an M the plan gives another
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)

@@ -154,10 +154,11 @@ def test_q4_k_m_assigns_llama_cpp_types():
     assert types.count("q4_K") == 193 and types.count("q6_K") == 33
     p = plan("llama-3-8b", quantization="gguf:Q4_K_M")
     assert p.weights.embedding == 128256 * (4096 // 256) * (2 + 2 + 12 + 128) == 295_501_824
-    # the ggml kernels hold the linears at their blocks' bytes: q4_K 144 and q6_K 210 bytes a block of 256; q, k, o,
-    # gate and up are q4_K in every layer, v and down q6_K in the 16 use_more_bits layers
+    # the ggml kernels hold the linears at their blocks' bytes: q4_K 148 (144 in the file, its scales repacked from
+    # 12 to 16 bytes) and q6_K 210 bytes a block of 256; q, k, o, gate and up are q4_K in every layer, v and down
+    # q6_K in the 16 use_more_bits layers
     q_k_o, gate_up, v_down = (4096 + 1024 + 4096) * 4096, 2 * 14336 * 4096, 1024 * 4096 + 4096 * 14336
-    assert p.weights.linears == (32 * (q_k_o + gate_up) * 144 + 16 * v_down * (144 + 210)) // 256 == 4_185_391_104
+    assert p.weights.linears == (32 * (q_k_o + gate_up) * 148 + 16 * v_down * (148 + 210)) // 256 == 4_278_714_368
 
 
 def test_k_quants_fall_back_where_blocks_do_not_tile_rows():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quanta.kernels.affine.layout import R
-from quanta.kernels.ggml.layout import LAYOUTS as GGML_LAYOUTS
+from quanta.kernels.ggml.layout import LAYOUTS as GGML_LAYOUTS, held_block_bytes
 from quanta.kernels.registry import CANDIDATES
 from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.weight_format import WeightFormat
@@ -74,14 +74,15 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
 
 def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
     """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, the blocks'
-    own bytes for the types the ggml kernels decode, else the dequantized 16-bit copy."""
+    own bytes for the types the ggml kernels decode (as they hold them: layout.held_block_bytes), else the dequantized
+    16-bit copy."""
     t = GGML_TYPES_BY_NAME[ggml_type]
     if k % t.block_size:
         return n * k * e
     if t.affine is not None and GGUF_ON_AFFINE_KERNELS:
         return pack_bytes(n, k, t.affine.bits, t.block_size, symmetric=t.affine.zero is not None)
     if t.name in GGML_LAYOUTS and GGUF_ON_GGML_KERNELS:
-        return n * t.row_bytes(k)
+        return n * (k // t.block_size) * held_block_bytes(GGML_LAYOUTS[t.name])
     return n * k * e
 
 

@@ -57,7 +57,15 @@ def _ggml_gemv_kernel(
         if HAS_MIN:
             acc -= minus * xs
     # --- epilogue: reduce the tile's axes, bias once (first split), store or add
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    store_row(tl.sum(tl.sum(acc, axis=2), axis=1), bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym,
+              HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS: tl.constexpr,
+              SPLIT_K: tl.constexpr):
+    """A GEMV program's float32 outputs y [BLOCK_N] of row pid_m: the bias once (first split), then stored, or added
+    into the float32 output of a split-K launch."""
     if HAS_BIAS:
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -93,17 +101,37 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
            caps: DeviceCaps | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row; `config` (GemvConfig's fields)
     forced by tests and benchmarks."""
-    m = x2.shape[0]
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1
     caps = caps or device_caps(x2.device)
-    bn, warps, waves, min_tiles = config or default_config(st, caps, m)
-    column_blocks = cdiv(st.n, bn)
-    splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
-         else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
-    _ggml_gemv_kernel[(m, column_blocks, splits)](
-        x2, *plane_args(st), st.lut if st.lut is not None else x2, bias if bias is not None else x2, y,
-        st.n, st.k, st.blocks, per, st.tiles, x2.stride(0), y.stride(0),
-        **type_constexprs(st), BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits, num_warps=warps)
-    return y.to(x2.dtype)
+    launch = Launch.of(x2, st, config or default_config(st, caps, x2.shape[0]), caps)
+    _ggml_gemv_kernel[launch.grid](
+        x2, *plane_args(st), st.lut if st.lut is not None else x2, bias if bias is not None else x2, launch.y,
+        st.n, st.k, st.blocks, launch.tiles_per_split, st.tiles, x2.stride(0), launch.y.stride(0),
+        **type_constexprs(st), BLOCK_N=launch.block_n, HAS_BIAS=bias is not None, SPLIT_K=launch.splits,
+        num_warps=launch.warps)
+    return launch.y.to(x2.dtype)
+
+
+class Launch(NamedTuple):
+    """A GEMV launch worked out: grid (rows, column blocks, splits), K tiles a split, and the output (float32
+    zeros to add the splits into, or the activations' dtype)."""
+    grid: tuple[int, int, int]
+    tiles_per_split: int
+    y: torch.Tensor
+    block_n: int
+    warps: int
+
+    @property
+    def splits(self) -> int:
+        return self.grid[2]
+
+    @classmethod
+    def of(cls, x2: torch.Tensor, st: GgmlState, config: tuple, caps: DeviceCaps) -> Launch:
+        """The launch of `config` (GemvConfig's fields) for x2 [M, K] against st on a device of these caps."""
+        bn, warps, waves, min_tiles = config
+        m, column_blocks = x2.shape[0], cdiv(st.n, bn)
+        splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
+        y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
+             else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
+        return cls((m, column_blocks, splits), per, y, bn, warps)
 

@@ -9,7 +9,7 @@ import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.path_table import Path, PathTable
-from quanta.kernels.ggml import cublas, gemm, gemv
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2
 from quanta.kernels.ggml.layout import GgmlState
 
 # The GEMV decodes the weight once per activation row, the GEMM once per tile of up to 16 rows: the GEMV's single
@@ -19,6 +19,16 @@ GEMV_MAX_M = 1
 # From here the GEMM is compute-bound and decoding each weight tile once per 128-256 rows costs more than decoding the
 # weight once into a transient copy for cuBLAS (the affine kernels' rule, CUBLAS_MIN_M there).
 CUBLAS_MIN_M = 257
+
+
+def _gemv_h2_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+    if m > GEMV_MAX_M:
+        return f"M={m} > {GEMV_MAX_M}"
+    return "not CUDA (PTX)" if not caps.is_cuda else gemv_h2.applies(st, caps)
+
+
+def _why_gemv_h2(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV, {st.name} code words to packed halves, packed-half FMAs"
 
 
 def _gemv_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -43,10 +53,12 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
+#   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
 #   cublas  M >= CUBLAS_MIN_M: the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
+    Path("gemv_h2", _gemv_h2_fits, gemv_h2.default_config, gemv_h2.matmul, _why_gemv_h2),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("gemm", lambda st, caps, m: None, gemm.default_config, gemm.matmul, _why_gemm),
