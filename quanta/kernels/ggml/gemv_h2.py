@@ -1,13 +1,11 @@
-"""Packed-half GEMVs for Q4_K and Q6_K (fp16 activations, CUDA): the file's code words turned into pairs of halves
-with a logic op each and met by the activations in packed-half FMAs (PTX), as the affine kernels' H2 loop does.
+"""Packed-half GEMVs for Q4_K and Q6_K (fp16 activations, CUDA): code words become pairs of halves with a logic op
+each and meet the activations in packed-half FMAs (PTX), as the affine kernels' H2 loop does.
 
-The fp32 GEMV (gemv.py) spends a funnel shift, two logic ops and an FMA on each value and is issue-bound far below
-the weight's copy bandwidth. Here a 32-bit word of codes yields two pairs of halves per LOP3 (Marlin's trick:
-(code | 0x6400) is the half 1024 + code), one FMA per pair maps them to (q - center) / 16 exactly, and two packed
-FMAs a pair take the dot product: about 2 instructions a value. A lane sums at most eight products in fp16 (Q4_K's
-four words, Q6_K's two word columns) before it leaves as float32; the sub-block's scale (and min) apply in float32.
-Each step loads the next super-block while it computes this one, and Q4_K's scales are read repacked
-(layout.k4_scale_pairs: one 32-bit load gives a sub-block pair's scales and mins).
+The fp32 GEMV (gemv.py) spends a funnel shift, two logic ops and an FMA on each value. Here a 32-bit word yields two
+pairs of halves per LOP3 (Marlin's trick: (code | 0x6400) is the half 1024 + code), one FMA a pair maps them to
+(q - center) / 16 exactly, and two packed FMAs a pair take the dot product. A lane sums at most eight products in
+fp16 before it leaves as float32; scales and mins apply in float32. Each step loads the next super-block while it
+computes this one; Q4_K's scales are read repacked (layout.k4_scale_pairs: one load a sub-block pair).
 
 Q4_K: word i of a 64-value chunk j holds values 4i..4i+3 of sub-block 2j in its low nibbles and of sub-block 2j + 1
 in its high nibbles. Q6_K: per 128-value half h, ql words i and 8 + i and qh word i hold values 4i..4i+3 of the four

@@ -3,16 +3,12 @@
 A ggml row interleaves its fields block by block (Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, an fp16
 d, then the next block), so a field sits at a 210-byte stride that no wide load can follow. `prepare()` moves each
 field of every block into a plane of its own, row-major [N, blocks * field size]: the code planes become int32
-words that load 16 bytes at a time, coalesced along K, and the held bytes are the file's bytes exactly, permuted.
+words that load 16 bytes at a time, coalesced along K, and the held bytes are the file's bytes, permuted; only
+Q4_K's 12 bytes of scales and mins are repacked, exactly, as 16 (k4_scale_pairs: one load a sub-block pair).
 
 Each type's row of LAYOUTS gives its planes (the byte range of the field in a block and the dtype the kernels read
 it in, in the order the decoder takes them) and the axes its decoder (decode.py) spreads a tile of 256 values over.
 No Triton here: the memory plan reads this table too.
-
-One field is repacked rather than only moved: Q4_K's 12 bytes of 6-bit scales and mins (get_scale_min_k4's packing)
-become 16, sub-block s's scale in byte 2s and its min in byte 2s + 1, so that a kernel reads a sub-block pair's four
-with one 32-bit load and two logic ops each, where the packed form costs three byte loads and a dozen operations.
-It is exact (the same 6-bit values) and holds 148 bytes a 144-byte block, 2.8% over the file.
 """
 from __future__ import annotations
 
