@@ -130,6 +130,52 @@ def test_model_against_itself(llms, text):
     assert r.layers and all(e.rel_frobenius == 0 and e.max_abs == 0 for e in r.layers)
 
 
+@pytest.fixture(scope="module")
+def lossless_pair(pair, tmp_path_factory):
+    """The tiny reference quantized to GGUF Q4_1, and that GGUF converted to float32 HF (exact: every value the
+    GGUF decodes to): (GGUF path, HF path)."""
+    root = tmp_path_factory.mktemp("lossless")
+    quanta.convert(pair[0], "gguf:Q4_1", root / "q4_1.gguf", validate=False, quiet=True)
+    report = quanta.convert(root / "q4_1.gguf", "hf", root / "hf", dtype="float32", validate=False, quiet=True)
+    assert report.lossless
+    return root / "q4_1.gguf", root / "hf"
+
+
+def test_exact_validation_of_a_lossless_conversion_gives_kl_zero(lossless_pair, text):
+    """On the float32 reference path the converted model computes its source's logits exactly: KL 0, top-1 100%,
+    equal perplexities. On the default path the GGUF runs torch's int4 kernel (bf16 inputs) and the two differ."""
+    gguf, hf = lossless_pair
+    r = quanta.validate(str(hf), str(gguf), text=text, ctx=CTX, n_windows=2, exact=True, layer_errors=False,
+                        model_options={"quiet": True})
+    assert r.kl.mean == 0 and r.kl.max == 0 and r.kl.top1_agreement == 1.0
+    assert r.perplexity == r.reference_perplexity
+    assert r.engine == {"device": "cpu", "dtype": "float32", "kernel": "dequantized"}
+    loose = quanta.validate(str(hf), str(gguf), text=text, ctx=CTX, n_windows=2, layer_errors=False,
+                            model_options={"quiet": True, "device": "cpu"})
+    assert loose.kl.mean > 0
+
+
+def test_convert_validates_a_lossless_output_exactly(lossless_pair, text, tmp_path):
+    """convert's own check of a lossless output runs on the float32 path and reports KL 0; asked for another
+    dtype it runs that."""
+    gguf, _ = lossless_pair
+    report = quanta.convert(gguf, "hf", tmp_path / "hf", dtype="float32", quiet=True, windows=1, ctx=CTX, text=text)
+    assert report.lossless and report.validation["kl_mean"] == 0
+    assert report.validation["engine"]["kernel"] == "dequantized"
+    report = quanta.convert(gguf, "hf", tmp_path / "hf2", dtype="float32", quiet=True, windows=1, ctx=CTX, text=text,
+                            validate_options={"dtype": "bfloat16", "device": "cpu"})
+    assert report.validation["engine"] == {"device": "cpu", "dtype": "bfloat16", "kernel": "auto"}
+    assert report.validation["kl_mean"] > 0
+
+
+def test_exact_refuses_a_built_model_or_another_kernel(llms, pair, text, no_model_built):
+    with pytest.raises(ConfigError, match="give a checkpoint path"):
+        quanta.validate(llms[0], str(pair[0]), text=text, ctx=CTX, n_windows=1, exact=True)
+    with pytest.raises(ConfigError, match="kernel='dequantized', not 'cpu_int4'"):
+        quanta.validate(str(pair[1]), str(pair[0]), text=text, ctx=CTX, n_windows=1, exact=True,
+                        model_options={"kernel": "cpu_int4"})
+
+
 def test_stored_reference(llms, text, live, tmp_path):
     """The reference's top-k log-probabilities stored, then compared: with k = the vocabulary the figures
     are the live ones; with a small k, KL is a lower bound of the live KL; other windows are refused."""

@@ -110,3 +110,35 @@ def test_weight_error_of_identical_gguf_is_zero(default_model_path):
     assert len(errors) == 1 + 30 * 7 and not unmatched            # the (tied) embedding and 7 per layer
     assert all(e.rel_frobenius == 0 and e.max_abs == 0 for e in errors)
     assert any("q4_1" in e.scheme for e in errors)
+
+
+@pytest.mark.slow
+def test_40_windows_against_a_lossless_conversion_in_bounded_memory(default_model_path, tmp_path):
+    """`quanta validate --windows 40 --exact` of the default model converted to float32 HF against the GGUF: KL 0
+    and perplexity equal, and the command's peak host memory (two models, one at a time, and the per-layer weight
+    error) about the same with 40 windows as with 4, under 3 GB."""
+    import re
+    import subprocess
+    import sys
+    out = tmp_path / "hf"
+    report = quanta.convert(default_model_path, "hf", out, dtype="float32", validate=False, quiet=True)
+    assert report.lossless
+    # the command in a child that reports its own peak resident set (ru_maxrss, KiB on Linux) as it exits
+    child = ("import resource, sys\nfrom quanta.cli.main import main\nrc = main(sys.argv[1:])\n"
+             "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(rc)")
+
+    def run(windows: int) -> tuple[dict, int]:
+        cmd = [sys.executable, "-c", child, "-q", "validate", str(out), "--reference", str(default_model_path),
+               "--windows", str(windows), "--exact", "--json", "--device", "cpu"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout), int(re.search(r"maxrss (\d+)", done.stderr).group(1)) * 1024
+
+    data, peak = run(40)
+    assert data["windows"] == 40 and data["scored_tokens"] == 40 * 256
+    assert data["perplexity"] == data["reference_perplexity"]
+    assert data["kl"]["mean"] == 0 and data["kl"]["top1_agreement"] == 1.0
+    _, peak_4 = run(4)
+    # the heap swings by a few hundred MB between windows (logits, scoring temporaries); growth with the windows
+    # (each window's KV blocks or reference logits kept) would add tens of MB a window
+    assert peak <= peak_4 + 500e6 and peak <= 3e9, f"peak RSS {peak / 1e9:.2f} GB, {peak_4 / 1e9:.2f} GB at 4 windows"

@@ -22,7 +22,7 @@ def cmd_validate(args) -> None:
     result = validate(model, args.reference, text=args.text, ctx=args.ctx, n_windows=args.windows,
                       stride=args.stride, score=args.score, model_options=engine_kwargs(args),
                       layer_errors=not args.no_layer_errors, save_reference=args.save_reference,
-                      top_k=args.top_k)
+                      top_k=args.top_k, exact=args.exact)
     print(result.to_json() if args.json else result.table(layers=args.layers))
 
 
@@ -44,5 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-layer-errors", action="store_true", help="skip the per-layer weight comparison")
     p.add_argument("--layers", action="store_true", help="list each weight matrix's error")
     p.add_argument("--json", action="store_true", help="the result as JSON")
+    p.add_argument("--exact", action="store_true",
+                   help="both sides on the float32 dequantized path (a lossless conversion: KL 0, perplexity equal)")
     add_engine_args(p)
     p.set_defaults(func=cmd_validate)

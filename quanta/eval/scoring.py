@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-ROWS = 64            # float64 rows per block: 64 x vocab x 8 bytes
+ROWS = 16            # float64 rows per block (16 x vocab x 8 bytes), a few such temporaries at once
 
 
 @dataclass(slots=True)
@@ -75,8 +75,14 @@ def score_against_logits(logits: torch.Tensor, ref_logits: torch.Tensor, window:
                          first: int) -> Positions:
     """Figures on one window against the reference's full logits (same window, same shape)."""
     assert ref_logits.shape == logits.shape, (ref_logits.shape, logits.shape)   # vocabularies checked up front
+    return score_against_rows(logits, scored(ref_logits, window, first)[0], window, first)
+
+
+def score_against_rows(logits: torch.Tensor, ref_rows: torch.Tensor, window: list[int], first: int) -> Positions:
+    """Figures on one window against the reference's logits at its scored positions only (`scored`'s rows)."""
     rows, targets = scored(logits, window, first)
-    ref_rows, _ = scored(ref_logits.to(logits.device), window, first)
+    assert ref_rows.shape == rows.shape, (ref_rows.shape, rows.shape)
+    ref_rows = ref_rows.to(logits.device)
     out: list[tuple] = []
     for _, lp, t, ref in _blocks(rows, targets, ref_rows):
         ref_lp = ref.double().log_softmax(-1)

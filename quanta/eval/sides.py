@@ -77,8 +77,12 @@ def open_side(model: Any, options: dict | None, ctx: int, what: str, allow_store
     options = dict(options or {})
     if options.get("max_model_len") is not None and options["max_model_len"] < ctx:
         raise ConfigError(f"ctx={ctx} is longer than max_model_len={options['max_model_len']} asked for the {what}")
-    options.setdefault("max_model_len", ctx)       # the KV cache holds one window, no more
+    # The KV cache holds one window, no more: windows run one at a time, and a larger pool (the CPU's default is
+    # a GiB) would be written a little further each window, its pages staying resident.
+    options.setdefault("max_model_len", ctx)
     config = EngineConfig.from_kwargs(str(model), **options)
+    if config.num_kv_blocks is None and config.kv_cache_memory is None:
+        config.num_kv_blocks = -(-ctx // config.block_size)
     checkpoint = open_checkpoint(config)
     limit = checkpoint.config.max_position_embeddings
     if ctx > limit:

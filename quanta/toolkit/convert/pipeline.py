@@ -80,7 +80,7 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
     with Staging(out, target.is_file, force) as stage:
         _write(stage.main, ckpt, target, converter, stream, max_shard_size)
         if validate:
-            result = _validate(stage.main, src, windows, ctx, text, validate_options, quiet)
+            result = _validate(stage.main, src, windows, ctx, text, validate_options, quiet, report.lossless)
             stage.sidecar("validation").write_text(result.to_json() + "\n", encoding="utf-8")
             report.validation = validation_summary(result)
         report.seconds = time.perf_counter() - start
@@ -150,20 +150,24 @@ def _calibrated(ckpt: Checkpoint, target: Target, calibration: str | Path, group
         yield name, t
 
 
-def _validate(output: Path, src: Path, windows: int, ctx: int, text, options: dict | None, quiet: bool):
+def _validate(output: Path, src: Path, windows: int, ctx: int, text, options: dict | None, quiet: bool,
+              lossless: bool):
+    """The output against its source. A lossless conversion is checked on the float32 reference path (validate's
+    `exact`), where it must give the source's logits exactly, unless `options` name a kernel or dtype."""
     from quanta.eval import validate
     opts = dict(options or {})
     if quiet:
         opts.setdefault("quiet", True)
+    exact = lossless and not {"kernel", "dtype"} & {k for k, v in opts.items() if v not in (None, "auto")}
     return validate(str(output), reference=str(src), text=text, ctx=ctx, n_windows=windows,
-                    model_options=opts, layer_errors=False, progress=not quiet)
+                    model_options=opts, layer_errors=False, progress=not quiet, exact=exact)
 
 
 def validation_summary(result) -> dict[str, Any]:
     """The figures of a ValidationResult that the report keeps."""
     kl = result.kl
     return {"windows": result.windows, "ctx": result.ctx, "scored_tokens": result.scored_tokens,
-            "perplexity": result.perplexity, "reference_perplexity": result.reference_perplexity,
+            "engine": result.engine, "perplexity": result.perplexity, "reference_perplexity": result.reference_perplexity,
             "kl_mean": None if kl is None else kl.mean, "top1_agreement": None if kl is None else kl.top1_agreement}
 
 
