@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
     ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
-                    "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name regex:gemv)")
+                    "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel')")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.profile:
