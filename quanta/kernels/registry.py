@@ -80,9 +80,11 @@ def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dt
         why_not = (avoid or {}).get(module.NAME) or module.supports(weight, device, dtype)
         if why_not is None:
             reason = "first choice" if not passed else "fallback: " + "; ".join(passed)
+            # debug, not info: a fallback is how these weights run here, not news (LLM.kernels() and
+            # `quanta inspect` report every choice with its reason)
             if passed and (module.NAME, reason) not in _warned:
                 _warned.add((module.NAME, reason))
-                log.info("kernel %s for %s on %s (%s)", module.NAME, _describe(weight), device.type, reason)
+                log.debug("kernel %s for %s on %s (%s)", module.NAME, _describe(weight), device.type, reason)
             return module, reason
         passed.append(f"{module.NAME}: {why_not}")
     raise UnsupportedError(f"no kernel can run {_describe(weight)} on {device.type} in {dtype}: "
