@@ -11,6 +11,7 @@ from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
 from quanta.kernels.device_caps import PRESETS
 from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, plan
+from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
 from quanta.planner.weight_bytes import gguf_gemm_bytes
 from quanta.quant.kinds.gguf import Gguf
@@ -140,6 +141,18 @@ def test_held_at_the_files_bytes(name):
     if name in K_QUANTS or name == "IQ4_NL":         # the types the plan puts on these kernels
         lower = name.lower()
         assert gguf_gemm_bytes(n, k, lower[:-1] + "K" if lower.endswith("_k") else lower, 2) == st.nbytes
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
+def test_prepare_moves_rows_a_slice_at_a_time_to_the_same_planes(name, monkeypatch):
+    """The planes are the same whether the rows reach the device at once or a few rows at a time (3 rows a slice,
+    N = 40: a short last slice)."""
+    n, k = shape_of(name)
+    w, _ = make_gguf(n, k, name)
+    whole = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    monkeypatch.setattr(layout, "PREPARE_SLICE_BYTES", 3 * w.data.shape[1])
+    sliced = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(whole.planes, sliced.planes))
 
 
 def test_q4_k_scales_repack_to_the_gguf_packages_scales_and_mins():

@@ -22,6 +22,7 @@ from quanta.quant.kinds.gguf import Gguf
 
 TILE = 256                  # values of a row a tile holds: one K-quant super-block, or eight 32-value blocks
 INT32_LIMIT = 2 ** 31       # plane offsets are int32 in the kernels
+PREPARE_SLICE_BYTES = 64 << 20      # file bytes prepare() moves to the device at once
 
 
 class Plane(NamedTuple):
@@ -127,9 +128,18 @@ def prepare(weight: Gguf, device: torch.device, dtype: torch.dtype) -> GgmlState
     layout = LAYOUTS[t.name]
     assert sum(p.size for p in layout.planes) == t.type_size, t.name
     n, k = weight.shape
-    blocks = weight.data.to(device).view(n, k // t.block_size, t.type_size)
-    planes = tuple(_field(blocks, p, t.name).view(p.dtype).reshape(n, -1) for p in layout.planes)
-    del blocks
+    nb = k // t.block_size
+    device = torch.device(device)
+    planes = tuple(torch.empty(n, nb * p.held_bytes, dtype=torch.uint8, device=device) for p in layout.planes)
+    # rows move a slice at a time, so that the device holds the planes and one slice of the file's bytes, not a
+    # second copy of the weight while it is split
+    step = max(1, PREPARE_SLICE_BYTES // max(1, nb * t.type_size))
+    for r in range(0, n, step):
+        blocks = weight.data[r:r + step].to(device).view(-1, nb, t.type_size)
+        for plane, p in zip(planes, layout.planes):
+            plane[r:r + step] = _field(blocks, p, t.name).reshape(blocks.shape[0], -1)
+        del blocks
+    planes = tuple(plane.view(p.dtype) for plane, p in zip(planes, layout.planes))
     lut = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device) if t.name.startswith("iq4") else None
     return GgmlState(planes, layout, t.name, n, k, dtype, lut)
 
