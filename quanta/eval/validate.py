@@ -75,9 +75,9 @@ def validate(model: Any, reference: Any = None, *, text: str | Path | None = Non
     reference path (EXACT_OPTIONS), where a lossless conversion gives the reference's logits bit for bit.
     ConfigError for bad input, raised before any weights are loaded where the input allows."""
     start = time.perf_counter()
+    if reference_options is None and not isinstance(reference, LLM):
+        reference_options = model_options          # a reference given as a path runs as the model does
     if exact:
-        if reference_options is None and not isinstance(reference, LLM):
-            reference_options = model_options
         model_options = exact_options(model, model_options, "model")
         if reference is not None and not (isinstance(reference, (str, Path)) and is_reference_file(reference)):
             reference_options = exact_options(reference, reference_options, "reference")
@@ -88,10 +88,7 @@ def validate(model: Any, reference: Any = None, *, text: str | Path | None = Non
     ours = open_side(model, model_options, spec.ctx, "model")
     ref = None
     if reference is not None:
-        options = reference_options
-        if options is None and not isinstance(reference, LLM):
-            options = model_options
-        ref = open_side(reference, options, spec.ctx, "reference", allow_stored=True)
+        ref = open_side(reference, reference_options, spec.ctx, "reference", allow_stored=True)
         check_same_vocabulary(ours, ref, body[:TOKENIZER_SAMPLE_CHARS])
     windows = tokenize(ours.tokenizer, body, spec)
     if ref is not None and ref.stored is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from quanta.kernels.affine.gemv import _pair
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.gemv import GemvConfig, Launch, store_row
 from quanta.kernels.ggml.layout import GgmlState
@@ -101,12 +102,6 @@ _Q6K_DOT = tl.constexpr(
                         [f"${4 + 3 * Q6K_WORDS + 8 * c + e}" for e in range(8)], c == 0) for c in range(Q6K_WORDS))
     + "".join(_LANES_TO_F32.format(acc=f"a{q}", out=f"${q}") for q in range(4)) + "}")
 Q6K_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * (Q6K_WORDS * 11)))
-
-
-@triton.jit
-def _pair(a, b):
-    """Two fp16 vectors as one int32 vector of (a | b << 16), the operand of a packed-half instruction."""
-    return (a.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (b.to(tl.int16, bitcast=True).to(tl.int32) << 16)
 
 
 @triton.jit
