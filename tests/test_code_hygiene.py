@@ -16,7 +16,8 @@ ROOM_SHARE = 0.26
 # What each room may import besides itself (DESIGN.md's dependency direction).
 _LOWER = {"quant": set(), "loaders": {"quant"}, "kernels": {"quant"}}
 _LOWER["planner"] = {"loaders", "kernels"} | _LOWER["loaders"]
-_LOWER["engine"] = {"planner"} | _LOWER["planner"]
+_LOWER["lora"] = {"loaders", "kernels"} | _LOWER["loaders"]
+_LOWER["engine"] = {"planner", "lora"} | _LOWER["planner"]
 _LOWER["eval"] = {"engine"} | _LOWER["engine"]
 _LOWER["server"] = {"engine"} | _LOWER["engine"]
 _LOWER["toolkit"] = {"eval"} | _LOWER["eval"]

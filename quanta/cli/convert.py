@@ -3,6 +3,7 @@
     quanta convert SmolLM2.Q4_1.gguf --to hf --out smollm2-hf/
     quanta convert llama-awq/ --to gptq --out llama-gptq/
     quanta convert llama-hf/ --to gguf:Q4_K_M --out llama.Q4_K_M.gguf
+    quanta convert llama-hf/ --merge-lora my-lora/ --to awq --out llama-mine-awq/
 
 Prints what happened to the tensors (lossless or re-quantized, and the error) and, unless --no-validate,
 one line comparing the output with the source. SIGTERM and Ctrl-C stop the conversion cleanly: nothing is
@@ -24,7 +25,7 @@ def cmd_convert(args) -> None:
                          dtype=args.dtype, calibration=args.calibration, group_size=args.group_size,
                          windows=args.windows, ctx=args.ctx, text=args.text, max_shard_size=args.max_shard_size,
                          validate_options={"device": args.device} if args.device else None,
-                         quiet=getattr(args, "quiet", False))
+                         quiet=getattr(args, "quiet", False), merge_lora=args.merge_lora)
     print(report.summary())
     if report.validation is not None:
         print(validation_line(report.validation))
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--no-validate", action="store_true", help="skip the validation against the source")
     p.add_argument("--dtype", help="float dtype of unquantized tensors (hf: of all): float32, float16, bfloat16")
+    p.add_argument("--merge-lora", metavar="ADAPTER",
+                   help="merge a LoRA adapter (peft directory or GGUF LoRA file) into the weights it targets")
     p.add_argument("--calibration", metavar="FILE", help="text file: re-quantize AWQ / GPTQ with calibration")
     p.add_argument("--group-size", type=int, default=DEFAULT_GROUP,
                    help=f"group size of re-quantized int weights (default {DEFAULT_GROUP})")

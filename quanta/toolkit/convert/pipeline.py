@@ -32,7 +32,7 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
             dtype: str | None = None, calibration: str | Path | None = None, group_size: int = DEFAULT_GROUP,
             windows: int = DEFAULT_WINDOWS, ctx: int = DEFAULT_CTX, text: str | Path | None = None,
             validate_options: dict[str, Any] | None = None, max_shard_size: int | str = DEFAULT_SHARD_SIZE,
-            quiet: bool = False) -> ConvertReport:
+            quiet: bool = False, merge_lora: str | Path | None = None) -> ConvertReport:
     """Convert checkpoint `src` to format `to` (convert/target.py: hf, awq, gptq, compressed-tensors, fp8, nf4,
     gguf[:TYPE]) at `out` (a directory; a file for gguf) and return the ConvertReport, also stored beside the
     output (DST/quanta_convert.json, or DST.convert.json next to a GGUF file).
@@ -54,6 +54,13 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
     every tensor). `group_size`: of re-quantized AWQ/GPTQ/compressed-tensors weights when the source does
     not fix one. ConfigError / UnsupportedError naming the problem, before any output is written where the
     input allows.
+
+    `merge_lora`: a peft adapter directory or GGUF LoRA file whose product is added to each weight it targets,
+    W + scaling * B @ A in float32 (a quantized W dequantized first; the sum then stored as the target stores
+    a float weight, re-quantized where the target is quantized), adding the merged weight's float32 copy to
+    the memory bound. Such weights are reported "merged", never lossless, with the error of storing the merged
+    weight. The validation (never on the exact path) compares the adapted output with the unmerged source, so
+    its figures include the adapter's own change: no merged float reference exists to separate the two.
     
     Lossless pairs: AWQ <-> GPTQ v2 without act-order, symmetric GPTQ -> AWQ, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 <->
     affine integer formats where the integer form exists (Q4_0/Q5_0/Q8_0 have integer zero points; Q4_1/Q5_1
@@ -75,14 +82,24 @@ def convert(src: str | Path, to: str, out: str | Path, *, force: bool = False, v
         raise ConfigError(f"validation needs windows >= 1 and ctx >= 2, got {windows!r} and {ctx!r}")
     ckpt = load(src)
     report = ConvertReport(source=str(src), source_format=ckpt.format, output=str(out), target=str(target))
+    merged = None
+    if merge_lora is not None:
+        from quanta.toolkit.convert.merge import lora_summary, merge_lora as merge
+        ckpt, merged = merge(ckpt, merge_lora)
+        report.merged_lora = lora_summary(merged)
     converter = TensorConverter(ckpt, target, group_size)
     stream = _stream(ckpt, target, converter, calibration, group_size, quiet, report.tensors)
     with Staging(out, target.is_file, force) as stage:
         _write(stage.main, ckpt, target, converter, stream, max_shard_size)
+        if merged is not None:
+            from quanta.toolkit.convert.merge import mark_merged
+            mark_merged(report.tensors, merged)
         if validate:
             result = _validate(stage.main, src, windows, ctx, text, validate_options, quiet, report.lossless)
             stage.sidecar("validation").write_text(result.to_json() + "\n", encoding="utf-8")
             report.validation = validation_summary(result)
+            if merged is not None:
+                report.validation["reference"] = "the unmerged source"
         report.seconds = time.perf_counter() - start
         stage.sidecar("convert").write_text(report.to_json(), encoding="utf-8")
     return report
@@ -175,5 +192,6 @@ def validation_line(v: dict[str, Any]) -> str:
     """One line: perplexity change, KL divergence, top-1 agreement."""
     ref, ppl = v["reference_perplexity"], v["perplexity"]
     change = f" ({(ppl / ref - 1) * 100:+.2f}%)" if ref else ""
+    against = f"; against {v['reference']}" if v.get("reference") else ""
     return (f"validate: perplexity {ref:.4g} -> {ppl:.4g}{change}, KL {v['kl_mean']:.4g} nats, "
-            f"top-1 {v['top1_agreement'] * 100:.1f}% ({v['windows']} x {v['ctx']} tokens)")
+            f"top-1 {v['top1_agreement'] * 100:.1f}% ({v['windows']} x {v['ctx']} tokens{against})")

@@ -10,8 +10,9 @@ import torch
 
 from quanta.quant.qtensor import QTensor
 
-# How a tensor reached the output. "lossless": the stored values equal the source's exactly.
-ACTIONS = ("copied", "lossless", "cast", "dequantized", "quantized", "requantized")
+# How a tensor reached the output. "lossless": the stored values equal the source's exactly. "merged": a LoRA
+# adapter's product was added (convert/merge.py), then stored as the target holds it.
+ACTIONS = ("copied", "lossless", "cast", "dequantized", "quantized", "requantized", "merged")
 
 
 def scheme_of(t: torch.Tensor | QTensor) -> str:
@@ -29,7 +30,8 @@ class TensorRecord:
     target: str
     action: str                       # one of ACTIONS
     lossless: bool
-    error: float | None = None        # ||W_out - W_src|| / ||W_src|| (0.0 when lossless)
+    error: float | None = None        # ||W_out - W_src|| / ||W_src|| (0.0 when lossless); merged: W_src merged
+                                      # with the adapter, so the error is the target's on the merged weight
     method: str | None = None         # the quantizer for quantized / requantized ("rtn", "awq", "gguf q4_K", ...)
 
 
@@ -43,6 +45,7 @@ class ConvertReport:
     tensors: list[TensorRecord] = field(default_factory=list)
     validation: dict[str, Any] | None = None
     seconds: float | None = None
+    merged_lora: dict[str, Any] | None = None     # the adapter merged into the weights (convert/merge.py)
 
     @property
     def lossless(self) -> bool:
@@ -57,7 +60,8 @@ class ConvertReport:
         return {"source": self.source, "source_format": self.source_format, "output": self.output,
                 "target": self.target, "lossless": self.lossless,
                 "counts": dict(Counter(r.action for r in self.tensors)),
-                "tensors": [asdict(r) for r in self.tensors], "validation": self.validation}
+                "tensors": [asdict(r) for r in self.tensors], "validation": self.validation,
+                "merged_lora": self.merged_lora}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -68,6 +72,10 @@ class ConvertReport:
         head = (f"{self.source} ({self.source_format}) -> {self.output} ({self.target}): {len(self.tensors)} tensors, "
                 + ", ".join(f"{n} {a}" for a, n in sorted(counts.items())))
         lines = [head + (" (lossless)" if self.lossless else "")]
+        if self.merged_lora is not None:
+            m = self.merged_lora
+            lines.append(f"  merged LoRA {m['adapter']} (rank {m['rank']}) into {m['modules']} weights: "
+                         "the output is the adapted model")
         groups: dict[tuple[str, str, str], list[TensorRecord]] = {}
         for r in self.changed():
             groups.setdefault((r.source, r.target, r.action), []).append(r)
