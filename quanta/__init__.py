@@ -16,6 +16,9 @@ def __getattr__(name):
     if name == "PlanRequest":
         from quanta.planner.request import PlanRequest
         return PlanRequest
+    if name == "LoRARequest":
+        from quanta.lora.request import LoRARequest
+        return LoRARequest
     if name == "convert":
         from quanta.toolkit.convert.pipeline import convert
         return convert
@@ -32,4 +35,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "QuantaError", "plan", "PlanRequest",
-           "quantize", "validate", "convert", "bench"]
+           "LoRARequest", "quantize", "validate", "convert", "bench"]

@@ -16,16 +16,25 @@ from quanta.cli.options import (add_engine_args, add_sampling_args, engine_kwarg
 
 
 def load_llm(args: argparse.Namespace):
-    """The LLM the command line describes (the embedded default model unless --model)."""
+    """The LLM the command line describes (the embedded default model unless --model); with --lora, the
+    adapter's LoRARequest goes to args.lora_request and the engine gets slots of its rank."""
     from quanta.engine import LLM
     from quanta.cli.default_model import default_model_path
-    return LLM(model=str(args.model or default_model_path()), **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    args.lora_request = None
+    if getattr(args, "lora", None):
+        from quanta.lora.adapter import load_adapter
+        from quanta.lora.request import LoRARequest
+        rank = load_adapter(args.lora).rank
+        kwargs = {"enable_lora": True, "max_lora_rank": rank} | kwargs
+        args.lora_request = LoRARequest("lora", 1, args.lora)
+    return LLM(model=str(args.model or default_model_path()), **kwargs)
 
 
-def complete(llm, prompt, params):
-    """Run one request to its end: (RequestOutput, Timing)."""
+def complete(llm, prompt, params, lora_request=None):
+    """Run one request (with `lora_request`'s adapter, or none) to its end: (RequestOutput, Timing)."""
     start = time.perf_counter()
-    request_id = llm.add_request(prompt, params)
+    request_id = llm.add_request(prompt, params, lora_request=lora_request)
     out, first = None, None
     while llm.has_unfinished():
         for step_out in llm.step():
@@ -92,7 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise ConfigError(f"{args.model}: the model has no tokenizer: pass --prompt-token-ids, or --tokenizer DIR")
     else:
         prompt = args.prompt
-    out, timing = complete(llm, prompt, args.sampling)
+    out, timing = complete(llm, prompt, args.sampling, args.lora_request)
     print(_text(llm, out))
     if args.stats:
         print(timing.line(), file=sys.stderr)
@@ -114,7 +123,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
         if llm is None:
             reply = _print_remote(args, "/chat/completions", {"messages": messages})
         else:
-            out, timing = complete(llm, chat_prompt(llm, messages), args.sampling)
+            out, timing = complete(llm, chat_prompt(llm, messages), args.sampling, args.lora_request)
             reply = _text(llm, out)
             print(reply, flush=True)
             if args.stats:
@@ -128,6 +137,13 @@ def check_generate(args: argparse.Namespace) -> None:
         raise ConfigError("give a prompt or --prompt-token-ids, not both and not neither")
     if args.prompt_token_ids is not None and args.chat_template:
         raise ConfigError("--chat-template applies to a text prompt, not to --prompt-token-ids")
+    if args.lora and args.url:
+        raise ConfigError("--lora loads an adapter locally; with --url, name a served adapter with --model")
+
+
+def _add_lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", default=None, metavar="ADAPTER",
+                   help="run with a LoRA adapter (a peft directory or a GGUF LoRA file) over the model")
 
 
 def _add_remote_args(p: argparse.ArgumentParser) -> None:
@@ -143,6 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="the prompt as token ids (e.g. 1,2,3), for models without a tokenizer")
     gen.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user chat message")
     add_engine_args(gen)
+    _add_lora_arg(gen)
     add_sampling_args(gen)
     _add_remote_args(gen)
     gen.set_defaults(func=cmd_generate, check=check_generate)
@@ -150,6 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           parents=[quiet_parent()])
     chat.add_argument("--system", default=None, help="system prompt")
     add_engine_args(chat)
+    _add_lora_arg(chat)
     add_sampling_args(chat)
     _add_remote_args(chat)
     chat.set_defaults(func=cmd_chat)

@@ -61,6 +61,11 @@ ENGINE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--max-num-batched-tokens", "max_num_batched_tokens", dict(type=int, help="token budget of one step")),
     ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="ranks (one process and GPU each) "
                                                                            "to split the model over")),
+    ("--max-loras", "max_loras", dict(type=int, help="LoRA adapters resident at once (default 1; serve: the "
+                                                     "number of --lora-modules)")),
+    ("--max-lora-rank", "max_lora_rank", dict(type=int, help="the largest LoRA rank the slots hold (default 16)")),
+    ("--max-cpu-loras", "max_cpu_loras", dict(type=int, help="LoRA adapters kept read on the host (default "
+                                                             "--max-loras)")),
 ]
 
 
@@ -76,6 +81,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--disable-custom-all-reduce", action="store_true", default=None,
                    help="tensor parallelism: NCCL for every all-reduce, not the one-shot kernel for small ones")
+    p.add_argument("--enable-lora", action="store_true", default=None,
+                   help="serve LoRA adapters over the base (implied by serve's --lora-modules)")
     p.add_argument("--allow-pickle", action="store_true", default=None,
                    help="load an HF checkpoint's pickle weights (.bin/.pt) with torch.load(weights_only=True); "
                         "without it they are refused, since unpickling a file can run code")
@@ -84,7 +91,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The LLM(...) keywords the user gave (the rest keep the engine's defaults)."""
     names = [dest for _, dest, _ in ENGINE_OPTIONS] + ["enforce_eager", "enable_prefix_caching", "allow_pickle",
-                                                    "disable_custom_all_reduce"]
+                                                    "disable_custom_all_reduce", "enable_lora"]
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     kwargs["seed"] = args.seed
     if getattr(args, "quiet", False):

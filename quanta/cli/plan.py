@@ -32,6 +32,8 @@ def print_report(p) -> None:
     print(f"  activation peak  {_gib(p.activation_peak)}")
     print(f"  CUDA graphs      {_gib(p.cuda_graphs)}")
     print(f"  runtime          {_gib(p.runtime_overhead)}")
+    if p.lora_slots:
+        print(f"  LoRA slots       {_gib(p.lora_slots)}")
     print(f"  KV cache         {_gib(p.kv_cache_bytes)} at {p.kv_bytes_per_token:,} bytes per token "
           f"({p.kv_cache_dtype}): {p.kv_capacity_tokens:,} tokens, {p.max_concurrent_seqs} sequences of "
           f"{p.max_model_len:,} tokens at once")
@@ -78,5 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"))
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (no graph headroom)")
+    p.add_argument("--enable-lora", action="store_true", help="count LoRA adapter slots")
+    p.add_argument("--max-loras", type=int, default=1, help="adapter slots (with --enable-lora)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the slots' rank (with --enable-lora)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.set_defaults(func=cmd_plan)

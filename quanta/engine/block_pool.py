@@ -14,9 +14,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
-def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+def chain_hash(parent: int | tuple | None, token_ids: tuple[int, ...]) -> int:
     """Hash of one full block given its parent block's hash (None for the first block)."""
     return hash((parent, token_ids))
+
+
+def root_hash(seq) -> tuple | None:
+    """The first block's parent: None, or the sequence's adapter, whose KV differs from the base's for the
+    same tokens (so each adapter caches its own prefixes)."""
+    lora_id = getattr(seq, "lora_id", None)
+    return None if lora_id is None else ("lora", lora_id)
 
 
 @dataclass(slots=True)
@@ -64,12 +71,13 @@ class BlockPool:
             self.free_ids.remove(block_id)              # revived from the free list by a cache hit
         block.ref_count += 1
 
-    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Ids of cached blocks matching the leading full blocks of `token_ids`. The last token is
-        never covered, so that a step always computes it (its logits are needed)."""
+    def _cached_prefix(self, seq) -> list[int]:
+        """Ids of cached blocks matching the leading full blocks of `seq`'s tokens under its adapter. The last
+        token is never covered, so that a step always computes it (its logits are needed)."""
         if not self.enable_prefix_caching:
             return []
-        hits, parent = [], None
+        token_ids = seq.all_ids
+        hits, parent = [], root_hash(seq)
         for i in range((len(token_ids) - 1) // self.block_size):
             chunk = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
             parent = chain_hash(parent, chunk)
@@ -83,7 +91,7 @@ class BlockPool:
     def can_allocate(self, seq, reserve: bool = True) -> bool:
         """Room for all of `seq`'s current tokens (counting prefix-cache hits), keeping a small
         watermark of blocks free for the running sequences' growth when `reserve`."""
-        hits = self._cached_prefix(seq.all_ids)
+        hits = self._cached_prefix(seq)
         revived = sum(self.blocks[b].ref_count == 0 for b in hits)
         needed = self.blocks_needed(seq.num_tokens) - len(hits) + revived
         return needed + (self.watermark_blocks if reserve else 0) <= self.num_free
@@ -92,7 +100,7 @@ class BlockPool:
         """Give `seq` blocks for all its tokens; leading cached blocks are shared, and
         seq.num_computed_tokens starts after them."""
         assert not seq.block_table
-        hits = self._cached_prefix(seq.all_ids) if use_cache else []
+        hits = self._cached_prefix(seq) if use_cache else []
         for block_id in hits:
             self._ref(block_id)
         self.prefix_hits += len(hits)
@@ -140,7 +148,8 @@ class BlockPool:
             return
         ids = seq.all_ids
         full = min(seq.num_computed_tokens, len(ids)) // self.block_size
-        parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else None
+        parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks \
+            else root_hash(seq)
         for i in range(seq.num_hashed_blocks, full):
             chunk = tuple(ids[i * self.block_size:(i + 1) * self.block_size])
             parent = chain_hash(parent, chunk)

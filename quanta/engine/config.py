@@ -37,6 +37,7 @@ class EngineConfig(MemoryRequest):
                                               # kernel (engine/parallel/one_shot.py)
     allow_pickle: bool = False          # load an HF checkpoint's .bin/.pt weights (torch.load(weights_only=True));
                                         # off, they are refused: unpickling can run code
+    max_cpu_loras: int | None = None    # adapters kept read on the host (default max_loras; at least that)
 
     def __post_init__(self):
         if self.device is None:
@@ -48,6 +49,14 @@ class EngineConfig(MemoryRequest):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"max_cpu_loras must be an integer >= max_loras={self.max_loras}, "
+                              f"got {self.max_cpu_loras!r}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ConfigError("enable_lora with tensor_parallel_size > 1 is not supported: adapters run on one "
+                              "GPU (tensor_parallel_size=1)")
         if self.async_scheduling is None:
             self.async_scheduling = torch.device(self.device).type == "cuda"
         if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():

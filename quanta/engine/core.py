@@ -39,6 +39,8 @@ from quanta.engine.sequence import Sequence
 from quanta.kernels.device_caps import use_triton
 from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.formats import Source
+from quanta.lora.request import LoRARequest
+from quanta.lora.slots import LoRASlots
 from quanta.planner.activation import activation_peak as plan_activation_peak
 from quanta.planner.fit_check import check_fits, check_shardable, device_total, out_of_memory
 from quanta.quant.errors import ConfigError, QuantaError
@@ -47,7 +49,8 @@ log = logging.getLogger(__name__)
 
 # What close() lets go of: the weights, KV cache, runner (its buffers and CUDA graphs), pool, scheduler,
 # requests and the checkpoint (its open files).
-HELD = ("model", "kv_cache", "runner", "pool", "scheduler", "requests", "_in_flight", "checkpoint", "generator")
+HELD = ("model", "kv_cache", "runner", "pool", "scheduler", "requests", "_in_flight", "checkpoint", "generator",
+        "lora")
 
 
 class EngineClosedError(QuantaError, RuntimeError):
@@ -123,6 +126,9 @@ class EngineCore:
                 self.model = build_model(self.checkpoint, self.device, self.dtype, triton=self.triton,
                                          force_kernel=cfg.kernel, quiet=cfg.quiet,
                                          lm_head_dtype=cfg.lm_head_dtype(self.dtype), tp=self.tp)
+                self.lora = LoRASlots(self.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras,
+                                      max(cfg.max_num_batched_tokens, cfg.max_num_seqs), self.triton) \
+                    if cfg.enable_lora else None
             self.weight_bytes = self._allocated() - before
             cfg.check_weights_under_cap(self.weight_bytes)
         except BaseException as e:
@@ -168,11 +174,13 @@ class EngineCore:
         reserved_before = torch.cuda.memory_reserved(self.device) if graphs else 0
         with out_of_memory("capturing CUDA graphs" if graphs else "building the runner", self.plan):
             self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, cfg.max_num_seqs,
-                                      cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs)
+                                      cfg.max_num_batched_tokens, self.generator, cuda_graphs=graphs,
+                                      lora=self.lora)
         # The graphs' pool and the runner's static buffers, as the allocator grew for them.
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - reserved_before if graphs else 0
         self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.async_scheduling)
+        self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.async_scheduling,
+                                   max_loras=cfg.max_loras if cfg.enable_lora else None)
         self.requests = Requests(self.scheduler, self.tokenizer, self.eos_ids, mc.vocab_size, self.max_model_len,
                                  self.device)
         self._in_flight: LaunchedStep | None = None    # launched ahead by async scheduling, not collected
@@ -191,7 +199,7 @@ class EngineCore:
         cfg = self.config
         blocks = blocks_spanned(dummy_batch(cfg.max_num_batched_tokens, self.max_model_len, cfg.block_size))
         scratch = ModelRunner(self.model, self._new_cache(blocks), self.max_model_len, cfg.max_num_seqs,
-                              cfg.max_num_batched_tokens)
+                              cfg.max_num_batched_tokens, lora=self.lora)
         peak = scratch.profile_peak_memory()
         del scratch
         torch.cuda.empty_cache()
@@ -210,9 +218,16 @@ class EngineCore:
 
     # --- the loop -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, prompt: str | None = None) -> str:
-        """Queue one tokenized prompt (`prompt`: its text, echoed in the outputs); returns the request id."""
-        return self.requests.add(prompt_ids, params, request_id, prompt)
+                    request_id: str | None = None, prompt: str | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
+        """Queue one tokenized prompt (`prompt`: its text, echoed in the outputs) to run with `lora_request`'s
+        adapter (read and checked now, when the engine has enable_lora) or none; returns the request id."""
+        if lora_request is not None:
+            if self.lora is None:
+                raise ConfigError(f"a LoRA request ({lora_request.lora_name!r}) needs an engine started with "
+                                  "enable_lora=True (quanta serve: --lora-modules or --enable-lora)")
+            self.lora.check(lora_request)
+        return self.requests.add(prompt_ids, params, request_id, prompt, lora_request)
 
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """One iteration: launch, advance, maybe launch the next decode ahead, fold this step's tokens.
@@ -285,7 +300,7 @@ class EngineCore:
         else:
             graphs, graphs_source = cfg.graph_margin, "margin (the capture reserved nothing new)"
         return {"device": str(self.device), "weights": weight_memory(self.model), "load_peak": self.load_peak,
-                "kv_cache": self.kv_cache.nbytes,
+                "kv_cache": self.kv_cache.nbytes, "lora_slots": self.lora.nbytes() if self.lora else 0,
                 "kv_cache_blocks": self.num_kv_blocks, "activation_peak": activation,
                 "activation_source": activation_source, "cuda_graphs": graphs, "cuda_graphs_source": graphs_source,
                 "free": free_bytes(self.device)}

@@ -66,6 +66,7 @@ class QuantLinear(nn.Module):
         self.bias: torch.Tensor | None = None
         self.stored_bytes = 0                       # the canonical weight's bytes, as read from the checkpoint
         self.pad = (0, 0)                           # zero input columns before / after x (a widened TP piece)
+        self.lora = self.lora_step = None           # adapter slots (quanta.lora.slots), when LoRA is enabled
 
     def load(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | None, device: torch.device,
              dtype: torch.dtype, name: str = "", force_kernel: str | None = None,
@@ -90,7 +91,12 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad != (0, 0):
             x = F.pad(x, self.pad)
-        return self.kernel.apply(x, self.state, self.bias)
+        y = self.kernel.apply(x, self.state, self.bias)
+        return self.lora.add(x, y, self.lora_step) if self.lora is not None and self.lora_step.active else y
+
+    def attach_lora(self, slots, step) -> None:
+        """Add each token's adapter products (quanta.lora.slots.LayerSlots, read by `step`) to the output."""
+        self.lora, self.lora_step = slots, step
 
     def take_input_order(self) -> torch.Tensor | None:
         """The order (int32 [K]: input column k reads feature order[k]) in which this layer's kernel would gather
@@ -122,6 +128,8 @@ class MergedQuantLinear(nn.Module):
         self.sizes = list(self.parts.values())
         self.fused = QuantLinear(in_features, sum(self.sizes), bias)
         self.separate: nn.ModuleList | None = None
+        self.input_order: torch.Tensor | None = None     # the order its input arrives in (take_input_order)
+        self.lora = self.lora_step = None
 
     def load(self, weights: list, biases: list, device: torch.device, dtype: torch.dtype,
              names: list[str], force_kernel: str | None = None) -> None:
@@ -149,15 +157,22 @@ class MergedQuantLinear(nn.Module):
             layer.load(w, b, device, dtype, name=name, force_kernel=force_kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., K] -> [..., sum of the parts' N], the parts in order."""
-        if self.fused is not None:
-            return self.fused(x)
-        return torch.cat([layer(x) for layer in self.separate], dim=-1)
+        """[..., K] -> [..., sum of the parts' N], the parts in order (plus the tokens' adapter products)."""
+        y = self.fused(x) if self.fused is not None else torch.cat([layer(x) for layer in self.separate], dim=-1)
+        return self.lora.add(x, y, self.lora_step) if self._adapted() else y
+
+    def attach_lora(self, slots, step) -> None:
+        """Add each token's adapter products (quanta.lora.slots.LayerSlots, read by `step`) to the parts'
+        outputs; the epilogues that would consume the output inside the GEMM (SwiGLU, rotary) then step aside."""
+        self.lora, self.lora_step = slots, step
+
+    def _adapted(self) -> bool:
+        return self.lora is not None and self.lora_step.active
 
     def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can."""
         fused_glu = getattr(self.fused.kernel, "apply_glu", None) if self.fused is not None else None
-        if fused_glu is not None:
+        if fused_glu is not None and not self._adapted():
             return fused_glu(x, self.fused.state, self.fused.bias)
         return silu_and_mul(self.forward(x), self.triton)
 
@@ -166,11 +181,13 @@ class MergedQuantLinear(nn.Module):
         epilogue (rotary.RopeStore): [..., sum of N] whose q columns hold the rotated q. None where its kernel
         cannot for this input; the caller then runs self(x) and the rotary kernel."""
         fused = getattr(self.fused.kernel, "apply_rope_store", None) if self.fused is not None else None
-        return fused(x, self.fused.state, self.fused.bias, rope) if fused is not None else None
+        return fused(x, self.fused.state, self.fused.bias, rope) if fused is not None and not self._adapted() \
+            else None
 
     def take_input_order(self) -> torch.Tensor | None:
         """QuantLinear.take_input_order of the stacked GEMM; None for parts loaded separately."""
-        return self.fused.take_input_order() if self.fused is not None else None
+        self.input_order = self.fused.take_input_order() if self.fused is not None else None
+        return self.input_order
 
     def part_names(self, name: str) -> list[str]:
         """The parts' checkpoint names for this module registered as `name` (e.g. `...self_attn.qkv_proj`

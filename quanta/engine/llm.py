@@ -3,6 +3,7 @@
     llm = LLM(model=..., kv_cache_dtype="fp8")
     llm.generate(prompts, SamplingParams(...))            # -> RequestOutputs, in prompt order
     llm.chat(messages, SamplingParams(...))               # the tokenizer's chat template, then generate
+    LLM(model=..., enable_lora=True, max_loras=4).generate(prompts, params, lora_request=LoRARequest(...))
     rid = llm.add_request(prompt, params); llm.step() ... # incremental; llm.abort(rid)
     llm.memory()                                          # bytes held: weights by kernel, KV cache, ...
     with LLM(model=...) as llm: ...                       # close() at the end: weights and cache let go
@@ -23,6 +24,7 @@ from quanta.engine.config import EngineConfig
 from quanta.engine.core import EngineCore
 from quanta.engine.outputs import RequestOutput
 from quanta.engine.sampling_params import SamplingParams
+from quanta.lora.request import LoRARequest
 from quanta.quant.errors import ConfigError, QuantaError
 
 PromptType = str | list[int] | dict[str, Any]
@@ -79,9 +81,11 @@ class LLM:
     # --- offline ------------------------------------------------------------------------------
     def generate(self, prompts: PromptType | Seq[PromptType],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | None = None,
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Complete every prompt (text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}).
-        `use_tqdm`: a progress bar (default: unless the engine is quiet)."""
+        `use_tqdm`: a progress bar (default: unless the engine is quiet). `lora_request`: the adapter of every
+        prompt, or a list of one per prompt (None for the base model); needs enable_lora."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                   and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -89,8 +93,11 @@ class LLM:
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ConfigError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ConfigError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
         tokenized = [self._tokenize(prompt) for prompt in prompts]
-        ids = [self.add_request(prompt, p) for prompt, p in zip(tokenized, params)]
+        ids = [self.add_request(prompt, p, lora_request=lora) for prompt, p, lora in zip(tokenized, params, loras)]
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", disable=not self._progress(use_tqdm)) as bar:
             while len(done) < len(ids) and self.core.has_unfinished():
@@ -102,22 +109,25 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
              use_tqdm: bool | None = None, add_generation_prompt: bool = True,
+             lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
              **template_kwargs) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate (with
+        `lora_request` as generate takes it)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.core.tokenizer
         if getattr(tokenizer, "chat_template", None) is None:
             raise QuantaError(f"{self.core.config.model}: the tokenizer has no chat template; use generate()")
         prompts = [{"prompt_token_ids": chat_token_ids(tokenizer, conv, add_generation_prompt=add_generation_prompt,
                                                        **template_kwargs)} for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     # --- incremental --------------------------------------------------------------------------
     def add_request(self, prompt: PromptType | tuple[str | None, list[int]], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Queue one prompt; its outputs come from step(). Returns the request id."""
+                    request_id: str | None = None, lora_request: LoRARequest | None = None) -> str:
+        """Queue one prompt (with `lora_request`'s adapter, or none); its outputs come from step(). Returns the
+        request id."""
         text, ids = self._tokenize(prompt)
-        return self.core.add_request(ids, params, request_id, prompt=text)
+        return self.core.add_request(ids, params, request_id, prompt=text, lora_request=lora_request)
 
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """One engine iteration; the outputs of the requests that advanced (only the finished ones

@@ -34,3 +34,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     error: str | None = None              # why the request failed alone (its samples end with "error")
+    lora_request: object | None = None    # the quanta.LoRARequest it ran with, if any

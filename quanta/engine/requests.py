@@ -15,6 +15,7 @@ from quanta.engine.sampler import top_logprobs
 from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import Scheduler
 from quanta.engine.sequence import Sequence
+from quanta.lora.request import LoRARequest
 from quanta.quant.errors import ConfigError, QuantaError
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
     error: str | None = None            # set when the request failed alone (Requests.fail)
+    lora_request: LoRARequest | None = None
 
     @property
     def finished(self) -> bool:
@@ -64,8 +66,8 @@ class Requests(Mapping[str, Request]):
         return len(self.running)
 
     def add(self, prompt_ids: list[int], params: SamplingParams | None, request_id: str | None,
-            prompt: str | None) -> str:
-        """Check and queue one tokenized prompt; returns its request id."""
+            prompt: str | None, lora_request=None) -> str:
+        """Check and queue one tokenized prompt (with `lora_request`'s adapter, or none); returns its id."""
         params = params or SamplingParams()
         if not prompt_ids:
             raise ConfigError("prompt is empty: it must have at least one token")
@@ -82,7 +84,7 @@ class Requests(Mapping[str, Request]):
         rid = str(next(self._counter)) if request_id is None else str(request_id)
         if rid in self.running:
             raise ConfigError(f"request id {rid!r} is already running")
-        req = self.running[rid] = Request(rid, prompt, list(prompt_ids), params)
+        req = self.running[rid] = Request(rid, prompt, list(prompt_ids), params, lora_request=lora_request)
         self.scheduler.add(self._new_seq(req))
         return rid
 
@@ -144,7 +146,7 @@ class Requests(Mapping[str, Request]):
         if done:
             self.running.pop(req.request_id, None)
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, [s.to_output() for s in req.seqs],
-                             finished=done, error=req.error)
+                             finished=done, error=req.error, lora_request=req.lora_request)
 
     def _fold_one(self, req: Request, seq: Sequence, token: int, raw: torch.Tensor | None) -> None:
         if seq.logprobs is not None:
@@ -166,7 +168,7 @@ class Requests(Mapping[str, Request]):
         generator = None
         if p.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sample_seed(p.seed, len(req.seqs)))
-        seq = Sequence(req.request_id, len(req.seqs), req.prompt_ids, p, generator,
+        seq = Sequence(req.request_id, len(req.seqs), req.prompt_ids, p, generator, lora_request=req.lora_request,
                        logprobs=[] if p.logprobs is not None else None,
                        max_len=self.max_model_len if p.max_tokens is None
                        else min(self.max_model_len, len(req.prompt_ids) + p.max_tokens))

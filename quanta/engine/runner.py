@@ -66,11 +66,13 @@ class ModelRunner:
     is the scheduler's rule (Scheduler.schedule_ahead); the runner only provides the mechanism.
 
     The runner is built with its KV cache and never given another. The start-up memory profile runs on a
-    runner of its own over a scratch cache (EngineCore builds both and drops them)."""
+    runner of its own over a scratch cache (EngineCore builds both and drops them). `lora`: the engine's adapter
+    slots (quanta.lora.slots.LoRASlots), told each step which adapter each token row uses."""
 
     def __init__(self, model, kv_cache: PagedKVCache, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, generator: torch.Generator | None = None, cuda_graphs: bool = False):
-        self.model, self.kv_cache = model, kv_cache
+                 max_num_batched_tokens: int, generator: torch.Generator | None = None, cuda_graphs: bool = False,
+                 lora=None):
+        self.model, self.kv_cache, self.lora = model, kv_cache, lora
         self.device = kv_cache.kv.device
         cfg = model.config
         self.num_kv_heads, self.sliding_window = cfg.num_key_value_heads, cfg.sliding_window
@@ -110,6 +112,8 @@ class ModelRunner:
             last.append(starts[-1] - 1)
         width = max(len(t) for t in tables)
         prefill = starts[num_decodes:]
+        if self.lora is not None:
+            self.lora.set_step([it.seq.lora_request for it in items for _ in range(it.num_tokens)])
         fb = ForwardBatch(
             kv_cache=self.kv_cache, slot_mapping=self._tensor(slots, torch.int64),
             block_tables=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
@@ -238,6 +242,8 @@ class ModelRunner:
             i32[top + j * width: top + j * width + len(table)] = table
         i64[2 * top + n: 2 * top + bucket] = -1     # padding rows: no KV store, no attention
         i32[n:bucket] = 0
+        if self.lora is not None:                   # padding rows: no adapter
+            self.lora.set_step([it.seq.lora_request for it in batch] + [None] * (bucket - n))
         self.static_i64.copy_(self.host_i64, non_blocking=True)
         used = top + n * width
         self.static_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
@@ -295,6 +301,8 @@ class ModelRunner:
         starts = torch.arange(top + 1, dtype=torch.int32, device=self.device)
         self.static_out = torch.empty(top, hidden, dtype=self.model.model.norm.weight.dtype, device=self.device)
         pool = None
+        if self.lora is not None:                   # the graphs read the rows' slots in place (LoRAStep)
+            self.lora.set_step([None] * top)
         for b in reversed(buckets):
             fb = ForwardBatch(self.kv_cache, slots[:b], tables[:b], lens[:b], starts[:b + 1], None, b, 1,
                               self._num_splits(b), self.sliding_window)

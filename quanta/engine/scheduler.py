@@ -4,9 +4,9 @@ Every step is one flat batch under two budgets, `max_num_batched_tokens` and `ma
 sequences go first, oldest first: a decode takes one token; a prompt being prefilled takes the next chunk
 that fits, leaving a token for each running sequence after it and at most half the budget while others
 wait, so a long prefill runs beside decodes and a new request starts in the next step. Waiting sequences
-are then admitted in arrival order while the budgets and the block pool allow. A running sequence that
-needs a block when none is free preempts the newest running one, which goes back to the queue's front
-to be recomputed later.
+are then admitted in arrival order while the budgets, the block pool and max_loras (adapters in use) allow.
+A running sequence that needs a block when none is free preempts the newest running one, which goes back
+to the queue's front to be recomputed later.
 
 Async scheduling has its whole rule in schedule_ahead: which decode step may launch while the previous
 step's tokens are on their way to the host, so the host's bookkeeping overlaps the device.
@@ -39,11 +39,12 @@ def samples_on_device(seq: Sequence) -> bool:
 
 
 class Scheduler:
-    """`async_scheduling`: schedule_ahead may launch decode steps ahead (see there)."""
+    """`async_scheduling`: schedule_ahead may launch decode steps ahead (see there). `max_loras`: the most
+    adapters the running sequences may use at once (None: LoRA off)."""
 
     def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
-                 async_scheduling: bool = False):
-        self.pool, self.async_scheduling = pool, async_scheduling
+                 async_scheduling: bool = False, max_loras: int | None = None):
+        self.pool, self.async_scheduling, self.max_loras = pool, async_scheduling, max_loras
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -77,8 +78,12 @@ class Scheduler:
                 batch.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1
+        passed: list[Sequence] = []                 # waiting on an adapter slot, kept in their order
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
+            if not self._adapter_fits(seq):
+                passed.append(self.waiting.popleft())
+                continue
             if not self.pool.can_allocate(seq, reserve=bool(self.running)):
                 break
             self.pool.allocate(seq)
@@ -86,8 +91,16 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             batch.append(ScheduledSeq(seq, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed))
         assert budget >= 0 and len(batch) <= self.max_num_seqs
         return batch
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether `seq` may join the running ones without their adapters exceeding max_loras."""
+        if self.max_loras is None or seq.lora_id is None:
+            return True
+        adapters = {s.lora_id for s in self.running} - {None}
+        return seq.lora_id in adapters or len(adapters) < self.max_loras
 
     def schedule_ahead(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq] | None:
         """The async-scheduling rule, whole. `batch` was launched and advanced by update(); its sampled

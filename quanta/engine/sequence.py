@@ -30,6 +30,12 @@ class Sequence:
     num_cached_tokens: int = 0               # of those, how many came from the prefix cache
     num_hashed_blocks: int = 0               # leading full blocks registered in the prefix cache
     detokenizer: IncrementalDetokenizer | None = field(default=None, repr=False)
+    lora_request: object | None = None       # its quanta.LoRARequest: the adapter, and its own prefix cache
+
+    @property
+    def lora_id(self) -> int | None:
+        """The adapter's id, None without one."""
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def num_tokens(self) -> int:

@@ -26,8 +26,8 @@ from quanta.planner.gpus import Gpus, parse_gpus
 from quanta.planner.model_shapes import resolve
 from quanta.planner.request import PlanRequest
 from quanta.planner.scheme import parse_format
-from quanta.planner.weight_bytes import (WeightBytes, cdiv, check_gguf_rows, load_peak, packs, shard, size_problem,
-                                      weight_bytes)
+from quanta.planner.weight_bytes import (WeightBytes, cdiv, check_gguf_rows, load_peak, lora_slot_bytes, packs,
+                                      shard, size_problem, weight_bytes)
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 
@@ -80,11 +80,12 @@ class MemoryPlan:
     suggestions: tuple[Suggestion, ...] = ()
     load_peak: int = 0              # device bytes at the height of the load (weight_bytes.load_peak)
     capped: bool = False            # the budget is max_gpu_memory, not the utilization share
+    lora_slots: int = 0             # adapter slots (enable_lora: max_loras x every layer's A and B)
 
     @property
     def fixed_bytes(self) -> int:
         """Everything but the KV cache."""
-        return self.weights.total + self.activation_peak + self.cuda_graphs + self.runtime_overhead
+        return self.weights.total + self.activation_peak + self.cuda_graphs + self.runtime_overhead + self.lora_slots
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -142,7 +143,8 @@ def _plan(name: str, config: ModelConfig, source: Source, r: PlanRequest) -> Mem
     kv: KvFormat = r.kv_cache_dtype
     per_token = kv.bytes_per_token(config.num_hidden_layers, s.kv_heads, config.head_dim, e)
     runtime = RUNTIME_OVERHEAD + (NCCL_OVERHEAD if tp > 1 else 0)
-    kv_bytes = r.kv_cache_bytes(cards.memory, weights.total, peak, graphs, runtime)
+    lora = lora_slot_bytes(config, s, r.max_loras, r.max_lora_rank, e) if r.enable_lora else 0
+    kv_bytes = r.kv_cache_bytes(cards.memory, weights.total, peak, graphs, runtime, lora)
     blocks = kv_bytes // (per_token * r.block_size)
     seqs = blocks // cdiv(length, r.block_size)
     return MemoryPlan(
@@ -152,7 +154,7 @@ def _plan(name: str, config: ModelConfig, source: Source, r: PlanRequest) -> Mem
         kv_capacity_tokens=blocks * r.block_size, max_model_len=length,
         max_concurrent_seqs=min(seqs, r.max_num_seqs), fits=seqs >= 1,
         notes=tuple(_notes(config, fmt, cards, s, e)), load_peak=load_peak(config, fmt, s, e),
-        capped=budget < int(cards.memory * r.gpu_memory_utilization))
+        capped=budget < int(cards.memory * r.gpu_memory_utilization), lora_slots=lora)
 
 
 def _notes(config: ModelConfig, fmt: WeightFormat, cards: Gpus, s, e: int) -> list[str]:
@@ -215,12 +217,13 @@ def format_verdict(p: MemoryPlan) -> str:
     cap = f" capped at {p.budget / GIB:.4g} GiB each" if p.capped else ""
     where = f"{p.model} ({p.quantization}) on {p.gpus}{cap} at tensor-parallel size {p.tensor_parallel_size}"
     if p.fits:
-        return (f"fits: {where}: {p.weights.total / GIB:.2f} GiB of weights per GPU, KV cache for "
+        slots = f" and {p.lora_slots / GIB:.2f} GiB of LoRA slots" if p.lora_slots else ""
+        return (f"fits: {where}: {p.weights.total / GIB:.2f} GiB of weights{slots} per GPU, KV cache for "
                 f"{p.kv_capacity_tokens:,} tokens ({p.max_concurrent_seqs} sequences of {p.max_model_len:,} "
                 f"tokens at once)")
     if p.kv_cache_bytes == 0:
         why = (f"{p.weights.total / GIB:.2f} GiB of weights per GPU and {(p.fixed_bytes - p.weights.total) / GIB:.2f}"
-               f" GiB of activations, CUDA graphs and runtime leave nothing for the KV cache in the "
+               f" GiB of activations, CUDA graphs, runtime and LoRA slots leave nothing for the KV cache in the "
                f"{p.budget / GIB:.2f} GiB budget ("
                + ("max_gpu_memory)" if p.capped else f"{p.budget / p.gpu_memory:.2g} of {p.gpu_memory / GIB:.2f} GiB)"))
     else:

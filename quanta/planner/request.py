@@ -31,6 +31,9 @@ class MemoryRequest:
     enforce_eager: bool = False         # no CUDA graphs
     max_gpu_memory: int | str | None = None   # cap on one process's GPU memory: bytes, "15GiB" or a card name
                                               # ("t4"); held as bytes; per rank under tensor parallelism
+    enable_lora: bool = False           # serve LoRA adapters over the base (quanta.lora)
+    max_loras: int = 1                  # adapters resident at once (slots), and so at most in one step
+    max_lora_rank: int = 16             # the largest adapter rank the slots hold
 
     def __post_init__(self):
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
@@ -49,6 +52,9 @@ class MemoryRequest:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_gpu_memory is not None:
             self.max_gpu_memory = parse_size(self.max_gpu_memory, "max_gpu_memory")
+        for name in ("max_loras", "max_lora_rank"):
+            if not _positive_int(getattr(self, name)):
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
 
     @property
     def element_bytes(self) -> int:

@@ -161,6 +161,15 @@ def layer_gemms(s: Shard, h: int) -> tuple:
             ((("ffn_gate", s.inter), ("ffn_up", s.inter)), h), ((("ffn_down", h),), s.inter))
 
 
+def lora_slot_bytes(config: ModelConfig, s: Shard, max_loras: int, max_lora_rank: int, e: int) -> int:
+    """Device bytes of the adapter slots (quanta.lora.slots): per slot and GEMM of every layer, A [P*R, K] and
+    B [N, R] at the kernels' rank R (max_lora_rank rounded up to a power of two) and P float32 scales."""
+    r = 1 << max(0, max_lora_rank - 1).bit_length()
+    per_layer = sum(len(parts) * r * k * e + sum(n for _, n in parts) * r * e + 4 * len(parts)
+                    for parts, k in layer_gemms(s, config.hidden_size))
+    return max_loras * config.num_hidden_layers * per_layer
+
+
 ROW_PARALLEL = ("attn_output", "ffn_down")
 
 

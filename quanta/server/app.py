@@ -59,10 +59,11 @@ def _union_tag(part) -> bool:
 
 def build_app(engine: EngineClient, model_name: str, api_key: str | None = None,
               chat_template: str | None = None, limits: Limits = Limits(),
-              on_engine_death: Callable[[], None] | None = None) -> FastAPI:
+              on_engine_death: Callable[[], None] | None = None, loras: dict | None = None) -> FastAPI:
     """The application over a (not yet started) engine; the engine loop runs for the app's lifetime.
-    `on_engine_death` is called once if the engine stops while the app runs."""
-    serving = Serving(engine, model_name, chat_template, limits)
+    `on_engine_death` is called once if the engine stops while the app runs. `loras`: {name: LoRARequest} of
+    the adapters served, each picked by a request's model field."""
+    serving = Serving(engine, model_name, chat_template, limits, loras)
     created = int(time.time())
 
     async def watch() -> None:
@@ -125,8 +126,10 @@ def build_app(engine: EngineClient, model_name: str, api_key: str | None = None,
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "quanta",
-                "root": engine.model, "max_model_len": engine.max_model_len}
-        return {"object": "list", "data": [card]}
+                "root": engine.model, "parent": None, "max_model_len": engine.max_model_len}
+        adapters = [card | {"id": name, "root": lora.lora_path, "parent": model_name}
+                    for name, lora in serving.loras.items()]
+        return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -74,18 +74,23 @@ class Serving:
     """Route logic over one engine; `model_name` is the served model's name."""
 
     def __init__(self, engine: EngineClient, model_name: str, chat_template: str | None = None,
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), loras: dict | None = None):
         self.engine, self.model_name, self.chat_template = engine, model_name, chat_template
+        self.loras = dict(loras or {})
         self.tokenizer = engine.tokenizer
         self.limits = limits.for_model(self.tokenizer, engine.max_model_len)
         self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="quanta-tokenize",
                                        initializer=_lower_priority)
 
     # --- prompts ------------------------------------------------------------------------------------
-    def check_model(self, model: str | None) -> None:
-        """404 unless `model` is the served model (or omitted)."""
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", "model")
+    def check_model(self, model: str | None):
+        """The LoRARequest that `model` names, None for the served base model (or when omitted); 404 for any
+        other name."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.loras:
+            return self.loras[model]
+        raise APIError(404, f"The model `{model}` does not exist.", "model")
 
     def check_samples(self, n: int, prompts: int) -> None:
         """400 when the request asks for more samples (n times its prompts) than max_n."""
@@ -132,7 +137,7 @@ class Serving:
     # --- routes -------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request):
         """/v1/completions."""
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         params = _checked(req.sampling_params)
         texts = _checked(req.prompts)
         self.check_samples(params.n, len(texts))
@@ -140,28 +145,29 @@ class Serving:
         prompts = [await self._ids(p) for p in texts]
         return await self._respond(req, raw, prompts, params, "cmpl", "text_completion",
                                    partial(R.completion_choice, token_ids=req.return_token_ids),
-                                   partial(R.completion_delta, token_ids=req.return_token_ids), req.logprobs)
+                                   partial(R.completion_delta, token_ids=req.return_token_ids), req.logprobs, lora)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request):
         """/v1/chat/completions."""
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         params = _checked(req.sampling_params)
         self.check_samples(params.n, 1)
         prompts = [(None, await self._chat_ids(req))]
         k = (req.top_logprobs or 0) if req.logprobs else None
         return await self._respond(req, raw, prompts, params, "chatcmpl", "chat.completion",
-                                   R.chat_choice, R.chat_delta, k)
+                                   R.chat_choice, R.chat_delta, k, lora)
 
     async def _respond(self, req, raw: Request, prompts, params, prefix: str, obj: str,
-                       choice: Callable, delta: Callable, k: int | None):
+                       choice: Callable, delta: Callable, k: int | None, lora=None):
         for _, ids in prompts:
             _checked(lambda: self.engine.check_prompt(ids, params.max_tokens),
                      "prompt" if prefix == "cmpl" else "messages")
         if not self.engine.healthy:
             raise APIError(503, f"the engine is not running: {self.engine.error}")
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        streams = [self.engine.generate(ids, params, f"{rid}-{i}", text) for i, (text, ids) in enumerate(prompts)]
-        head = {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name}
+        streams = [self.engine.generate(ids, params, f"{rid}-{i}", text, lora) for i, (text, ids) in enumerate(prompts)]
+        head = {"id": rid, "object": obj, "created": int(time.time()),
+                "model": self.model_name if lora is None else lora.lora_name}
         if req.stream:
             events = self._events(streams, head | {"object": obj + ".chunk" if prefix == "chatcmpl" else obj},
                                   params, delta, k, req.include_usage, raw.scope.get(REQUEST_ID, rid))

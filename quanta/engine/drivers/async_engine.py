@@ -29,6 +29,7 @@ class _Pending:
     prompt_ids: list[int]
     params: SamplingParams
     prompt: str | None
+    lora_request: object | None = None
 
 
 class AsyncEngine(Intake):
@@ -103,12 +104,12 @@ class AsyncEngine(Intake):
         return request_id in self._queues
 
     async def _submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                      prompt: str | None) -> AsyncIterator[RequestOutput]:
+                      prompt: str | None, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Queue the request for the loop to add between steps; yield what its queue receives."""
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._times[request_id] = RequestTimes(time.monotonic(), len(prompt_ids))
-        self._adds.append(_Pending(request_id, prompt_ids, params, prompt))
+        self._adds.append(_Pending(request_id, prompt_ids, params, prompt, lora_request))
         self._wake.set()
         while True:
             item = await queue.get()
@@ -152,7 +153,8 @@ class AsyncEngine(Intake):
             if p.request_id not in self._queues:      # aborted before it was added
                 continue
             try:
-                self.core.add_request(p.prompt_ids, p.params, p.request_id, prompt=p.prompt)
+                self.core.add_request(p.prompt_ids, p.params, p.request_id, prompt=p.prompt,
+                                      lora_request=p.lora_request)
             except Exception as e:                  # that request's fault only: the loop goes on
                 self._forget(p.request_id).put_nowait(e)
                 continue

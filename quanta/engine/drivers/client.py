@@ -34,7 +34,7 @@ class EngineClient(Protocol):
     def gauges(self) -> dict[str, int]: ...
     def check_prompt(self, prompt_ids: list[int], max_tokens: int | None = None) -> None: ...
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 prompt: str | None = None) -> AsyncIterator[RequestOutput]: ...
+                 prompt: str | None = None, lora_request=None) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
 
 
@@ -65,9 +65,9 @@ class Intake:
         check_prompt_fits(self.max_model_len, prompt_ids, max_tokens)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Queue one request and yield its RequestOutputs until the finished one. Closing the generator
-        early (the consumer went away) aborts the request."""
+                       prompt: str | None = None, lora_request=None) -> AsyncIterator[RequestOutput]:
+        """Queue one request (with `lora_request`'s adapter, or none) and yield its RequestOutputs until the
+        finished one. Closing the generator early (the consumer went away) aborts the request."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error}")
         self.check_prompt(prompt_ids)
@@ -75,7 +75,7 @@ class Intake:
             raise ConfigError(f"request id {request_id!r} is already running")
         finished = False
         try:
-            async for out in self._submit(list(prompt_ids), params, request_id, prompt):
+            async for out in self._submit(list(prompt_ids), params, request_id, prompt, lora_request):
                 finished = out.finished
                 yield out
         finally:

@@ -67,7 +67,7 @@ def run(config, conn, parent_end=None) -> None:
     so that the parent's exit reaches it as the end of the pipe.
 
     The wire, pickled over a multiprocessing Connection:
-      parent -> child: a list of commands per message, ("add", request_id, prompt_ids, params, prompt) or
+      parent -> child: a list of commands per message, ("add", request_id, prompt_ids, params, prompt, lora_request) or
                        ("abort", request_id), applied in order between steps; None asks the loop to end.
       child -> parent: ("ready", info) once the core is built, or ("failed", exception);
                        ("step", updates, rejects, added, gauges) after every pass of the loop, one message
@@ -147,10 +147,10 @@ def _loop(core, outbox: queue.SimpleQueue, inbox: queue.SimpleQueue) -> None:
         updates, rejects, added = [], [], []
         for cmd in (c for b in batches for c in b):
             if cmd[0] == "add":
-                _, rid, ids, params, prompt = cmd
+                _, rid, ids, params, prompt, lora_request = cmd
                 added.append(rid)
                 try:
-                    core.add_request(ids, params, rid, prompt=prompt)
+                    core.add_request(ids, params, rid, prompt=prompt, lora_request=lora_request)
                 except Exception as e:                 # that request's fault only: the loop goes on
                     rejects.append((rid, _picklable(e)))
             else:

@@ -148,12 +148,12 @@ class ProcessEngine(Intake):
         return request_id in self._streams
 
     async def _submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                      prompt: str | None) -> AsyncIterator[RequestOutput]:
+                      prompt: str | None, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Send the request to the engine process; yield the latest state each time it has news."""
         times = RequestTimes(time.monotonic(), len(prompt_ids))
         stream = self._streams[request_id] = _Stream(prompt, prompt_ids, times)
         self._unacked.add(request_id)
-        self._send(("add", request_id, prompt_ids, params, prompt))
+        self._send(("add", request_id, prompt_ids, params, prompt, lora_request))
         while True:
             await stream.ready.wait()
             stream.ready.clear()

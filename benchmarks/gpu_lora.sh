@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# LoRA over a quantized base on one GPU, in one call: the -m gpu LoRA tests (slot kernels inside CUDA graphs),
+# then lora_throughput.py (synthetic Llama-3-8B W4 g128; 8 rank-16 adapters over a batch of 64 against no LoRA;
+# batch-1 decode with one adapter against none). No network. JSON in $OUT (default ./gpu_lora_out); table last.
+#   bash benchmarks/gpu_lora.sh
+#   STAGES=bench ADAPTERS=8 BATCH=64 bash benchmarks/gpu_lora.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu_lora_out}"; mkdir -p "$OUT"
+STAGES="${STAGES:-tests bench}"
+MODEL="${MODEL:-synthetic:llama3-8b:w4g128}"
+export PYTHONPATH="$PWD:$PWD/tests:$PWD/benchmarks:${PYTHONPATH:-}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+if [[ $STAGES == *tests* ]]; then
+  echo "== tests"
+  timeout ${TEST_TIMEOUT:-240} python -m pytest -q -m gpu -p no:cacheprovider tests/test_lora_gpu.py \
+      tests/test_lora_kernel.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+fi
+if [[ $STAGES == *bench* ]]; then
+  echo "== throughput and decode"
+  timeout ${BENCH_TIMEOUT:-420} python benchmarks/lora_throughput.py --model "$MODEL" --adapters "${ADAPTERS:-8}" \
+      --rank "${RANK:-16}" --batch "${BATCH:-64}" --out "$OUT/lora.json" 2>&1 | tail -3
+fi
+python - "$OUT" <<'PY'
+import json, pathlib, sys
+f = pathlib.Path(sys.argv[1]) / "lora.json"
+if f.exists():
+    r = json.loads(f.read_text())
+    print(f"| {r['device']} | batch {r['batch']}: base {r['base_batch_tok_s']:.0f} tok/s, {r['adapters']} adapters "
+          f"{r['lora_batch_tok_s']:.0f} ({r['batch_ratio']:.3f}x, target 0.85) | batch 1: base "
+          f"{r['base_decode_tok_s']:.1f}, one adapter {r['lora_decode_tok_s']:.1f} ({r['decode_ratio']:.3f}x, "
+          f"target 0.9) | slots {r['lora_slot_bytes'] / 2**20:.0f} MiB |")
+PY
