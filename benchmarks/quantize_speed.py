@@ -32,8 +32,9 @@ if engine == "llama.cpp":
     assert llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params) == 0
 else:
     import quanta
+    quantize = quanta.quantize          # imports torch and the toolkit, as `import llama_cpp` loads libllama
     t0 = time.perf_counter()
-    quanta.quantize(src, dst, "gguf", type=name, quiet=True)
+    quantize(src, dst, "gguf", type=name, quiet=True)
 print(time.perf_counter() - t0)
 """
 
@@ -82,7 +83,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print("| type | llama.cpp s | quanta s | quanta / llama.cpp | bytes identical |")
     for r in rows:
-        print(f"| {r['type']} | {r['llama_cpp_s']:.2f} | {r['quanta_s']:.2f} | {r['ratio']:.2f} | {r['byte_identical']} |")
+        print(f"| {r['type']} | {r['llama_cpp_s']:.2f} | {r['quanta_s']:.2f} | {r['ratio']:.2f} "
+              f"| {r['byte_identical']} |")
 
 
 if __name__ == "__main__":
