@@ -24,7 +24,7 @@ FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "IQ4_NL": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
 
 
-GGML_NAME = {"q4_K": "Q4_K", "q6_K": "Q6_K"}
+GGML_NAME = {"q4_K": "Q4_K", "q5_K": "Q5_K", "q6_K": "Q6_K"}
 
 
 def random_blocks(n: int, k: int, name: str, seed: int = 0) -> np.ndarray:
@@ -78,6 +78,23 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
     for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
         y = gemv_h2.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
+
+
+@pytest.mark.parametrize("qh", [0x00, 0xFF, None])
+def test_packed_half_q5_k_fifth_bits(qh):
+    """Q5_K's fifth bits all clear, all set (every code 16..31) and random, on 37 rows (no multiple of a BLOCK_N) and
+    three super-blocks, whole and split over K: each chunk's bits of qh reach its own values."""
+    raw = random_blocks(37, 768, "Q5_K", seed=8).reshape(37, 3, 176)
+    if qh is not None:
+        raw[:, :, 16:48] = qh
+    ref = torch.from_numpy(quants.dequantize(raw.reshape(37, -1), GGMLQuantizationType.Q5_K).astype(np.float32))
+    w = Gguf(data=torch.from_numpy(raw.reshape(37, -1)).to(DEVICE), ggml_type=int(GGMLQuantizationType.Q5_K),
+             shape=(37, 768))
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 768, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.float16)
+    for config in (None, (16, 4, 64.0, 1)):
+        y = gemv_h2.matmul(x, st, None, config)
+        assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16], (qh, config)
 
 
 @pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
@@ -204,6 +221,9 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     assert names == ["gemv_h2"] * 2 + ["gemm"] * 4 + ["cublas"] * 3
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
+    for other, h2 in (("Q4_K", True), ("Q5_K", True), ("Q3_K", False)):
+        other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
+        assert (plan.choose(other_st, caps, 1).path.name == "gemv_h2") == h2, other
     assert plan.choose(st, PRESETS["sm75"], 200).config.block_m <= 64         # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
     assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_h2: not CUDA" in reason

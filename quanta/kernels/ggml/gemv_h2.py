@@ -1,15 +1,15 @@
-"""Packed-half GEMVs for Q4_K and Q6_K (fp16 activations, CUDA): code words become pairs of halves with a logic op
-each and meet the activations in packed-half FMAs (PTX), as the affine kernels' H2 loop does.
+"""Packed-half GEMVs for Q4_K, Q5_K and Q6_K (fp16 activations, CUDA): code words become pairs of halves with a logic
+op each and meet the activations in packed-half FMAs (PTX), as the affine kernels' H2 loop does.
 
 The fp32 GEMV (gemv.py) spends a funnel shift, two logic ops and an FMA on each value. Here a 32-bit word yields two
 pairs of halves per LOP3 (Marlin's trick: (code | 0x6400) is the half 1024 + code), one FMA a pair maps them to
-(q - center) / 16 exactly, and two packed FMAs a pair take the dot product. A lane sums at most eight products in
-fp16 before it leaves as float32; scales and mins apply in float32. Each step loads the next super-block while it
-computes this one; Q4_K's scales are read repacked (layout.k4_scale_pairs: one load a sub-block pair).
+(q - center) / 16 exactly, two packed FMAs a pair take the dot product, and a lane sums at most eight products in
+fp16; scales and mins apply in float32. Each step loads the next super-block while it computes this one.
 
-Q4_K: word i of a 64-value chunk j holds values 4i..4i+3 of sub-block 2j in its low nibbles and of sub-block 2j + 1
-in its high nibbles. Q6_K: per 128-value half h, ql words i and 8 + i and qh word i hold values 4i..4i+3 of the four
-32-value quarters; qh's 2-bit fields join ql's nibbles with one more LOP3 a pair.
+Q4_K: word i of a 64-value chunk j holds values 4i..4i+3 of sub-block 2j in its low nibbles and of 2j + 1 in its high
+ones; its scales are read repacked (layout.k4_scale_pairs). Q5_K: the same, and bits 2j, 2j + 1 of qh word i's bytes
+join those nibbles as 16 with one more LOP3 a pair, as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i
+and qh word i hold values 4i..4i+3 of the four 32-value quarters, qh's 2-bit fields joining ql's nibbles.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from quanta.kernels.ggml.gemv import GemvConfig, Launch, store_row
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.triton_support import tl, triton
 
-TYPES = ("q4_K", "q6_K")
+TYPES = ("q4_K", "q5_K", "q6_K")
 
 _LANES_TO_F32 = """mov.b32 {{h0, h1}}, {acc};
 cvt.f32.f16 f0, h0;
@@ -36,23 +36,31 @@ mov.b32 b_hi, {b_hi};
 Q4K_WORDS = 4               # code words a Q4_K asm call takes (i = 4g .. 4g + 3 of a chunk): one fp16 sum a lane
 
 
-def _q4k_word(word: str, xa02: str, xa13: str, xb02: str, xb13: str, first: bool) -> str:
+def _q4k_word(word: str, xa02: str, xa13: str, xb02: str, xb13: str, first: bool, qh: tuple[str, str] = ()) -> str:
     """One Q4_K word into the packed sums a (low nibbles) and b (high nibbles). (1024 + q)/16 - 64 = q/16 and
-    (1024 + 16q)/256 - 4 = q/16, exact in fp16."""
+    (1024 + 16q)/256 - 4 = q/16, exact in fp16. Q5_K's qh: its qh word and the rotation 4 - 2j (chunk j) that takes
+    the fifth bits of bytes 0 and 2 to bits 4 (low nibble's) and 5 (high's), of bytes 1 and 3 to 12 and 13."""
     start = "mul.rn.f16x2 a, lo, {xa02};\nmul.rn.f16x2 b, hi, {xb02};\n" if first else \
         "fma.rn.f16x2 a, lo, {xa02}, a;\nfma.rn.f16x2 b, hi, {xb02}, b;\n"
-    return ("""lop3.b32 lo, {w}, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, {w}, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c_lo, b_lo;
+    fifth02 = f"shf.l.wrap.b32 q, {qh[0]}, {qh[0]}, {qh[1]};\nshl.b32 u, q, 3;\n" if qh else ""
+    fifth13 = "shr.u32 u, q, 8;\nshr.u32 v, q, 5;\n" if qh else ""
+    return (_halves("{w}", fifth02, "q", "u") + """fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
-""" + start + """shr.u32 t, {w}, 8;
-lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c_lo, b_lo;
+""" + start + "shr.u32 t, {w}, 8;\n" + _halves("t", fifth13, "u", "v") + """fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
 fma.rn.f16x2 a, lo, {xa13}, a;
 fma.rn.f16x2 b, hi, {xb13}, b;
 """).format(w=word, xa02=xa02, xa13=xa13, xb02=xb02, xb13=xb13)
+
+
+def _halves(src: str, fifth: str, lo5: str, hi5: str) -> str:
+    """lo / hi: the low / high nibbles of bytes 0 and 2 of src as the halves 1024 + q and 1024 + 16q; with Q5_K's
+    `fifth` (PTX leaving the fifth bits at bits 4, 20 of lo5 and 8, 24 of hi5) those ORed in at 16 first."""
+    if not fifth:
+        return f"lop3.b32 lo, {src}, 0x000F000F, 0x64006400, 0xEA;\nlop3.b32 hi, {src}, 0x00F000F0, 0x64006400, 0xEA;\n"
+    return (fifth + f"lop3.b32 lo, {lo5}, 0x00100010, 0x64006400, 0xEA;\n"
+            f"lop3.b32 hi, {hi5}, 0x01000100, 0x64006400, 0xEA;\n"
+            f"lop3.b32 lo, {src}, 0x000F000F, lo, 0xEA;\nlop3.b32 hi, {src}, 0x00F000F0, hi, 0xEA;\n")
 
 
 # $0 / $1: the low / high nibbles' sums; $2..$5 the words; then per word the pairs (A 0,2), (A 1,3), (B 0,2), (B 1,3)
@@ -62,6 +70,15 @@ _Q4K_DOT = tl.constexpr("{\n.reg .b32 t, lo, hi, a, b, c_lo, b_lo, c_hi, b_hi;\n
                                   for c in range(Q4K_WORDS))
                         + _LANES_TO_F32.format(acc="a", out="$0") + _LANES_TO_F32.format(acc="b", out="$1") + "}")
 Q4K_CONSTRAINTS = tl.constexpr("=f,=f," + ",".join(["r"] * (Q4K_WORDS * 5)))
+
+# Q5_K: as _Q4K_DOT, then $6..$9 the words' qh words, $10 the rotation 4 - 2j; the pairs from $11
+_Q5K_DOT = tl.constexpr(
+    "{\n.reg .b32 t, q, u, v, lo, hi, a, b, c_lo, b_lo, c_hi, b_hi;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n"
+    + _CONSTANTS.format(b_lo="0xD400D400", b_hi="0xC400C400")
+    + "".join(_q4k_word(f"${2 + c}", *(f"${3 + 2 * Q4K_WORDS + 4 * c + e}" for e in range(4)), c == 0,
+                        (f"${2 + Q4K_WORDS + c}", f"${2 + 2 * Q4K_WORDS}")) for c in range(Q4K_WORDS))
+    + _LANES_TO_F32.format(acc="a", out="$0") + _LANES_TO_F32.format(acc="b", out="$1") + "}")
+Q5K_CONSTRAINTS = tl.constexpr("=f,=f," + ",".join(["r"] * (Q4K_WORDS * 6 + 1)))
 
 Q6K_WORDS = 2               # word columns a Q6_K asm call takes (i = 2g, 2g + 1): both in one 16-value sub-block
 
@@ -150,6 +167,34 @@ def _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX: tl.constexpr):
         a1, b1 = _q4k_word_f32(w1, x1[0], x1[1], x1[2], x1[3])
         a2, b2 = _q4k_word_f32(w2, x2[0], x2[1], x2[2], x2[3])
         a3, b3 = _q4k_word_f32(w3, x3[0], x3[1], x3[2], x3[3])
+        dot_a, dot_b = a0 + a1 + a2 + a3, b0 + b1 + b2 + b3
+    return dot_a, dot_b
+
+
+@triton.jit
+def _q5k_word_f32(w, qh, rot, a02, a13, b02, b13):
+    """The float32 twin of one word of _Q5K_DOT: qh rotated left by rot, as the PTX does, holds the fifth bits of
+    bytes 0, 2 (low, high nibble) at bits 4, 5 (and 20, 21), of bytes 1, 3 at 12, 13 (and 28, 29)."""
+    u, w = qh.to(tl.uint32, bitcast=True), w.to(tl.int32)
+    q = ((u << rot) | (u >> ((32 - rot) & 31))).to(tl.int32, bitcast=True)
+    return (_pair_dot((w & 0xF000F) | (q & 0x100010), ((w >> 8) & 0xF000F) | ((q >> 8) & 0x100010), a02, a13) / 16.0,
+            _pair_dot(((w >> 4) & 0xF000F) | ((q >> 1) & 0x100010), ((w >> 12) & 0xF000F) | ((q >> 9) & 0x100010),
+                      b02, b13) / 16.0)
+
+
+@triton.jit
+def _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX: tl.constexpr):
+    """As _q4k_dots for Q5_K: h_c word c's qh word, rot = 4 - 2j (mod 32) for chunk j; the codes q are 5-bit."""
+    if PTX:
+        dot_a, dot_b = tl.inline_asm_elementwise(
+            _Q5K_DOT, Q5K_CONSTRAINTS, [w0, w1, w2, w3, h0, h1, h2, h3, rot, x0[0], x0[1], x0[2], x0[3], x1[0], x1[1],
+                                        x1[2], x1[3], x2[0], x2[1], x2[2], x2[3], x3[0], x3[1], x3[2], x3[3]],
+            dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        a0, b0 = _q5k_word_f32(w0, h0, rot, x0[0], x0[1], x0[2], x0[3])
+        a1, b1 = _q5k_word_f32(w1, h1, rot, x1[0], x1[1], x1[2], x1[3])
+        a2, b2 = _q5k_word_f32(w2, h2, rot, x2[0], x2[1], x2[2], x2[3])
+        a3, b3 = _q5k_word_f32(w3, h3, rot, x3[0], x3[1], x3[2], x3[3])
         dot_a, dot_b = a0 + a1 + a2 + a3, b0 + b1 + b2 + b3
     return dot_a, dot_b
 
@@ -270,6 +315,71 @@ def _x_pairs4(x_at):
 
 
 @triton.jit
+def _q5k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qh_ptr, qs_ptr, bias_ptr, y_ptr, N, NB, tiles_per_split, num_tiles,
+                   stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                   PTX: tl.constexpr):
+    """As _q4k_h2_kernel for Q5_K: qh_ptr a block's 32 qh bytes as eight int32, word i (the fifth bits of word i of
+    every chunk) loaded by each chunk's threads; sc_ptr its 12 scale bytes as six int16, decoded by _k5_scales."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    j = tl.arange(0, 4)
+    x_a = x_ptr + pid_m * stride_xm + (j[:, None] * 64 + tl.arange(0, 2)[None, :] * 16)[None, :, :]
+    w_off = (offs_n * (NB * 32))[:, None, None] + (j[:, None] * 8 + tl.arange(0, 8)[None, :])[None, :, :]
+    h_off = (offs_n * (NB * 8))[:, None, None] + (j[:, None] * 0 + tl.arange(0, 8)[None, :])[None, :, :]
+    rot = ((4 - 2 * j) & 31)[None, :, None]
+    m3 = mask_n[:, None, None]
+    acc_q, acc_m = tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32), tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
+    # chunk j's scale fields in the sums' layout [BLOCK_N, 4, 2] (read as contiguous along j they take one of their own)
+    sc_j = tl.max_contiguous(j, 1)[:, None] + tl.arange(0, 2)[None, :] * 0
+    sc_off = (offs_n * (NB * 6))[:, None, None] + sc_j[None, :, :]
+    n_words = tl.load(qs_ptr + w_off + t_begin * 32, mask=m3 & (t_begin < t_end), other=0)
+    n_qh = tl.load(qh_ptr + h_off + t_begin * 8, mask=m3 & (t_begin < t_end), other=0)
+    n_sx, n_sy, n_sz = _k5_scale_halves(sc_ptr + sc_off + t_begin * 6, m3 & (t_begin < t_end))
+    n_dm = tl.load(dm_ptr + offs_n * NB + t_begin, mask=mask_n & (t_begin < t_end), other=0)
+    for t in range(t_begin, t_end):
+        words, qh, dm = n_words, n_qh, n_dm[:, None, None]
+        scales, mins = _k5_scales(n_sx.to(tl.int32), n_sy.to(tl.int32), n_sz.to(tl.int32), j)
+        n_words = tl.load(qs_ptr + w_off + (t + 1) * 32, mask=m3 & (t + 1 < t_end), other=0)
+        n_qh = tl.load(qh_ptr + h_off + (t + 1) * 8, mask=m3 & (t + 1 < t_end), other=0)
+        n_sx, n_sy, n_sz = _k5_scale_halves(sc_ptr + sc_off + (t + 1) * 6, m3 & (t + 1 < t_end))
+        n_dm = tl.load(dm_ptr + offs_n * NB + t + 1, mask=mask_n & (t + 1 < t_end), other=0)
+        w0, w1, w2, w3 = _split4(words, BLOCK_N, 4)
+        h0, h1, h2, h3 = _split4(qh, BLOCK_N, 4)
+        x_t = x_a + t * 256
+        a0, a1, a2, a3, xs_a = _x_pairs4(x_t)
+        b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32)
+        dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, (a0[0], a0[1], b0[0], b0[1]),
+                                 (a1[0], a1[1], b1[0], b1[1]), (a2[0], a2[1], b2[0], b2[1]),
+                                 (a3[0], a3[1], b3[0], b3[1]), PTX)
+        acc_q += _half(dm) * (dot_a * _u8_float(scales, 0) + dot_b * _u8_float(scales, 8))
+        acc_m += _half(dm >> 16) * (xs_a * _u8_float(mins, 0) + xs_b * _u8_float(mins, 8))
+    y = tl.sum(tl.sum(acc_q * 16.0 - acc_m, axis=2), axis=1)
+    store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _k5_scale_halves(at, mask):
+    """Halfwords j, j + 2 and j % 2 of a block's 12 scale bytes, at: halfword j [BLOCK_N, 4 (j), 2]."""
+    j = tl.arange(0, 4)[None, :, None]
+    return (tl.load(at, mask=mask, other=0), tl.load(at + 2, mask=mask, other=0),
+            tl.load(at - j + j % 2, mask=mask, other=0))
+
+
+@triton.jit
+def _k5_scales(x, y, z, j):
+    """get_scale_min_k4 of sub-blocks 2j, 2j + 1 (bytes 0, 1 of scales and of mins) from halfwords x = j, y = j + 2,
+    z = j % 2: s < 4 the low 6 bits of bytes s (z) and s + 4 (y); s >= 4 byte s + 4's nibbles (y) under the top 2
+    bits of bytes s - 4 (z) and s (x)."""
+    first = (j < 2)[None, :, None]
+    scales = (y & tl.where(first, 0, 0x0F0F)) | ((z >> tl.where(first, 0, 2)) & tl.where(first, 0x3F3F, 0x3030))
+    mins = ((y >> tl.where(first, 0, 4)) & tl.where(first, 0x3F3F, 0x0F0F)) | ((x >> 2) & tl.where(first, 0, 0x3030))
+    return scales, mins
+
+
+@triton.jit
 def _q6k_h2_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, N, NB, tiles_per_split, num_tiles,
                    stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                    PTX: tl.constexpr):
@@ -356,24 +466,30 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 Q4K_LARGE = GemvConfig(block_n=128, warps=2, waves=8.0, min_tiles=1)
 Q4K_SMALL = GemvConfig(block_n=64, warps=2, waves=8.0, min_tiles=2)
 Q6K = GemvConfig(block_n=32, warps=4, waves=4.0, min_tiles=2)
+# Q5_K runs Q4_K's loop with a qh word and three scale fields beside each code word, which Q4_K's rows a thread would
+# spill: half of Q4K_SMALL's rows a thread, still enough to share the activations' conversion (not swept on a GPU).
+Q5K = GemvConfig(block_n=64, warps=4, waves=4.0, min_tiles=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a Q4_K weight takes Q4K_LARGE
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
-    if st.name == "q6_K":
-        return Q6K
+    if st.name != "q4_K":
+        return Q6K if st.name == "q6_K" else Q5K
     return Q4K_LARGE if st.n * st.k >= LARGE_WEIGHT else Q4K_SMALL
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 and a Q4_K or Q6_K weight, one program row per activation row."""
+    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 and a weight of TYPES, one program row per activation row."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     caps = caps or device_caps(x2.device)
     launch = Launch.of(x2, st, config or default_config(st, caps, x2.shape[0]), caps)
     if st.name == "q4_K":          # d and dmin as one int32, the 16 repacked scale bytes as four
         kernel, planes = _q4k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int32), st.planes[2])
+    elif st.name == "q5_K":        # the same, the 12 scale bytes as six int16, and the qh words
+        kernel, planes = _q5k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int16),
+                                          st.planes[2], st.planes[3])
     else:                          # the 16 int8 scales as four int32
         kernel, planes = _q6k_h2_kernel, (st.planes[0], st.planes[1], st.planes[2].view(torch.int32), st.planes[3])
     kernel[launch.grid](

@@ -53,7 +53,7 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
-#   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
+#   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
 #   cublas  M >= CUBLAS_MIN_M: the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
