@@ -2,9 +2,11 @@
 (which refuses inline assembly) can run those kernels on the CPU in tests.
 
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
-(ta = 0xF0, tb = 0xCC, tc = 0xAA); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
+(ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
+(a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
 arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once and `mul.rn` rounding a*b once
-to fp16 (float64 holds both exactly), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /
+to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy
+rounds float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /
 `mul.f32` / `fma.rn.f32` work in float32. Anything else raises, so a kernel using a new instruction fails loudly.
 """
 from __future__ import annotations
@@ -92,6 +94,9 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
             regs[dst] = val(args[0]) >> val(args[1])
         elif op == "shl.b32":
             regs[dst] = (val(args[0]).astype(np.uint64) << val(args[1]).astype(np.uint64)).astype(np.uint32)
+        elif op == "shf.l.wrap.b32":
+            a, b, c = (val(x).astype(np.uint64) for x in args)
+            regs[dst] = ((((b << 32) | a) << (c & 31)) >> 32).astype(np.uint32)
         elif op == "and.b32":
             regs[dst] = val(args[0]) & val(args[1])
         elif op == "prmt.b32":
