@@ -24,6 +24,7 @@ MAX_ARRAY_DEPTH = 8          # arrays of arrays: gguf-py writes them, ggml reads
 # Metadata value types (gguf_type in gguf.h) with fixed-size values, as struct formats.
 SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class GgufFile:
         return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.start).copy()
 
 
-def read_gguf(path: str | Path) -> GgufFile:
+def read_gguf(path: str | Path, vocabularies: bool = True) -> GgufFile:
     """Parse and check the header of GGUF file `path`.
 
     Layout (ggml's docs/gguf.md; little-endian; versions 2 and 3 share it):
@@ -72,7 +73,8 @@ def read_gguf(path: str | Path) -> GgufFile:
     and the items. `read_gguf` walks the header with every read checked against the file size, so a
     truncated or damaged file is reported by where it breaks (the header, metadata entry i and its key,
     tensor info i and its name, or the tensor whose bytes run past the end) before anything is built.
-    Only the header is read; a tensor's bytes are copied out of the map when it is asked for.
+    Only the header is read; a tensor's bytes are copied out of the map when it is asked for. With
+    `vocabularies=False` arrays of strings are walked over, not decoded, and left out of `metadata`.
 
     CorruptFileError names the file and what is wrong (empty, not GGUF, cut or damaged at a stated byte,
     a tensor's data past the end); UnsupportedError for versions and byte orders quanta does not read.
@@ -90,6 +92,7 @@ def read_gguf(path: str | Path) -> GgufFile:
     if magic != GGUF_MAGIC:
         raise CorruptFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     cur = _Cursor(buf, size, path)
+    cur.decode = vocabularies
     cur.pos, cur.where = 4, "the GGUF header (version and counts)"
     version = cur.scalar(4)
     if version & 0xFFFF == 0 and version >> 16:
@@ -117,7 +120,7 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap, size: int, path: Path):
         self.buf, self.size, self.path = buf, size, path
-        self.pos, self.where = 0, ""
+        self.pos, self.where, self.decode = 0, "", True
 
     def take(self, n: int) -> int:
         """Advance over `n` bytes and return where they start; CorruptFileError if the file ends first."""
@@ -158,7 +161,31 @@ class _Cursor:
             dtype = np.dtype("<" + SCALAR_FORMATS[item_type])
             start = self.take(count * dtype.itemsize)
             return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).tolist()
+        if item_type == STRING:
+            return self.strings(count)
         return [self.value(item_type, depth + 1) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str] | None:
+        """`count` strings in a row (a vocabulary) in one tight loop, or None when not decoding; a cut or
+        bad string is read again by `string()` for its error."""
+        buf, size, pos, decode = self.buf, self.size, self.pos, self.decode
+        out, length, done = [], _U64.unpack_from, 0
+        try:
+            for done in range(count):
+                n = length(buf, pos)[0] if size - pos >= 8 else size
+                if n > size - pos - 8:
+                    break
+                if decode:
+                    out.append(buf[pos + 8:pos + 8 + n].decode("utf-8"))
+                pos += 8 + n
+            else:
+                done = count
+        except UnicodeDecodeError:
+            pass
+        self.pos = pos
+        for _ in range(count - done):
+            self.string()                            # raises
+        return out if decode else None
 
 
 def _read_metadata(cur: _Cursor, count: int) -> dict[str, Any]:
@@ -170,7 +197,9 @@ def _read_metadata(cur: _Cursor, count: int) -> dict[str, Any]:
         cur.where = f"metadata entry {i} of {count} (key {key!r}, from byte {at})"
         if key in metadata:
             raise CorruptFileError(f"{cur.path}: {cur.where}: the key appears twice")
-        metadata[key] = cur.value(cur.scalar(4))
+        value = cur.value(cur.scalar(4))
+        if value is not None:                        # None: a vocabulary walked over, not decoded
+            metadata[key] = value
     return metadata
 
 

@@ -59,7 +59,7 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> Checkpoint:
     config = read_config(meta, arch, file)
     # Shapes as one layer has them: a file may hold a subset of the tensors, and block_count is not
     # trusted to be small enough to list every layer's.
-    layer0, tensors = canonical_shapes(dataclasses.replace(config, num_hidden_layers=1)), _LazyTensors()
+    layer0, tensors = canonical_shapes(dataclasses.replace(config, num_hidden_layers=1)), _LazyTensors(file)
     for t in file.tensors:
         if t.name == "rope_freqs.weight":
             continue                                   # folded into config.rope_scaling
@@ -252,9 +252,11 @@ def _vector(file: GgufFile, t: TensorInfo | None) -> np.ndarray | None:
 
 
 class _LazyTensors(Mapping):
-    """name -> tensor, each read from the memory-mapped file when asked for."""
+    """name -> tensor, each read from the memory-mapped file when asked for; `file` is that file, parsed
+    (the GGUF writer copies its vocabulary from it rather than parsing it again)."""
 
-    def __init__(self):
+    def __init__(self, file: GgufFile):
+        self.file = file
         self._read: dict[str, Callable[[], Any]] = {}
 
     def add(self, name: str, read: Callable[[], Any]) -> None:
@@ -263,6 +265,9 @@ class _LazyTensors(Mapping):
 
     def __getitem__(self, name: str):
         return self._read[name]()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._read              # Mapping's default would read the tensor to answer
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._read)

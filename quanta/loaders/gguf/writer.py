@@ -1,4 +1,4 @@
-"""GGUF writer: a Checkpoint's config, tensors and tokenizer as a llama.cpp GGUF file (gguf-py's GGUFWriter).
+"""GGUF writer: a Checkpoint's config, tensors and tokenizer as a llama.cpp GGUF file (GGUFWriter's bytes).
 
 Tensors are named and laid out as convert_hf_to_gguf.py writes them: GGUF names (blk.N.attn_q.weight,
 ...), the llama/mistral q and k rows permuted for ggml's interleaved RoPE (the inverse of what the
@@ -14,6 +14,7 @@ never held whole; the file is written under a temporary name in dst's folder and
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +25,8 @@ import torch
 
 from quanta.loaders.gguf import reader
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
-from quanta.loaders.gguf.file import read_gguf
+from quanta.loaders.gguf.encode import encode_header, pad
+from quanta.loaders.gguf.file import GgufFile, read_gguf
 from quanta.loaders.gguf.mix import GgufTypes, assign
 from quanta.loaders.gguf.vocab import copied_vocab, vocab_metadata
 from quanta.quant.errors import ConfigError, UnsupportedError
@@ -129,6 +131,7 @@ def _spill(spill, name: str, hf: str, t: torch.Tensor | QTensor, config: ModelCo
     raw = data.contiguous().view(torch.uint8).numpy().reshape(-1)
     offset = spill.tell()
     raw.tofile(spill)
+    spill.write(bytes(pad(raw.nbytes) - raw.nbytes))      # each tensor's data starts aligned
     return name, dims, type_name, offset, raw.nbytes
 
 
@@ -154,21 +157,24 @@ def _qk_permutation(name: str, config: ModelConfig) -> torch.Tensor | None:
 
 
 def _assemble(path: str, arch: str, metadata: dict[str, Any], infos: list[tuple], spill) -> None:
-    import gguf
-    w = gguf.GGUFWriter(path, arch)
-    for key, value in metadata.items():
-        _add(w, key, value)
-    for name, dims, type_name, _, nbytes in infos:
-        t = GGML_TYPES_BY_NAME[type_name]
-        w.add_tensor_info(name, dims, np.dtype(np.float32), nbytes, raw_dtype=gguf.GGMLQuantizationType(t.id))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
+    """The header (general.architecture first, as GGUFWriter puts it), then the spilled data as it lies."""
+    ti = [(name, dims, GGML_TYPES_BY_NAME[type_name].id, offset) for name, dims, type_name, offset, _ in infos]
     spill.flush()
-    for _, _, _, offset, nbytes in infos:
-        spill.seek(offset)
-        w.write_tensor_data(np.fromfile(spill, dtype=np.uint8, count=nbytes))
-    w.close()
+    head = encode_header({"general.architecture": arch, **metadata}, ti)
+    size = spill.seek(0, os.SEEK_END)
+    with open(path, "wb") as out:
+        out.write(head)
+        out.flush()
+        done = 0
+        try:                                     # in the kernel: no pass of the data through Python
+            while done < size:
+                n = os.copy_file_range(spill.fileno(), out.fileno(), size - done, done)
+                assert n > 0, "the spill file shrank while it was copied"
+                done += n
+        except (AttributeError, OSError):        # no copy_file_range here: carry on through a buffer
+            spill.seek(done)
+            out.seek(len(head) + done)
+            shutil.copyfileobj(spill, out, 1 << 24)
 
 
 # --- metadata -----------------------------------------------------------------------------------
@@ -212,30 +218,11 @@ def _metadata(ckpt: Checkpoint, arch: str, ggml_type: str | None, name: str | No
 def _vocab(ckpt: Checkpoint) -> dict[str, Any]:
     """Tokenizer entries: copied from a GGUF source file, else built from ckpt.tokenizer (or none)."""
     if ckpt.format == "gguf" and Path(ckpt.path).is_file():
-        copied = copied_vocab(read_gguf(ckpt.path).metadata)
+        source = getattr(ckpt.tensors, "file", None)            # the GgufFile load_gguf parsed: no second read
+        source = source if isinstance(source, GgufFile) and source.path == Path(ckpt.path) else read_gguf(ckpt.path)
+        copied = copied_vocab(source.metadata)
         if "tokenizer.ggml.model" in copied:
             return copied
     if ckpt.tokenizer is None:
         return {}
     return vocab_metadata(ckpt.tokenizer, ckpt.config.vocab_size)
-
-
-_TYPED = {"tokenizer.ggml.token_type": "add_token_types", "tokenizer.ggml.scores": "add_token_scores"}
-
-
-def _add(w, key: str, value: Any) -> None:
-    """One metadata entry with llama.cpp's value type: ids and counts u32, floats f32, flags bool."""
-    if key in _TYPED:
-        getattr(w, _TYPED[key])(value)
-    elif isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        w.add_uint32(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    elif isinstance(value, str):
-        w.add_string(key, value)
-    elif isinstance(value, list):
-        w.add_array(key, value)
-    else:
-        raise UnsupportedError(f"GGUF writer: metadata {key!r} has an unsupported value {type(value).__name__}")

@@ -77,19 +77,22 @@ def bf16_blocks(b):
 
 
 # --- legacy 32-element blocks ---------------------------------------------------------------------
+_BIT = torch.arange(8, dtype=torch.uint8)
+
+
 def legacy_codes(name: str, b: torch.Tensor) -> torch.Tensor:
-    """The unsigned codes q [nb, 32] of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block (value (q-8)d, qd+m, ...)."""
+    """The unsigned codes q [nb, 32], uint8, of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block (value (q-8)d, qd+m, ...)."""
     qs = b[:, -16:]
-    q = unpack(qs, 4, 16)
+    q = torch.cat([qs & 0xF, qs >> 4], dim=1)                    # uint8 throughout: one byte per code
     if name in ("q5_0", "q5_1"):
-        qh = u32(b[:, -20:-16])
-        q = q | (bits_of(qh, 32).reshape(-1, 32).to(torch.int32) << 4)
+        qh = b[:, -20:-16].unsqueeze(-1) >> _BIT.to(b.device)     # bit j of the u32 is element j's 5th bit
+        q |= (qh & 1).view(-1, 32) << 4
     return q
 
 
 def q4_0(b):
     """d f16, qs[16] nibbles: (q - 8) * d."""
-    return f16(b[:, :2]) * (legacy_codes("q4_0", b) - 8).float()
+    return f16(b[:, :2]) * (legacy_codes("q4_0", b) - 8).view(torch.int8).float()   # uint8 wraps to q - 8
 
 
 def q4_1(b):
@@ -99,7 +102,7 @@ def q4_1(b):
 
 def q5_0(b):
     """d f16, qh u32 (5th bits), qs[16]: (q - 16) * d."""
-    return f16(b[:, :2]) * (legacy_codes("q5_0", b) - 16).float()
+    return f16(b[:, :2]) * (legacy_codes("q5_0", b) - 16).view(torch.int8).float()
 
 
 def q5_1(b):

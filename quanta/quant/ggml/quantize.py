@@ -17,7 +17,7 @@ import torch
 
 from quanta.quant.ggml import kquantize as kq
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.ggml.kquantize import f16_bytes, pack
+from quanta.quant.ggml.kquantize import f16_bytes
 from quanta.quant.ggml.qsearch import make_qkx_quants, make_qx_quants, seq_sum, sqrtf
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 from quanta.quant.kinds.affine import Affine
@@ -42,12 +42,17 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
 
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
     """32 codes -> 16 bytes: element j in the low nibble of byte j, element j+16 in the high one."""
-    return pack(q & 0xF, 4, 16)
+    q = q.to(torch.uint8)
+    return (q[:, :16] & 0xF) | (q[:, 16:] << 4)          # uint8 shifts drop the bits above the nibble
+
+
+_BIT = torch.arange(8, dtype=torch.uint8)
 
 
 def _qh(q: torch.Tensor) -> torch.Tensor:
     """The 5th bits of 32 codes as a little-endian u32 [nb, 4] (bit j = element j)."""
-    return pack(q >> 4, 1, 1)
+    bits = ((q.to(torch.uint8) >> 4) & 1).view(-1, 4, 8) << _BIT.to(q.device)
+    return bits.sum(2, dtype=torch.uint8)               # distinct bits: the sum is their OR
 
 
 def _sigma2(x: torch.Tensor, row_blocks: int) -> torch.Tensor:
@@ -76,7 +81,7 @@ def q5_0(x, qw=None, row_blocks=1):
         d, q = make_qx_quants(x, 16, _weights(x, qw, row_blocks))
         return torch.cat([f16_bytes(d), _qh(q), _nibbles(q)], dim=1)
     d = _first_absmax(x) / -16
-    q = torch.trunc(x * _inverse(d) + 16.5).to(torch.int32).clamp(max=31)
+    q = torch.trunc(x * _inverse(d) + 16.5).clamp_(max=31).to(torch.uint8)   # x / d lies in [-16, 16]
     return torch.cat([f16_bytes(d.squeeze(1)), _qh(q), _nibbles(q)], dim=1)
 
 
@@ -125,6 +130,18 @@ def quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None = Non
     """Quantize a float weight W [N, K] to GGML type `type_name` (q4_0 .. q8_0, q2_K .. q6_K) as
     llama.cpp does, returning a `Gguf` QTensor; `imatrix` [K] (per-column importance, see `Imatrix`)
     selects llama.cpp's importance-weighted path. ShapeError when K is not a multiple of the block."""
+    return _quantize(w, type_name, imatrix, what, measure=False)[0]
+
+
+def quantize_with_error(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None = None,
+                        what: str = "weight") -> tuple[Gguf, float]:
+    """`quantize`, and the relative error ||dequantize(Q) - W|| / ||W|| of the result, measured on each chunk's
+    blocks as they are made (while the chunk is in cache), not by a second pass over the whole weight."""
+    return _quantize(w, type_name, imatrix, what, measure=True)
+
+
+def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, what: str,
+              measure: bool) -> tuple[Gguf, float | None]:
     t = GGML_TYPES_BY_NAME.get(type_name)
     if t is None or type_name not in QUANTIZERS:
         raise UnsupportedError(f"{what}: cannot quantize to GGML type {type_name!r} "
@@ -142,12 +159,16 @@ def quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None = Non
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
     rows = max(1, _CHUNK // k)
     out = torch.empty(n, t.row_bytes(k), dtype=torch.uint8, device=w.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
     for start in range(0, n, rows):
         x = w[start:start + rows].float().reshape(-1, t.block_size)     # float32 a chunk at a time
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])
-    return Gguf(data=out, ggml_type=t.id, shape=(n, k))
+        if measure:
+            sums += torch.stack([torch.dist(t.decode(blocks), x), torch.linalg.vector_norm(x)]).double() ** 2
+    error = float(sums[0].sqrt() / sums[1].sqrt().clamp(min=1e-12)) if measure else None
+    return Gguf(data=out, ggml_type=t.id, shape=(n, k)), error
 
 
 class Imatrix:

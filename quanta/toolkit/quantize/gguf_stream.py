@@ -19,7 +19,7 @@ import torch
 
 from quanta.loaders.gguf.mix import assign
 from quanta.loaders.gguf.writer import gguf_name
-from quanta.quant.ggml.quantize import QUANTIZERS, Imatrix, quantize
+from quanta.quant.ggml.quantize import QUANTIZERS, Imatrix, quantize_with_error
 from quanta.quant.qtensor import QTensor
 from quanta.quant.quantize_model import LAYER_NAME, ReportRow, as_float, model_order, names_by_layer
 
@@ -44,8 +44,7 @@ class GgufStream:
         if want not in QUANTIZERS:              # norms, biases (no type assigned) and float-kept weights
             return t if not isinstance(t, QTensor) else t.dequantize(self.ckpt.config.torch_dtype)
         w = as_float(t)
-        q = quantize(w, want, imatrix, what=name)
-        err = float((q.dequantize() - w).norm() / w.norm().clamp(min=1e-12))
+        q, err = quantize_with_error(w, want, imatrix, what=name)
         self.report.append(ReportRow(name, want.upper() + (" imatrix" if imatrix is not None else ""), err, None))
         return q
 

@@ -71,7 +71,7 @@ def _stored_linear_bytes(out: Path) -> int:
     """Bytes of the stored tensors of decoder linears in the written checkpoint."""
     if out.is_file():
         from quanta.loaders.gguf.file import read_gguf
-        return sum(t.nbytes for t in read_gguf(out).tensors if GGUF_LINEAR.fullmatch(t.name))
+        return sum(t.nbytes for t in read_gguf(out, vocabularies=False).tensors if GGUF_LINEAR.fullmatch(t.name))
     from quanta.loaders.safetensors_io import read_safetensors_header
     total = 0
     for f in out.glob("*.safetensors"):
