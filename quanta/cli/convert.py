@@ -18,7 +18,10 @@ from quanta.loaders.formats import convert_targets
 
 
 def cmd_convert(args) -> None:
+    from quanta.engine import host_heap
     from quanta.toolkit.convert.pipeline import convert, validation_line
+
+    host_heap.map_large_blocks()
 
     with ends_cleanly("convert", args.out):
         report = convert(args.src, args.to, args.out, force=args.force, validate=not args.no_validate,

@@ -15,8 +15,11 @@ from quanta.cli.options import add_engine_args, engine_kwargs, quiet_parent
 
 
 def cmd_validate(args) -> None:
+    from quanta.engine import host_heap
     from quanta.eval import validate
     from quanta.cli.default_model import default_model_path
+
+    host_heap.map_large_blocks()
 
     model = args.path or args.model or str(default_model_path())
     result = validate(model, args.reference, text=args.text, ctx=args.ctx, n_windows=args.windows,

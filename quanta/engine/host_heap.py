@@ -23,3 +23,19 @@ def trim() -> bool:
     libc = _libc()
     fn = getattr(libc, "malloc_trim", None) if libc is not None else None
     return bool(fn(0)) if fn is not None else False
+
+
+M_MMAP_THRESHOLD = -3
+LARGE_BLOCK = 1 << 20
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK) -> bool:
+    """From now on give every allocation of `threshold` bytes or more its own mapping, returned to the OS the
+    moment it is freed (glibc's mallopt(M_MMAP_THRESHOLD)); whether it did. glibc otherwise raises that
+    threshold to the largest block freed so far, after which window-sized temporaries (logits, log-softmax
+    blocks) come from the heap and stay resident between uses. For batch commands whose peak memory matters
+    more than the page faults of fresh mappings (validate, convert): a process-wide setting, made at a
+    command's entry, never by the library."""
+    libc = _libc()
+    fn = getattr(libc, "mallopt", None) if libc is not None else None
+    return bool(fn(M_MMAP_THRESHOLD, threshold)) if fn is not None else False

@@ -13,6 +13,7 @@ from quanta.engine.models.llama import LlamaForCausalLM
 from quanta.engine.parallel.group import TensorParallel
 from quanta.loaders import detect, load
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.pages import release
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
 
@@ -52,8 +53,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
       - peak device memory during load ~ the final weights + the largest group's transient (its canonical
         form, their stacked copy and the kernel's repack of it);
       - peak host memory does not grow with the model: at most one group's canonical tensors are alive at
-        once (mapped file pages aside, which the OS reclaims), and on the CPU device the final weights
-        themselves are added to that;
+        once, and on the CPU device the final weights themselves are added to that; the mapped file pages a
+        module's tensors were read from are given back once it holds its own copy (loaders.pages);
       - on a GPU, the packed HF families (AWQ and GPTQ int32 words, bitsandbytes and compressed-tensors
         bytes) are moved to the device as stored and unpacked there (Checkpoint.read_on), so no host copy
         holds a byte per weight; GGUF blocks likewise cross as stored and are converted by prepare."""
@@ -93,6 +94,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
                 del gate, up            # the sorted whole copies must die with `weights`, after this load
             module.load(weights, biases, device, dtype, names=[f"{n}.weight" for n in parts],
                         force_kernel=force_kernel)
+            release(weights + biases, keep=[layer.state for _, layer in module.linears()])
             del weights
         elif isinstance(module, QuantLinear):
             head = module is model.lm_head
@@ -106,6 +108,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
             weight = take(f"{name}.weight") if weight is None else weight
             module.load(weight, take(f"{name}.bias", module.has_bias), device, module_dtype, name=f"{name}.weight",
                         force_kernel=force_kernel, avoid=HEAD_AVOIDS if head else None)
+            release(weight, keep=[module.state, table])
             del weight
         elif isinstance(module, Embedding):
             module.load(take(f"{name}.weight"), device, dtype)

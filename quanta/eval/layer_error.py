@@ -1,5 +1,6 @@
 """Per-layer weight error between two checkpoints of one model: each weight matrix dequantized to float32
-on both sides, one tensor at a time, so at most two float32 copies of one matrix exist at once."""
+on both sides, one tensor at a time, so at most two float32 copies of one matrix exist at once, and the mapped
+file pages each was read from given back once compared."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ from tqdm import tqdm
 
 from quanta.eval.result import LayerError
 from quanta.loaders.checkpoint import Checkpoint
+from quanta.loaders.pages import release
 from quanta.quant.qtensor import QTensor
 
 
@@ -47,13 +49,16 @@ def weight_errors(model: Checkpoint, reference: Checkpoint, progress: bool = Fal
             continue
         ref_names.discard(name)
         w, scheme = _dense(tensor)
-        r, ref_scheme = _dense(theirs[name])
+        ref_tensor = theirs[name]
+        r, ref_scheme = _dense(ref_tensor)
         if r.shape != w.shape:
             unmatched.append(f"{name} (shape {list(w.shape)}, reference {list(r.shape)})")
             continue
         rel, max_abs = compare(w, r)
         errors.append(LayerError(name, list(w.shape), scheme, ref_scheme, rel, max_abs))
-        del tensor, w, r
+        del w, r
+        release([tensor, ref_tensor])
+        del tensor, ref_tensor
     unmatched += [f"{name} (not in the tested checkpoint)" for name in sorted(ref_names)
                   if _is_matrix(name, theirs[name].shape)]
     return errors, unmatched
