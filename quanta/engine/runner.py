@@ -113,7 +113,7 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         prefill = starts[num_decodes:]
         if self.lora is not None:
-            self.lora.set_step([it.seq.lora_request for it in items for _ in range(it.num_tokens)])
+            self.lora.set_step([(it.seq.lora_request, it.num_tokens) for it in items])
         fb = ForwardBatch(
             kv_cache=self.kv_cache, slot_mapping=self._tensor(slots, torch.int64),
             block_tables=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
@@ -243,7 +243,7 @@ class ModelRunner:
         i64[2 * top + n: 2 * top + bucket] = -1     # padding rows: no KV store, no attention
         i32[n:bucket] = 0
         if self.lora is not None:                   # padding rows: no adapter
-            self.lora.set_step([it.seq.lora_request for it in batch] + [None] * (bucket - n))
+            self.lora.set_step([(it.seq.lora_request, 1) for it in batch] + [(None, bucket - n)])
         self.static_i64.copy_(self.host_i64, non_blocking=True)
         used = top + n * width
         self.static_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
@@ -302,7 +302,7 @@ class ModelRunner:
         self.static_out = torch.empty(top, hidden, dtype=self.model.model.norm.weight.dtype, device=self.device)
         pool = None
         if self.lora is not None:                   # the graphs read the rows' slots in place (LoRAStep)
-            self.lora.set_step([None] * top)
+            self.lora.set_step([(None, top)])
         for b in reversed(buckets):
             fb = ForwardBatch(self.kv_cache, slots[:b], tables[:b], lens[:b], starts[:b + 1], None, b, 1,
                               self._num_splits(b), self.sliding_window)

@@ -36,20 +36,23 @@ class LoRAStep:
         self.groups: list[tuple[int, slice | torch.Tensor]] = []
         self.active = triton
 
-    def set(self, token_slots: list[int]) -> None:
-        """The slot of each of the step's token rows (NO_SLOT for none)."""
-        n = len(token_slots)
+    def set(self, runs: list[tuple[int, int]]) -> None:
+        """The step's token rows as runs of (slot, rows) in row order (NO_SLOT for none)."""
+        slots = torch.tensor([s for s, _ in runs], dtype=torch.int32)
+        counts = torch.tensor([n for _, n in runs])
+        per_row = slots.repeat_interleave(counts)
+        n = per_row.numel()
         if n:
-            self.buffer[:n].copy_(torch.tensor(token_slots, dtype=torch.int32), non_blocking=True)
+            self.buffer[:n].copy_(per_row, non_blocking=True)
         self.slots = self.buffer[:n]
         self.groups = []
         if self.triton:                          # the kernels read the slots themselves
             return
-        for slot in sorted(set(token_slots) - {NO_SLOT}):
-            rows = [i for i, s in enumerate(token_slots) if s == slot]
-            one_run = rows[-1] - rows[0] + 1 == len(rows)
-            self.groups.append((slot, slice(rows[0], rows[-1] + 1) if one_run else torch.tensor(rows)))
-        self.active = self.triton or bool(self.groups)
+        for slot in sorted({s for s, _ in runs} - {NO_SLOT}):
+            rows = torch.nonzero(per_row == slot)[:, 0]
+            one_run = int(rows[-1] - rows[0]) + 1 == rows.numel()
+            self.groups.append((slot, slice(int(rows[0]), int(rows[-1]) + 1) if one_run else rows))
+        self.active = bool(self.groups)
 
 
 class LayerSlots:
@@ -204,7 +207,8 @@ class LoRASlots:
             layer.fill(slot, adapter)
         self.resident[request.lora_int_id] = slot
 
-    def set_step(self, requests_by_row: list[LoRARequest | None]) -> None:
-        """Activate the adapters of a step whose token rows carry these requests, and map the rows to slots."""
-        slots = self.activate(requests_by_row)
-        self.step.set(slots)
+    def set_step(self, runs: list[tuple[LoRARequest | None, int]]) -> None:
+        """Activate the adapters of a step whose token rows come as runs of (request, rows), one run a sequence
+        in row order, and map the rows to slots."""
+        slots = self.activate([request for request, _ in runs])
+        self.step.set([(slot, n) for slot, (_, n) in zip(slots, runs)])
