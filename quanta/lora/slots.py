@@ -208,7 +208,7 @@ class LoRASlots:
         self.resident[request.lora_int_id] = slot
 
     def set_step(self, runs: list[tuple[LoRARequest | None, int]]) -> None:
-        """Activate the adapters of a step whose token rows come as runs of (request, rows), one run a sequence
+        """Activate the adapters of a step whose token rows come as (request, rows) pairs, one per sequence
         in row order, and map the rows to slots."""
         slots = self.activate([request for request, _ in runs])
         self.step.set([(slot, n) for slot, (_, n) in zip(slots, runs)])
