@@ -57,7 +57,10 @@ def bench(models: list[str], formats: str | list[str] | None = None, peers: str 
         out.mkdir(parents=True, exist_ok=True)
     device = torch.device(s.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
-    rows: list[Row] = []
+    meta = {"command": command or "quanta.bench", "device": _device_name(device), "date": time.strftime("%Y-%m-%d"),
+            "torch": torch.__version__, "copy_bandwidth_GBps": round(bandwidth / 1e9, 1) if bandwidth else None,
+            "settings": {k: getattr(s, k) for k in s.__dataclass_fields__}}
+    rows = _Rows(out / "bench.json" if out is not None else None, meta)
     from tqdm import tqdm
     bar = tqdm(total=len(models) * (len(names) + 1 + len(wanted)), desc="bench", disable=quiet)
     for model in models:
@@ -82,9 +85,7 @@ def bench(models: list[str], formats: str | list[str] | None = None, peers: str 
                               lambda: _transformers(model, s, bnb=peer == "transformers-bnb")))
             bar.update()
     bar.close()
-    meta = {"command": command or "quanta.bench", "device": _device_name(device), "date": time.strftime("%Y-%m-%d"),
-            "torch": torch.__version__, "copy_bandwidth_GBps": round(bandwidth / 1e9, 1) if bandwidth else None,
-            "settings": {k: getattr(s, k) for k in s.__dataclass_fields__}}
+    rows = list(rows)
     table = markdown(rows, s.budgets, meta)
     result = BenchResult(rows, meta, table)
     if out is not None:
@@ -92,6 +93,19 @@ def bench(models: list[str], formats: str | list[str] | None = None, peers: str 
         (out / "bench.md").write_text(table)
         result.files = [out / "bench.json", out / "bench.md", *charts(rows, out)]
     return result
+
+
+class _Rows(list):
+    """The rows so far, rewritten to bench.json as each one lands: a run cut short keeps what it measured."""
+
+    def __init__(self, path: Path | None, meta: dict[str, Any]):
+        super().__init__()
+        self.path, self.meta = path, meta
+
+    def append(self, row: Row) -> None:
+        super().append(row)
+        if self.path is not None:
+            write_json(self.path, self, self.meta)
 
 
 def _peer(peer: str, model: str, fmt: str, run) -> Row:
