@@ -5,13 +5,18 @@ import torch
 
 from kernel_util import DEVICE  # noqa: I001
 from quanta.kernels import lora
+from quanta.kernels.triton_support import cdiv
 
 
 @pytest.mark.parametrize("sizes", [[40], [32, 16, 16], [24, 24]], ids=["one", "qkv", "gate_up"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
-def test_add_lora_matches_reference(sizes, dtype):
+@pytest.mark.parametrize("t, k, r", [(7, 96, 8), (5, 1100, 16), (80, 200, 4)],
+                         ids=["few", "k-split-in-3", "many-rows"])
+def test_add_lora_matches_reference(sizes, dtype, t, k, r):
+    """Tiles of one slot's rows, K split over programs for few rows (1100 = 3 uneven pieces), ranks under the
+    dot's 16 padded, and a token's rows scattered among the slots."""
     g = torch.Generator().manual_seed(0)
-    t, k, slots_n, r = 7, 96, 3, 8
+    slots_n = 3
     n, p = sum(sizes), len(sizes)
     bounds = [0]
     for size in sizes:
@@ -21,13 +26,21 @@ def test_add_lora_matches_reference(sizes, dtype):
     a = (0.1 * torch.randn(slots_n, p * r, k, generator=g)).to(DEVICE, dtype)
     b = (0.1 * torch.randn(slots_n, n, r, generator=g)).to(DEVICE, dtype)
     scale = torch.rand(slots_n, p, generator=g).to(DEVICE)
-    slots = torch.tensor([2, -1, 0, 0, 1, -1, 2], dtype=torch.int32, device=DEVICE)
+    pattern = torch.tensor([2, -1, 0, 0, 1, -1, 2], dtype=torch.int32)
+    slots = pattern.repeat(cdiv(t, 7))[:t].to(DEVICE)
     want = lora.reference(x, y.clone(), slots, a, b, scale, bounds)
     got = lora.add_lora(x, y.clone(), slots, a, b, scale, bounds)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    assert torch.equal(got[1], y[1]) and torch.equal(got[5], y[5])        # rows without an adapter untouched
+    none = slots.cpu() < 0
+    assert torch.equal(got[none], y[none])                                  # rows without an adapter untouched
     assert not torch.allclose(got[0], y[0])
+
+
+def test_sort_by_slot_groups_rows_and_counts_them():
+    slots = torch.tensor([2, -1, 0, 0, 1, -1, 2], dtype=torch.int32)
+    order, starts = lora.sort_by_slot(slots, 3)
+    assert order.tolist() == [2, 3, 4, 0, 6, 1, 5] and starts.tolist() == [0, 2, 3, 5]
 
 
 def test_engine_gpu_path_mixed_batch_equals_peft(tmp_path):

@@ -302,7 +302,7 @@ class ModelRunner:
         self.static_out = torch.empty(top, hidden, dtype=self.model.model.norm.weight.dtype, device=self.device)
         pool = None
         if self.lora is not None:                   # the graphs read the rows' slots in place (LoRAStep)
-            self.lora.set_step([(None, top)])
+            self.lora.set_step([(None, top)], capture=True)
         for b in reversed(buckets):
             fb = ForwardBatch(self.kv_cache, slots[:b], tables[:b], lens[:b], starts[:b + 1], None, b, 1,
                               self._num_splits(b), self.sliding_window)

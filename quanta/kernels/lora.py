@@ -1,13 +1,14 @@
-"""Batched LoRA products for a step whose tokens use different adapters (punica's BGMV / S-LoRA): each token
-gathers its own adapter's A and B from the stacked slots by its slot index (negative: no adapter).
+"""Batched LoRA products for a step whose tokens use different adapters (punica's SGMV / S-LoRA): the token
+rows come grouped by slot (`order`, `starts`: see sort_by_slot), and each program multiplies a tile of one slot's
+rows by that slot's A or B with tl.dot, so a tile reads its adapter's matrices once.
 
     s = x @ A[slot].T                   shrink: [T, K] -> [T, P*R], the P parts' ranks side by side
     y[:, part p] += scale[slot, p] * s[:, p*R:(p+1)*R] @ B[slot, part p rows].T     expand, in place
 
 A merged q/k/v or gate/up layer has P parts: its output columns [bounds[p], bounds[p+1]) read rank columns
 [p*R, (p+1)*R). Slots hold every adapter at R, the padded largest rank; the zero padding adds nothing. A
-token's work reads only its own row and slot, so the products do not depend on the rest of the batch, and a
-step's launches are the same whatever the slots hold (CUDA graphs replay them with new indices).
+few rows (decode) split the shrink's K over programs and the expand sums the pieces, since one program walking
+all of K would wait on memory; a step's launches are the same whatever the slots hold (CUDA graphs replay them).
 """
 from __future__ import annotations
 
@@ -35,68 +36,127 @@ def reference(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Te
     return y
 
 
-@triton.jit
-def _shrink_kernel(x_ptr, a_ptr, s_ptr, slot_ptr, K, J, stride_x, stride_as, stride_aj,
-                   BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (token, block of rank columns): s[t, j] = sum_k x[t, k] A[slot, j, k] in float32."""
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t)
-    if slot < 0:
-        return
-    offs_j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    acc = tl.zeros((BLOCK_J,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xk = tl.load(x_ptr + t * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * stride_aj + offs_k[None, :],
-                    mask=(offs_j[:, None] < J) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
-        acc += tl.sum(a * xk[None, :], axis=1)
-    tl.store(s_ptr + t * J + offs_j, acc, mask=offs_j < J)
+def sort_by_slot(slots: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, starts) of a step's slots (int [T], negative: none): the rows grouped by slot, those without one
+    last (int32 [T]), and where slot s's rows start in order (int32 [n_slots + 1]; starts[n_slots] counts the
+    rows with an adapter). The engine builds the same on the host (quanta.lora.slots.LoRAStep)."""
+    key = torch.where(slots < 0, n_slots, slots).long()
+    order = torch.argsort(key, stable=True).to(torch.int32)
+    counts = torch.zeros(n_slots + 1, dtype=torch.int64, device=slots.device).scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.zeros(n_slots + 1, dtype=torch.int64, device=slots.device)
+    starts[1:] = torch.cumsum(counts[:-1], 0)
+    return order, starts.to(torch.int32)
+
+
+def k_splits(rows: int, k: int) -> int:
+    """Pieces of K the shrink splits into: one for many rows (the tiles fill the GPU), else pieces of SPLIT_K."""
+    return 1 if rows > 64 else cdiv(k, SPLIT_K)
+
+
+SPLIT_K = 512
 
 
 @triton.jit
-def _expand_kernel(s_ptr, b_ptr, scale_ptr, y_ptr, slot_ptr, N, J, B1, B2, stride_y, stride_bs,
-                   P: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Program (token, block of output columns): y[t, n] += scale[slot, p(n)] sum_r s[t, p(n) R + r] B[slot, n, r],
-    p(n) the part of column n (B1, B2: where parts 1 and 2 start)."""
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t)
-    if slot < 0:
-        return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_r = tl.arange(0, R)
-    mask_n = offs_n < N
-    part = tl.zeros((BLOCK_N,), dtype=tl.int32)
-    if P > 1:
-        part += (offs_n >= B1).to(tl.int32)
-    if P > 2:
-        part += (offs_n >= B2).to(tl.int32)
-    s = tl.load(s_ptr + t * J + part[:, None] * R + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-    b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * R + offs_r[None, :],
-                mask=mask_n[:, None], other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + slot * P + part, mask=mask_n, other=0.0)
-    delta = tl.sum(s * b, axis=1) * scale
-    y = tl.load(y_ptr + t * stride_y + offs_n, mask=mask_n, other=0.0)
-    tl.store(y_ptr + t * stride_y + offs_n, (y.to(tl.float32) + delta).to(y.dtype), mask=mask_n)
+def _rows(order_ptr, starts_ptr, slot, pid_m, BLOCK_M: tl.constexpr):
+    """The token rows of tile pid_m of `slot` (and which of them exist), or an empty mask past its last row."""
+    lo = tl.load(starts_ptr + slot)
+    hi = tl.load(starts_ptr + slot + 1)
+    offs = lo + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = offs < hi
+    return tl.load(order_ptr + offs, mask=mask, other=0).to(tl.int64), mask, lo + pid_m * BLOCK_M < hi
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, part_ptr, order_ptr, starts_ptr, T, K, J, K_PIECE, stride_x, stride_as, stride_aj,
+                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+                   IEEE: tl.constexpr):
+    """Program (tile of one slot's rows, block of rank columns and piece of K, slot): the piece's share of
+    s[row, j] = sum_k x[row, k] A[slot, j, k], float32, into part[piece, row, j]."""
+    slot = tl.program_id(2)
+    rows, mask_m, live = _rows(order_ptr, starts_ptr, slot, tl.program_id(0), BLOCK_M)
+    if live:
+        piece = tl.program_id(1) % SPLITS
+        offs_j = (tl.program_id(1) // SPLITS) * BLOCK_J + tl.arange(0, BLOCK_J)
+        mask_j = offs_j < J
+        acc = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+        k_end = tl.minimum(K, (piece + 1) * K_PIECE)
+        for k0 in range(piece * K_PIECE, k_end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < k_end
+            x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                        other=0.0)
+            a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_k[:, None] + offs_j[None, :] * stride_aj,
+                        mask=mask_k[:, None] & mask_j[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, a, input_precision="ieee")
+            else:
+                acc += tl.dot(x, a)
+        tl.store(part_ptr + (piece * T + rows[:, None]) * J + offs_j[None, :], acc,
+                 mask=mask_m[:, None] & mask_j[None, :])
+
+
+@triton.jit
+def _expand_kernel(part_ptr, b_ptr, scale_ptr, y_ptr, order_ptr, starts_ptr, T, N, J, B1, B2, stride_y, stride_bs,
+                   SPLITS: tl.constexpr, P: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Program (tile of one slot's rows, block of output columns, slot): y[row, n] += scale[slot, p(n)]
+    sum_r s[row, p(n) R + r] B[slot, n, r], s summed over the shrink's pieces, p(n) the part of column n
+    (B1, B2: where parts 1 and 2 start)."""
+    slot = tl.program_id(2)
+    rows, mask_m, live = _rows(order_ptr, starts_ptr, slot, tl.program_id(0), BLOCK_M)
+    if live:
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, R_PAD)
+        mask_n, mask_r = offs_n < N, offs_r < R
+        b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * R + offs_r[:, None],
+                    mask=mask_r[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for p in tl.static_range(P):
+            s = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+            for piece in range(SPLITS):
+                s += tl.load(part_ptr + (piece * T + rows[:, None]) * J + p * R + offs_r[None, :],
+                             mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+            s = s * tl.load(scale_ptr + slot * P + p)
+            lo = 0 if p == 0 else (B1 if p == 1 else B2)
+            hi = N if p == P - 1 else (B1 if p == 0 else B2)
+            bp = tl.where(((offs_n >= lo) & (offs_n < hi))[None, :], b, 0.0)
+            if IEEE:
+                acc += tl.dot(s, bp.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(s.to(b.dtype), bp)
+        ptrs = y_ptr + rows[:, None] * stride_y + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        y = tl.load(ptrs, mask=mask, other=0.0)
+        tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
 def add_lora(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-             scale: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+             scale: torch.Tensor, bounds: list[int], order: torch.Tensor | None = None,
+             starts: torch.Tensor | None = None) -> torch.Tensor:
     """y += each token's LoRA products (see the module docstring), in place; returns y. x [T, K] and y [T, N]
-    with unit column stride, slots int32 [T], a [S, P*R, K], b [S, N, R] contiguous, scale float32 [S, P]."""
+    with unit column stride, slots int32 [T], a [S, P*R, K], b [S, N, R] contiguous, scale float32 [S, P];
+    `order` and `starts` as sort_by_slot gives them (worked out here when not given)."""
     t, k = x.shape
-    n, j, rank = y.shape[1], a.shape[1], b.shape[2]
-    parts = len(bounds) - 1
+    n_slots, j, rank = a.shape[0], a.shape[1], b.shape[2]
+    n, parts = y.shape[1], len(bounds) - 1
     assert parts <= 3 and j == parts * rank and x.stride(-1) == 1 and y.stride(-1) == 1
     if t == 0:
         return y
-    s = torch.empty(t, j, device=x.device, dtype=torch.float32)
-    block_j = min(64, triton.next_power_of_2(j))
-    _shrink_kernel[(t, cdiv(j, block_j))](x, a, s, slots, k, j, x.stride(0), a.stride(0), a.stride(1),
-                                         BLOCK_J=block_j, BLOCK_K=128, num_warps=4)
+    if order is None:
+        order, starts = sort_by_slot(slots[:t], n_slots)
+    splits = k_splits(t, k)
+    block_m = 16 if t <= 16 else (32 if t <= 64 else 64)
+    block_j = max(16, min(64, triton.next_power_of_2(j)))
+    ieee = x.dtype == torch.float32
+    piece = cdiv(k, splits * 64) * 64 if splits > 1 else k
+    part = torch.empty(splits, t, j, device=x.device, dtype=torch.float32)
+    _shrink_kernel[(cdiv(t, block_m), cdiv(j, block_j) * splits, n_slots)](
+        x, a, part, order, starts, t, k, j, piece, x.stride(0), a.stride(0), a.stride(1),
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_J=block_j, BLOCK_K=64, IEEE=ieee, num_warps=4)
     b1 = bounds[1] if parts > 1 else n
     b2 = bounds[2] if parts > 2 else n
     block_n = 64
-    _expand_kernel[(t, cdiv(n, block_n))](s, b, scale, y, slots, n, j, b1, b2, y.stride(0), b.stride(0),
-                                         P=parts, R=rank, BLOCK_N=block_n, num_warps=4)
+    _expand_kernel[(cdiv(t, block_m), cdiv(n, block_n), n_slots)](
+        part, b, scale, y, order, starts, t, n, j, b1, b2, y.stride(0), b.stride(0), SPLITS=splits, P=parts,
+        R=rank, R_PAD=max(16, rank), BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee, num_warps=4)
     return y

@@ -5,12 +5,14 @@ that loads adapters into slots, evicting the least recently used one no running 
 A running batch never needs more than max_loras adapters (the scheduler's rule), so an adapter it needs always
 finds a slot. Read adapters stay on the host, up to max_cpu_loras of them, so one evicted from its slot comes
 back without reading its file again. On the CPU a step's tokens are grouped by slot and multiplied with the
-adapter's own-rank matrices through the batch-invariant matmul; elsewhere the Triton kernels gather per token.
+adapter's own-rank matrices through the batch-invariant matmul; elsewhere the Triton kernels take tiles of
+one slot's rows, grouped on the host.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from quanta.kernels import lora as lora_kernel
@@ -24,35 +26,44 @@ TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 
 
 class LoRAStep:
-    """One step's map from token rows to slots, read by every layer: `slots` (int32 [T] on the device, a view of
-    one buffer, so CUDA graphs read it in place), `groups` ((slot, rows) with rows a slice or an index tensor,
-    for the CPU path) and `active` (whether any token has an adapter; always on under `triton`, where a
-    captured graph must launch the kernels whatever the step holds)."""
+    """One step's map from token rows to slots, read by every layer. Under `triton`: `slots` (int32 [T]) and
+    the rows grouped by slot, `order` and `starts` (quanta.kernels.lora.sort_by_slot), views at fixed places of
+    one device buffer, so CUDA graphs read them in place. On the CPU: `groups` ((slot, rows), rows a slice or an
+    index tensor). `active`: whether any token has an adapter, or a graph is being captured (a captured graph
+    must launch the kernels whatever the steps it replays hold)."""
 
-    def __init__(self, capacity: int, device: torch.device, triton: bool):
-        self.buffer = torch.full((capacity,), NO_SLOT, dtype=torch.int32, device=device)
-        self.triton = triton
-        self.slots = self.buffer[:0]
+    def __init__(self, capacity: int, n_slots: int, device: torch.device, triton: bool):
+        self.capacity, self.n_slots, self.triton = capacity, n_slots, triton
+        self.buffer = torch.full((2 * capacity + n_slots + 1,), NO_SLOT, dtype=torch.int32, device=device)
+        self.starts = self.buffer[2 * capacity:]
+        self.starts.zero_()
+        self.slots, self.order = self.buffer[:0], self.buffer[capacity:capacity]
         self.groups: list[tuple[int, slice | torch.Tensor]] = []
-        self.active = triton
+        self.active = False
 
-    def set(self, runs: list[tuple[int, int]]) -> None:
-        """The step's token rows as runs of (slot, rows) in row order (NO_SLOT for none)."""
-        slots = torch.tensor([s for s, _ in runs], dtype=torch.int32)
-        counts = torch.tensor([n for _, n in runs])
-        per_row = slots.repeat_interleave(counts)
-        n = per_row.numel()
-        if n:
-            self.buffer[:n].copy_(per_row, non_blocking=True)
-        self.slots = self.buffer[:n]
+    def set(self, runs: list[tuple[int, int]], capture: bool = False) -> None:
+        """The step's token rows as runs of (slot, rows) in row order (NO_SLOT for none); `capture`: a CUDA
+        graph is about to be captured over them."""
+        per_row = np.repeat(np.array([s for s, _ in runs], dtype=np.int32), [n for _, n in runs])
+        n, cap = per_row.size, self.capacity
+        self.slots, self.order = self.buffer[:n], self.buffer[cap:cap + n]
         self.groups = []
+        self.active = capture or bool((per_row >= 0).any())
         if self.triton:                          # the kernels read the slots themselves
+            key = np.where(per_row < 0, self.n_slots, per_row)
+            starts = np.zeros(self.n_slots + 1, dtype=np.int32)
+            starts[1:] = np.cumsum(np.bincount(key, minlength=self.n_slots + 1))[:-1]
+            if n:
+                self.slots.copy_(torch.from_numpy(per_row), non_blocking=True)
+                self.order.copy_(torch.from_numpy(np.argsort(key, kind="stable").astype(np.int32)),
+                                 non_blocking=True)
+            self.starts.copy_(torch.from_numpy(starts), non_blocking=True)
             return
+        rows_of = torch.from_numpy(per_row)
         for slot in sorted({s for s, _ in runs} - {NO_SLOT}):
-            rows = torch.nonzero(per_row == slot)[:, 0]
+            rows = torch.nonzero(rows_of == slot)[:, 0]
             one_run = int(rows[-1] - rows[0]) + 1 == rows.numel()
             self.groups.append((slot, slice(int(rows[0]), int(rows[-1]) + 1) if one_run else rows))
-        self.active = bool(self.groups)
 
 
 class LayerSlots:
@@ -110,7 +121,8 @@ class LayerSlots:
     def add(self, x: torch.Tensor, y: torch.Tensor, step: LoRAStep) -> torch.Tensor:
         """y (this layer's base output for input x) plus each token's adapter products, in place."""
         if step.triton:
-            return lora_kernel.add_lora(x, y, step.slots, self.a, self.b, self.scale, self.bounds)
+            return lora_kernel.add_lora(x, y, step.slots, self.a, self.b, self.scale, self.bounds, step.order,
+                                        step.starts)
         for slot, rows in step.groups:
             own = self.own[slot]
             if own is None:
@@ -137,7 +149,7 @@ class LoRASlots:
         self.config = model.config
         self.max_loras, self.max_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         rank = 1 << max(0, max_lora_rank - 1).bit_length()           # the kernels' rank tile: a power of two
-        self.step = LoRAStep(capacity, device, triton)
+        self.step = LoRAStep(capacity, max_loras, device, triton)
         self.layers: list[LayerSlots] = []
         for i, layer in enumerate(model.model.layers):
             for target in TARGETS:
@@ -207,8 +219,8 @@ class LoRASlots:
             layer.fill(slot, adapter)
         self.resident[request.lora_int_id] = slot
 
-    def set_step(self, runs: list[tuple[LoRARequest | None, int]]) -> None:
+    def set_step(self, runs: list[tuple[LoRARequest | None, int]], capture: bool = False) -> None:
         """Activate the adapters of a step whose token rows come as (request, rows) pairs, one per sequence
-        in row order, and map the rows to slots."""
+        in row order, and map the rows to slots; `capture`: a CUDA graph is captured over this step."""
         slots = self.activate([request for request, _ in runs])
-        self.step.set([(slot, n) for slot, (_, n) in zip(slots, runs)])
+        self.step.set([(slot, n) for slot, (_, n) in zip(slots, runs)], capture)
