@@ -72,3 +72,37 @@ def test_a_format_that_cannot_hold_the_model_is_a_row_with_its_reason(default_mo
     rows = bench([str(default_model_path)], formats="gguf:Q6_K", quiet=True).rows
     assert [r.format for r in rows] == ["as is (gguf)", "gguf:Q6_K"]
     assert rows[0].error is None and "Q6_K blocks do not tile" in rows[1].error
+
+
+class _Clocked:
+    """A stand-in for a transformers model whose `generate` takes `seconds[batch]` (timed runs only) or runs out of
+    memory at the batches in `oom`."""
+
+    def __init__(self, seconds: dict[int, float], oom: tuple[int, ...] = ()):
+        self.seconds, self.oom, self.now = seconds, oom, 0.0
+
+    def generate(self, ids, max_new_tokens, **kw):
+        import torch
+        if ids.shape[0] in self.oom:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        if max_new_tokens > 2:                  # the warm-up call takes no time
+            self.now += self.seconds[ids.shape[0]]
+
+
+@pytest.mark.parametrize("seconds, oom, best, end", [
+    ({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.9}, (), 8, "the cap of batch 8"),
+    ({1: 1.0, 2: 1.0, 4: 3.95}, (), 2, "batch 4 added under 3%"),
+    ({1: 1.0, 2: 1.0}, (4,), 2, "out of memory at batch 4")])
+def test_the_peer_sweep_doubles_until_memory_the_cap_or_no_gain(monkeypatch, seconds, oom, best, end):
+    """Each batch's output tok/s is batch × tokens / its time; the sweep says why it stopped and keeps every
+    batch it measured, so a bench JSON shows the peer was run at its best."""
+    import torch
+
+    from quanta.toolkit.bench import peers
+    from quanta.toolkit.bench.measure import Settings
+    model = _Clocked(seconds, oom)
+    monkeypatch.setattr(peers.time, "perf_counter", lambda: model.now)
+    s = Settings.small(throughput_input=8, throughput_output=4)
+    results, why = peers.sweep(model, s, vocab=100, device=torch.device("cpu"), max_batch=8)
+    assert why == end and max(results, key=results.get) == best
+    assert results == {b: round(b * 4 / seconds[b], 1) for b in results} and set(results) <= set(seconds)

@@ -58,6 +58,8 @@ class Row:
     ttft_ms: float | None = None
     throughput_tok_s: float | None = None
     best_batch: int | None = None                                        # peers: the batch of their best throughput
+    sweep: dict[int, float] = field(default_factory=dict)               # peers: output tok/s at each batch tried
+    sweep_end: str | None = None                                         # peers: why the sweep stopped there
     perplexity: float | None = None
     kl: float | None = None
     top1: float | None = None

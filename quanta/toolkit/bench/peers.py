@@ -13,7 +13,7 @@ from quanta.toolkit.bench.measure import Row, Settings, prompt, release
 from quanta.toolkit.bench.names import PEERS
 
 GAIN = 1.03                 # a doubling of the batch must add 3% throughput to go on
-MAX_BATCH = {"cuda": 1024, "cpu": 16}
+MAX_BATCH = {"cuda": 4096, "cpu": 16}  # the largest batch tried: bounds a small model's sweep (memory ends a big one)
 
 
 def parse_peers(spec: str | list[str] | None) -> list[str]:
@@ -76,9 +76,9 @@ def to_nf4(model: torch.nn.Module, device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def sweep(model, s: Settings, vocab: int, device: torch.device, max_batch: int) -> dict[int, float]:
+def sweep(model, s: Settings, vocab: int, device: torch.device, max_batch: int) -> tuple[dict[int, float], str]:
     """Output tok/s of `generate` at batch 1, 2, 4, ... (throughput_input in, throughput_output out), until
-    memory runs out, the batch reaches max_batch or doubling it adds less than GAIN."""
+    memory runs out, the batch reaches max_batch or doubling it adds less than GAIN; and why it ended."""
     results: dict[int, float] = {}
     batch = 1
     while batch <= max_batch:
@@ -95,12 +95,12 @@ def sweep(model, s: Settings, vocab: int, device: torch.device, max_batch: int) 
                 torch.cuda.synchronize(device)
         except torch.cuda.OutOfMemoryError:
             release()
-            break
+            return results, f"out of memory at batch {batch}"
         results[batch] = round(batch * s.throughput_output / (time.perf_counter() - start), 1)
         if batch > 1 and results[batch] < GAIN * results[batch // 2]:
-            break
+            return results, f"batch {batch} added under {GAIN - 1:.0%}"
         batch *= 2
-    return results
+    return results, f"the cap of batch {max_batch}"
 
 
 def run_transformers(model: str, source: str, s: Settings, bnb: bool) -> Row:
@@ -112,7 +112,8 @@ def run_transformers(model: str, source: str, s: Settings, bnb: bool) -> Row:
     try:
         hf = transformers_model(source, device, bnb)
         row.weights_bytes = sum(t.numel() * t.element_size() for t in (*hf.parameters(), *hf.buffers()))
-        results = sweep(hf, s, hf.config.vocab_size, device, MAX_BATCH.get(device.type, 16))
+        results, row.sweep_end = sweep(hf, s, hf.config.vocab_size, device, MAX_BATCH.get(device.type, 16))
+        row.sweep = results
         row.decode_tok_s = results.get(1)
         row.best_batch = max(results, key=results.get) if results else None
         row.throughput_tok_s = results.get(row.best_batch)
