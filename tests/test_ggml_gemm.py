@@ -216,19 +216,24 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     w, _ = make_gguf(40, 256, "Q6_K")
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     caps = PRESETS["sm90"]
-    ms = (1, plan.GEMV_MAX_M, plan.GEMV_MAX_M + 1, 16, 256, plan.CUBLAS_MIN_M - 1, plan.CUBLAS_MIN_M, 300, 2048)
-    names = [plan.choose(st, caps, m).path.name for m in ms]
-    assert names == ["gemv_h2"] * 2 + ["gemm"] * 4 + ["cublas"] * 3
+    ms = (1, plan.GEMV_MAX_M, plan.GEMV_MAX_M + 1, 16, 17, 32, 64, 65, 256, 300, 2048)
+    q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
+    iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
+    assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
+    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 5 + ["cublas"] * 4
+    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 2 + ["cublas"] * 7
+    assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
     for other, h2 in (("Q4_K", True), ("Q5_K", True), ("Q3_K", False)):
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
         assert (plan.choose(other_st, caps, 1).path.name == "gemv_h2") == h2, other
-    assert plan.choose(st, PRESETS["sm75"], 200).config.block_m <= 64         # fits a T4's shared memory
+    assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
     assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_h2: not CUDA" in reason
-    name, reason = ggml_gemm.path(st, 100)
-    assert name == "triton_ggml/gemm" and f"not gemv: M=100 > {plan.GEMV_MAX_M}" in reason
+    name, reason = ggml_gemm.path(st, 12)
+    assert name == "triton_ggml/gemm" and f"not gemv: M=12 > {plan.GEMV_MAX_M}" in reason
+    assert "not cublas: M=40 < 65" in ggml_gemm.path(q4k, 40)[1]
     name, reason = ggml_gemm.path(st, 300)
     assert name == "triton_ggml/cublas" and "cuBLAS" in reason
 

@@ -1,9 +1,12 @@
 """The activation peak of one engine step, as the memory plan counts it before anything runs."""
 from __future__ import annotations
 
-from quanta.kernels.affine.plan import CUBLAS_MIN_M
+from quanta.kernels.affine.plan import CUBLAS_MIN_M as AFFINE_CUBLAS_MIN_M
+from quanta.kernels.ggml.plan import LOWEST_CUBLAS_MIN_M as GGML_CUBLAS_MIN_M
 from quanta.loaders.checkpoint import ModelConfig
 
+# the fewest rows from which some quantized path dequantizes a weight for cuBLAS (affine or ggml, any type)
+DEQUANT_MIN_M = min(AFFINE_CUBLAS_MIN_M, GGML_CUBLAS_MIN_M)
 LOGIT_ROW_COPIES = 4                 # float32 [rows, vocab] alive in sampling: logits, probs, noise, probs/noise
 
 
@@ -21,13 +24,13 @@ def activation_peak(config: ModelConfig, q: int, kv: int, inter: int, tokens: in
     its normed copy. The attention terms: the merged qkv output, then it with the rotated q and the
     attention output, then o_proj's. The MLP terms: gate_up's output, then it with its SiLU-and-mul
     product, then down_proj's. D(N, K) = N*K*e is the dequantized copy of a quantized weight
-    (dequantize + cuBLAS from CUBLAS_MIN_M rows), 0 for 16-bit weights. Sampling holds four float32
+    (dequantize + cuBLAS from DEQUANT_MIN_M rows), 0 for 16-bit weights. Sampling holds four float32
     [rows, vocab] tensors (logits, probabilities, the exponential noise and their quotient)."""
     h, qkv = config.hidden_size, q + 2 * kv
     t = tokens
 
     def d(n: int, k: int) -> int:
-        return n * k * e if dequantized and t >= CUBLAS_MIN_M else 0
+        return n * k * e if dequantized and t >= DEQUANT_MIN_M else 0
 
     attention = max(t * qkv * e + d(qkv, h), t * (qkv + 2 * q) * e, t * q * e + d(h, q) + t * h * e)
     mlp = max(t * 2 * inter * e + d(2 * inter, h), t * 3 * inter * e, t * inter * e + d(h, inter) + t * h * e)

@@ -136,7 +136,7 @@ def _plan(name: str, config: ModelConfig, source: Source, r: PlanRequest) -> Mem
     e, s = r.element_bytes, shard(config, tp)
     weights = weight_bytes(config, fmt, s, e)
     w8a8 = cards.caps is not None and PRESETS[cards.caps].fp8      # fp8 weights meet fp8 activations
-    quantized = fmt.kind != "gguf" and packs(fmt, config.hidden_size) and (fmt.kind != "fp8" or not w8a8)
+    quantized = (fmt.kind == "gguf" or packs(fmt, config.hidden_size)) and (fmt.kind != "fp8" or not w8a8)
     peak = activation_peak(config, s.q, s.kv, s.inter, r.max_num_batched_tokens,
                            min(r.max_num_batched_tokens, r.max_num_seqs), e, quantized)
     graphs, budget = r.graph_margin, r.budget(cards.memory)

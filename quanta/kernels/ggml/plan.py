@@ -16,9 +16,19 @@ from quanta.kernels.ggml.layout import GgmlState
 # decode without a trip through shared memory wins at one row, its second decode loses at two (Q4_K and Q6_K at
 # Llama-3-8B shapes on the H200).
 GEMV_MAX_M = 1
-# From here the GEMM is compute-bound and decoding each weight tile once per 128-256 rows costs more than decoding the
-# weight once into a transient copy for cuBLAS (the affine kernels' rule, CUBLAS_MIN_M there).
-CUBLAS_MIN_M = 257
+# From here decoding the weight once into a transient copy for cuBLAS costs less than the GEMM, which decodes every
+# weight tile again for each tile of rows, in float32, and hands it to the tensor cores through shared memory: its
+# time grows with M from a few tiles of rows on, where the copy's decode is paid once at any M.
+CUBLAS_MIN_M = 65
+# Types whose GEMM decode costs more: Q6_K and Q3_K assemble each code from two planes, so the copy for cuBLAS is
+# as fast from a single tile of rows (17); IQ4's GEMM gathers its table per code, so from 2 rows.
+CUBLAS_MIN_M_BY_TYPE = {"q6_K": 17, "q3_K": 17, "iq4_nl": 2, "iq4_xs": 2}
+LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *CUBLAS_MIN_M_BY_TYPE.values())
+
+
+def cublas_min_m(st: GgmlState) -> int:
+    """The fewest rows from which the weight is dequantized for cuBLAS (CUBLAS_MIN_M's rule, by type)."""
+    return CUBLAS_MIN_M_BY_TYPE.get(st.name, CUBLAS_MIN_M)
 
 
 def _gemv_h2_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -40,11 +50,11 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 def _cublas_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    return None if m >= CUBLAS_MIN_M else f"M={m} < {CUBLAS_MIN_M}"
+    return None if m >= cublas_min_m(st) else f"M={m} < {cublas_min_m(st)}"
 
 
 def _why_cublas(st: GgmlState, caps: DeviceCaps, m: int) -> str:
-    return f"M={m} >= {CUBLAS_MIN_M}: compute-bound; {st.name} dequantized to {str(st.dtype).removeprefix('torch.')} " \
+    return f"M={m} >= {cublas_min_m(st)}: {st.name} dequantized once to {str(st.dtype).removeprefix('torch.')} " \
            "+ cuBLAS"
 
 
@@ -55,7 +65,7 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 # The paths in order:
 #   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
-#   cublas  M >= CUBLAS_MIN_M: the weight dequantized for the length of the call, then cuBLAS
+#   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
     Path("gemv_h2", _gemv_h2_fits, gemv_h2.default_config, gemv_h2.matmul, _why_gemv_h2),
