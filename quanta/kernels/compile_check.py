@@ -39,6 +39,7 @@ _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
 _E5M2_READ_HW = FP8_FORMATS["fp8_e5m2"].read_constexprs(hardware=True)
+_FP8_GEMV = dict(_P16, w_ptr="*u8", scale_ptr="*fp32")
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -158,6 +159,16 @@ CASES = {
                                    MODE=3), 4, 3, 80),
     "fp8_quant_rows": ("fp8_gemm", "_quant_rows_kernel", dict(x_ptr="*fp16", q_ptr="*fp8e4nv", scale_ptr="*fp32"),
                        dict(BLOCK_K=1024, FP8_MAX=448.0), 4, 1, 89),
+    "fp8_gemv_hw_pdl_glu": ("fp8_gemv", "_fp8_gemv_kernel", _FP8_GEMV,
+                            dict(BLOCK_N=16, BLOCK_K=512, EVEN_K=True, HAS_BIAS=False, SPLIT_K=4, HW_FP8=True,
+                                 PDL=True, GLU=True), 4, 1, 90),
+    "fp8_gemv_hw_pdl_rope_fp8": ("fp8_gemv", "_fp8_gemv_kernel", _FP8_GEMV,
+                                 dict(BLOCK_N=128, BLOCK_K=128, EVEN_K=True, HAS_BIAS=False, SPLIT_K=2, HW_FP8=True,
+                                      PDL=True, ROPE=True, HEAD_D=128, **_E4M3), 8, 1, 90),
+    "fp8_gemv_bits_bf16": ("fp8_gemv", "_fp8_gemv_kernel", dict(_FP8_GEMV, x_ptr="*bf16", bias_ptr="*bf16",
+                                                                 y_ptr="*bf16"),
+                           dict(BLOCK_N=16, BLOCK_K=512, EVEN_K=False, HAS_BIAS=True, SPLIT_K=1, HW_FP8=False),
+                           4, 1, 75),
     "rms_norm_residual": ("fused_norm", "_rms_norm_kernel", dict(x_ptr="*fp16", r_ptr="*fp16", w_ptr="*fp16",
                           y_ptr="*fp16", h_ptr="*fp16", order_ptr="*i32", eps="fp32"),
                           dict(BLOCK_D=4096, HAS_RESIDUAL=True), 8, 1, 75),

@@ -1,4 +1,4 @@
-"""FP8 weights: W8A8 through cuBLASLt on sm89+, weight-only with bit-level conversion below.
+"""FP8 weights: W8A8 through cuBLASLt on sm89+ (a GEMV over the same bytes at one row), weight-only below.
 
 sm89+ (Ada, Hopper): activations are quantized per token to e4m3 by `_quant_rows_kernel` (one launch,
 scale = amax / 448) and `torch._scaled_mm` (cuBLASLt) multiplies with row-wise scales; the weight stays
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
+from quanta.kernels import activation, fp8_gemv
 from quanta.kernels.affine import plan
 from quanta.kernels.affine.layout import FP8_E4M3, FP8_E5M2, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import tl, triton, why_not_device
 from quanta.quant.kinds.fp8 import Fp8
 
@@ -139,16 +141,49 @@ def prepare(weight: Fp8, device: torch.device, dtype: torch.dtype) -> W8A8State 
     return pack(w.data.view(torch.uint8), 8, bk if scales.shape[1] > 1 else None, scales, dtype, mode=mode)
 
 
+GEMV_REASON = (f"M <= {fp8_gemv.MAX_ROWS}: bandwidth-bound; a GEMV streams the e4m3 bytes the W8A8 path holds, "
+               "converted in registers (fp8_gemv.py)")
+
+
 def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above."""
     if isinstance(state, AffineState):
         return plan.matmul(x, state, bias)
+    x2 = x.reshape(-1, state.k).contiguous()
+    if x2.shape[0] <= fp8_gemv.MAX_ROWS:
+        y = fp8_gemv.matmul(x2, state.w_t.t(), state.w_scale.reshape(-1), bias)
+    else:
+        y = w8a8(x2, state, bias)
+    return y.reshape(*x.shape[:-1], state.n)
+
+
+def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for a weight stacking [gate; up]: made in the GEMV's epilogue at one row."""
+    if isinstance(state, AffineState):
+        return plan.matmul_glu(x, state, bias)
+    x2 = x.reshape(-1, state.k).contiguous()
+    if x2.shape[0] <= fp8_gemv.MAX_ROWS:
+        y = fp8_gemv.matmul(x2, state.w_t.t(), state.w_scale.reshape(-1), bias, glu=True)
+    else:
+        y = activation.silu_and_mul(w8a8(x2, state, bias))
+    return y.reshape(*x.shape[:-1], state.n // 2)
+
+
+def apply_rope_store(x: torch.Tensor, state, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
+    """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
+    epilogue at one row; None where no GEMV with that epilogue runs (the caller then runs the rotary kernel)."""
+    if isinstance(state, AffineState):
+        return plan.matmul_rope(x, state, bias, rope)
     x2 = x.reshape(-1, state.k)
-    return w8a8(x2.contiguous(), state, bias).reshape(*x.shape[:-1], state.n)
+    if x2.shape[0] > fp8_gemv.MAX_ROWS or not fp8_gemv.rope_applies(state.n, rope):
+        return None
+    y = fp8_gemv.matmul(x2.contiguous(), state.w_t.t(), state.w_scale.reshape(-1), bias, rope=rope)
+    return y.reshape(*x.shape[:-1], state.n)
 
 
 def path(state, m: int) -> tuple[str, str]:
-    """(NAME/w8a8, or NAME/the affine path of a weight-only state, for an M-row input; why)."""
+    """(NAME/gemv or NAME/w8a8, or NAME/the affine path of a weight-only state, for an M-row input; why)."""
     if isinstance(state, W8A8State):
-        return f"{NAME}/w8a8", W8A8_REASON
+        return (f"{NAME}/gemv", GEMV_REASON) if m <= fp8_gemv.MAX_ROWS else (f"{NAME}/w8a8", W8A8_REASON)
     name, reason = plan.explain(state, device_caps(state.packed.device), m)
     return f"{NAME}/{name}", f"weight-only, fp8 bytes converted by integer operations; {reason}"

@@ -312,7 +312,7 @@ def _affine_gemv_kernel(
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if SPLIT_K == 1:
-        _finish(y, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr,
+        finish(y, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr,
                 k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8,
                 FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     else:
@@ -322,7 +322,7 @@ def _affine_gemv_kernel(
         tl.debug_barrier()                        # every thread's partial is in before the count is released
         if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            _finish(total, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr,
+            finish(total, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr,
                     freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE,
                     HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
             tl.store(ws, tl.zeros_like(y), mask=mask_n)
@@ -330,7 +330,7 @@ def _affine_gemv_kernel(
 
 
 @triton.jit
-def _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
+def finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
             k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr,
             HEAD_D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
             FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
@@ -431,12 +431,17 @@ def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     return next(c for top, c in table if st.n * st.k <= top)
 
 
-def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:
-    """Whether the epilogue can finish W = [q; k; v] under `config`: whole power-of-two heads in every program's
-    columns, the row exactly q's, k's and v's."""
+def rope_fits(n: int, rope: RopeStore, block_n: int) -> bool:
+    """Whether an epilogue over `block_n` output columns a program can finish W = [q; k; v] of N = n rows: whole
+    power-of-two heads in every program's columns, the row exactly q's, k's and v's."""
     d = rope.head_dim
-    return (d >= 2 and d & (d - 1) == 0 and config.block_n % d == 0 and st.n == rope.q_size + 2 * rope.kv_size
+    return (d >= 2 and d & (d - 1) == 0 and block_n % d == 0 and n == rope.q_size + 2 * rope.kv_size
             and rope.q_size % d == 0 and rope.kv_size % d == 0)
+
+
+def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:
+    """Whether the epilogue can finish W = [q; k; v] under `config` (rope_fits)."""
+    return rope_fits(st.n, rope, config.block_n)
 
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,

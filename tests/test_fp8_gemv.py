@@ -1,0 +1,117 @@
+"""The FP8 GEMV at one row: the checkpoint's e4m3 bytes [N, K] times fp16/bf16 activations, against float64 torch
+(the interpreter on the CPU; the hardware conversion with -m gpu), and fp8_gemm's routing of one row to it."""
+import pytest
+import torch
+
+from kernel_util import DEVICE, rel_err  # noqa: I001
+from quanta.kernels import fp8_gemm, fp8_gemv
+from test_fp8_gemm import make_fp8
+
+
+def reference(x, w, bias=None):
+    y = x.double() @ w.dequantize().double().T
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize("n,k", [(48, 512), (40, 1000), (64, 4096), (17, 100)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_gemv_matches_the_float64_product(n, k, dtype):
+    w = make_fp8(n, k, "e4m3", "channel", seed=n)
+    x = torch.randn(1, k, dtype=dtype).to(DEVICE)
+    bias = torch.randn(n, dtype=dtype).to(DEVICE)
+    for b in (None, bias):
+        y = fp8_gemv.matmul(x, w.data, w.scale.float(), b, hw_fp8=False)
+        assert y.dtype == dtype and y.shape == (1, n)
+        assert rel_err(y, reference(x, w, b)) < 4e-3               # the output's rounding, no activation rounding
+
+
+def test_split_k_partials_add_up_and_leave_the_workspace_clean():
+    n, k = 32, 8192
+    w = make_fp8(n, k, "e4m3", "channel", seed=3)
+    x = torch.randn(1, k, dtype=torch.float16).to(DEVICE)
+    one = fp8_gemv.matmul(x, w.data, w.scale.float(), config=(16, 512, 4, 0.0, 1), hw_fp8=False)   # no split
+    many = fp8_gemv.matmul(x, w.data, w.scale.float(), config=(16, 512, 4, 64.0, 2), hw_fp8=False)  # 8 splits
+    again = fp8_gemv.matmul(x, w.data, w.scale.float(), config=(16, 512, 4, 64.0, 2), hw_fp8=False)
+    assert rel_err(one, reference(x, w)) < 4e-3 and rel_err(many, reference(x, w)) < 4e-3
+    assert torch.equal(many, again)                                  # a stale workspace would add the last call's
+    ws, locks = fp8_gemv.workspace(x.device, n, 1)
+    assert not ws.any() and not locks.any()
+
+
+def test_one_row_of_a_w8a8_weight_takes_the_gemv():
+    w = make_fp8(64, 256, "e4m3", "channel", seed=1)
+    st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), 64, 256, torch.float16)
+    x = torch.randn(1, 256, dtype=torch.float16).to(DEVICE)
+    assert rel_err(fp8_gemm.apply(x, st), reference(x, w)) < 4e-3
+    assert fp8_gemm.path(st, 1)[0] == "triton_fp8/gemv" and "bandwidth-bound" in fp8_gemm.path(st, 1)[1]
+    assert fp8_gemm.path(st, 2)[0] == "triton_fp8/w8a8"
+
+
+def test_a_split_that_would_be_empty_is_never_launched():
+    # K of 3 steps with min_steps 1 and many waves: every split must hold at least one step
+    w = make_fp8(16, 1536, "e4m3", "channel", seed=4)
+    x = torch.randn(1, 1536, dtype=torch.float16).to(DEVICE)
+    y = fp8_gemv.matmul(x, w.data, w.scale.float(), config=(16, 512, 4, 1000.0, 1), hw_fp8=False)
+    assert rel_err(y, reference(x, w)) < 4e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (28672, 4096)])
+def test_gpu_hardware_conversion_equals_the_integer_one(n, k):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the hardware e4m3 conversion needs sm89+")
+    w = make_fp8(n, k, "e4m3", "channel", device="cuda")
+    x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+    hw = fp8_gemv.matmul(x, w.data, w.scale.float(), hw_fp8=True)
+    assert rel_err(hw, reference(x, w)) < 4e-3
+    assert rel_err(fp8_gemv.matmul(x, w.data, w.scale.float(), hw_fp8=False), hw) < 1e-3
+    st = fp8_gemm.prepare(w, "cuda", torch.float16)
+    assert isinstance(st, fp8_gemm.W8A8State) and fp8_gemm.path(st, 1)[0] == "triton_fp8/gemv"
+    assert torch.equal(fp8_gemm.apply(x, st), hw)
+    from quanta.kernels import activation
+    assert rel_err(fp8_gemm.apply_glu(x, st), activation.silu_and_mul(hw)) < 2e-3
+
+
+@pytest.mark.parametrize("config", [None, (16, 256, 4, 64.0, 1)], ids=["default", "split-k"])
+def test_glu_epilogue_equals_the_gemv_then_silu_and_mul(config):
+    from quanta.kernels import activation
+    n, k = 96, 1024
+    w = make_fp8(n, k, "e4m3", "channel", seed=5)
+    x = torch.randn(1, k, dtype=torch.float16).to(DEVICE)
+    y = fp8_gemv.matmul(x, w.data, w.scale.float(), None, config, hw_fp8=False)
+    fused = fp8_gemv.matmul(x, w.data, w.scale.float(), None, config, hw_fp8=False, glu=True)
+    assert fused.shape == (1, n // 2)
+    assert torch.equal(fused, activation.silu_and_mul(y))               # rounded as the separate kernels round
+    st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), n, k, torch.float16)
+    assert torch.equal(fp8_gemm.apply_glu(x, st), fp8_gemv.matmul(x, w.data, w.scale.float(), glu=True))
+
+
+@pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])
+def test_rope_epilogue_equals_the_gemv_then_rotary_and_store(fmt):
+    from quanta.kernels import paged_kv, rotary
+    hq, hk, d, k_in, slots = 3, 2, 128, 512, 32          # 128-row programs straddle q and k, k and v
+    n = (hq + 2 * hk) * d
+    w = make_fp8(n, k_in, "e4m3", "channel", seed=6)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, k_in, generator=g).to(DEVICE, torch.float16)
+    pos, slot = torch.tensor([4000]).to(DEVICE), torch.tensor([30]).to(DEVICE)
+    inv_freq = 1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)).to(DEVICE)
+    form = paged_kv.FP8_FORMATS[fmt] if fmt else None
+    scales = ((torch.rand(hk, generator=g) + 0.5).to(DEVICE), (torch.rand(hk, generator=g) + 0.5).to(DEVICE)) \
+        if fmt else (None, None)
+
+    def caches():
+        return [torch.zeros(slots // 16, 16, hk, d, dtype=torch.uint8 if fmt else torch.float16, device=DEVICE)
+                for _ in range(2)]
+    kc, vc = caches()
+    rope = rotary.RopeStore(pos, inv_freq, hq * d, hk * d, d, kc, vc, slot, *scales, form)
+    st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), n, k_in, torch.float16)
+    assert fp8_gemv.rope_applies(n, rope) and not fp8_gemv.rope_applies(n + d, rope)
+    q_fused = fp8_gemm.apply_rope_store(x, st, None, rope)[:, :hq * d]
+    y = fp8_gemv.matmul(x, w.data, w.scale.float(), None, fp8_gemv.ROPE_CONFIG).view(1, hq + 2 * hk, d)
+    kc2, vc2 = caches()
+    q_ref = rotary.rotary_and_store(y[:, :hq], y[:, hq:hq + hk], y[:, hq + hk:], pos, inv_freq, kc2, vc2, slot,
+                                    *scales, form)
+    assert torch.equal(q_fused.reshape(1, hq, d), q_ref)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2) and kc.ne(0).any() and vc.ne(0).any()
+    assert fp8_gemm.apply_rope_store(torch.cat([x, x]), st, None, rope) is None        # two rows: W8A8, no epilogue
