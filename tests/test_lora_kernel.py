@@ -1,6 +1,5 @@
 """The batched LoRA kernels (quanta.kernels.lora) against their torch reference, and the engine's GPU path
 (stacked slots, Triton kernels; under the interpreter on the CPU) against peft."""
-import numpy as np
 import pytest
 import torch
 
@@ -38,16 +37,10 @@ def test_add_lora_matches_reference(sizes, dtype, t, k, r):
     assert not torch.allclose(got[0], y[0])
 
 
-def test_plan_tiles_groups_rows_by_slot_in_tiles():
-    """Rows grouped by slot (none last), where each slot starts, and a tile per 16 rows of a slot (a step of
-    ≤ 16 rows), the spare tiles marked -1."""
-    slots = np.array([2, -1, 0, 0, 1, -1, 2] + [1] * 20, dtype=np.int32)
-    order, starts, tiles = lora.plan_tiles(slots, 3)
-    assert order.tolist() == [2, 3, 4, *range(7, 27), 0, 6, 1, 5] and starts.tolist() == [0, 2, 23, 25]
-    assert lora.block_m(27) == 32 and len(tiles) == lora.max_tiles(27, 3) == 3
-    assert tiles.tolist() == [[0, 0], [1, 2], [2, 23]]
-    few = lora.plan_tiles(np.array([1, -1], dtype=np.int32), 3)[2]
-    assert few.tolist() == [[1, 0], [-1, 0]]
+def test_sort_by_slot_groups_rows_and_counts_them():
+    slots = torch.tensor([2, -1, 0, 0, 1, -1, 2], dtype=torch.int32)
+    order, starts = lora.sort_by_slot(slots, 3)
+    assert order.tolist() == [2, 3, 4, 0, 6, 1, 5] and starts.tolist() == [0, 2, 3, 5]
 
 
 def test_engine_gpu_path_mixed_batch_equals_peft(tmp_path):

@@ -1,24 +1,22 @@
 """Batched LoRA products for a step whose tokens use different adapters (punica's SGMV / S-LoRA): the token
-rows come grouped by slot and cut into tiles of one slot's rows (plan_tiles, on the host), and each program
-multiplies one tile by its slot's A or B with tl.dot, so a tile reads its adapter's matrices once.
+rows come grouped by slot (`order`, `starts`: see sort_by_slot), and each program multiplies a tile of one slot's
+rows by that slot's A or B with tl.dot, so a tile reads its adapter's matrices once.
 
     s = x @ A[slot].T                   shrink: [T, K] -> [T, P*R], the P parts' ranks side by side
     y[:, part p] += scale[slot, p] * s[:, p*R:(p+1)*R] @ B[slot, part p rows].T     expand, in place
 
 A merged q/k/v or gate/up layer has P parts: its output columns [bounds[p], bounds[p+1]) read rank columns
-[p*R, (p+1)*R). Slots hold every adapter at R, the padded largest rank; the zero padding adds nothing. Few rows
-(decode) split the shrink's K over programs and the expand sums the pieces, since one program walking all of K
-would wait on memory. The grids depend on T only (CUDA graphs replay them with new tiles); spare tiles exit.
+[p*R, (p+1)*R). Slots hold every adapter at R, the padded largest rank; the zero padding adds nothing. A
+few rows (decode) split the shrink's K over programs and the expand sums the pieces, since one program walking
+all of K would wait on memory; a step's launches are the same whatever the slots hold (CUDA graphs replay them).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from quanta.kernels.triton_support import cdiv, tl, triton
 
 NAME = "triton_lora"
-SPLIT_K = 512
 
 
 def reference(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -38,33 +36,16 @@ def reference(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Te
     return y
 
 
-def block_m(rows: int) -> int:
-    """Rows a tile holds for a step of `rows` token rows."""
-    return 16 if rows <= 16 else (32 if rows <= 64 else 64)
-
-
-def max_tiles(rows: int, n_slots: int) -> int:
-    """The most tiles `rows` token rows over `n_slots` slots can need (each slot's last tile may be partial)."""
-    return rows // block_m(rows) + min(n_slots, rows)
-
-
-def plan_tiles(slots: np.ndarray, n_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, starts, tiles) for a step's slots (int [T], negative: none): the rows grouped by slot, those
-    without one last (int32 [T]); where slot s's rows start in order (int32 [n_slots + 1]); and the tiles,
-    (slot, first place in order) pairs (int32 [max_tiles(T), 2]), the spare ones (-1, 0)."""
-    t = slots.size
-    key = np.where(slots < 0, n_slots, slots)
-    order = np.argsort(key, kind="stable").astype(np.int32)
-    starts = np.zeros(n_slots + 1, dtype=np.int32)
-    starts[1:] = np.cumsum(np.bincount(key, minlength=n_slots + 1))[:-1]
-    tiles = np.zeros((max_tiles(t, n_slots), 2), dtype=np.int32)
-    tiles[:, 0] = -1
-    bm, i = block_m(t), 0
-    for slot in range(n_slots):
-        for first in range(int(starts[slot]), int(starts[slot + 1]), bm):
-            tiles[i] = slot, first
-            i += 1
-    return order, starts, tiles
+def sort_by_slot(slots: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, starts) of a step's slots (int [T], negative: none): the rows grouped by slot, those without one
+    last (int32 [T]), and where slot s's rows start in order (int32 [n_slots + 1]; starts[n_slots] counts the
+    rows with an adapter). The engine builds the same on the host (quanta.lora.slots.LoRAStep)."""
+    key = torch.where(slots < 0, n_slots, slots).long()
+    order = torch.argsort(key, stable=True).to(torch.int32)
+    counts = torch.zeros(n_slots + 1, dtype=torch.int64, device=slots.device).scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.zeros(n_slots + 1, dtype=torch.int64, device=slots.device)
+    starts[1:] = torch.cumsum(counts[:-1], 0)
+    return order, starts.to(torch.int32)
 
 
 def k_splits(rows: int, k: int) -> int:
@@ -72,26 +53,28 @@ def k_splits(rows: int, k: int) -> int:
     return 1 if rows > 64 else cdiv(k, SPLIT_K)
 
 
-@triton.jit
-def _tile(order_ptr, starts_ptr, tiles_ptr, BLOCK_M: tl.constexpr):
-    """This program's tile: its slot (negative: a spare tile), its token rows and which of them exist."""
-    i = tl.program_id(0)
-    slot = tl.load(tiles_ptr + 2 * i)
-    first = tl.load(tiles_ptr + 2 * i + 1)
-    end = tl.load(starts_ptr + tl.maximum(slot, 0) + 1)
-    offs = first + tl.arange(0, BLOCK_M)
-    mask = (offs < end) & (slot >= 0)
-    return slot, tl.load(order_ptr + offs, mask=mask, other=0).to(tl.int64), mask
+SPLIT_K = 512
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, part_ptr, order_ptr, starts_ptr, tiles_ptr, T, K, J, K_PIECE, stride_x,
-                   stride_as, stride_aj, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                   BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    """Program (tile, block of rank columns and piece of K): the piece's share of
+def _rows(order_ptr, starts_ptr, slot, pid_m, BLOCK_M: tl.constexpr):
+    """The token rows of tile pid_m of `slot` (and which of them exist), or an empty mask past its last row."""
+    lo = tl.load(starts_ptr + slot)
+    hi = tl.load(starts_ptr + slot + 1)
+    offs = lo + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = offs < hi
+    return tl.load(order_ptr + offs, mask=mask, other=0).to(tl.int64), mask, lo + pid_m * BLOCK_M < hi
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, part_ptr, order_ptr, starts_ptr, T, K, J, K_PIECE, stride_x, stride_as, stride_aj,
+                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+                   IEEE: tl.constexpr):
+    """Program (tile of one slot's rows, block of rank columns and piece of K, slot): the piece's share of
     s[row, j] = sum_k x[row, k] A[slot, j, k], float32, into part[piece, row, j]."""
-    slot, rows, mask_m = _tile(order_ptr, starts_ptr, tiles_ptr, BLOCK_M)
-    if slot >= 0:
+    slot = tl.program_id(2)
+    rows, mask_m, live = _rows(order_ptr, starts_ptr, slot, tl.program_id(0), BLOCK_M)
+    if live:
         piece = tl.program_id(1) % SPLITS
         offs_j = (tl.program_id(1) // SPLITS) * BLOCK_J + tl.arange(0, BLOCK_J)
         mask_j = offs_j < J
@@ -113,14 +96,15 @@ def _shrink_kernel(x_ptr, a_ptr, part_ptr, order_ptr, starts_ptr, tiles_ptr, T, 
 
 
 @triton.jit
-def _expand_kernel(part_ptr, b_ptr, scale_ptr, y_ptr, order_ptr, starts_ptr, tiles_ptr, T, N, J, B1, B2,
-                   stride_y, stride_bs, SPLITS: tl.constexpr, P: tl.constexpr, R: tl.constexpr,
-                   R_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """Program (tile, block of output columns): y[row, n] += scale[slot, p(n)] sum_r s[row, p(n) R + r]
-    B[slot, n, r], s summed over the shrink's pieces, p(n) the part of column n (B1, B2: where parts 1 and 2
-    start)."""
-    slot, rows, mask_m = _tile(order_ptr, starts_ptr, tiles_ptr, BLOCK_M)
-    if slot >= 0:
+def _expand_kernel(part_ptr, b_ptr, scale_ptr, y_ptr, order_ptr, starts_ptr, T, N, J, B1, B2, stride_y, stride_bs,
+                   SPLITS: tl.constexpr, P: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Program (tile of one slot's rows, block of output columns, slot): y[row, n] += scale[slot, p(n)]
+    sum_r s[row, p(n) R + r] B[slot, n, r], s summed over the shrink's pieces, p(n) the part of column n
+    (B1, B2: where parts 1 and 2 start)."""
+    slot = tl.program_id(2)
+    rows, mask_m, live = _rows(order_ptr, starts_ptr, slot, tl.program_id(0), BLOCK_M)
+    if live:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_r = tl.arange(0, R_PAD)
         mask_n, mask_r = offs_n < N, offs_r < R
@@ -146,33 +130,33 @@ def _expand_kernel(part_ptr, b_ptr, scale_ptr, y_ptr, order_ptr, starts_ptr, til
         tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
-def add_lora(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
-             scale: torch.Tensor, bounds: list[int],
-             plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def add_lora(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             scale: torch.Tensor, bounds: list[int], order: torch.Tensor | None = None,
+             starts: torch.Tensor | None = None) -> torch.Tensor:
     """y += each token's LoRA products (see the module docstring), in place; returns y. x [T, K] and y [T, N]
-    with unit column stride, slots int32 [T] (or None with a plan), a [S, P*R, K], b [S, N, R] contiguous, scale float32 [S, P];
-    `plan`: plan_tiles' (order, starts, tiles) on the device (worked out here from `slots` when not given)."""
+    with unit column stride, slots int32 [T], a [S, P*R, K], b [S, N, R] contiguous, scale float32 [S, P];
+    `order` and `starts` as sort_by_slot gives them (worked out here when not given)."""
     t, k = x.shape
     n_slots, j, rank = a.shape[0], a.shape[1], b.shape[2]
     n, parts = y.shape[1], len(bounds) - 1
     assert parts <= 3 and j == parts * rank and x.stride(-1) == 1 and y.stride(-1) == 1
     if t == 0:
         return y
-    if plan is None:
-        plan = tuple(torch.from_numpy(v).to(x.device) for v in plan_tiles(slots[:t].cpu().numpy(), n_slots))
-    order, starts, tiles = plan
-    splits, bm, grid_m = k_splits(t, k), block_m(t), max_tiles(t, n_slots)
+    if order is None:
+        order, starts = sort_by_slot(slots[:t], n_slots)
+    splits = k_splits(t, k)
+    block_m = 16 if t <= 16 else (32 if t <= 64 else 64)
     block_j = max(16, min(64, triton.next_power_of_2(j)))
     ieee = x.dtype == torch.float32
     piece = cdiv(k, splits * 64) * 64 if splits > 1 else k
     part = torch.empty(splits, t, j, device=x.device, dtype=torch.float32)
-    _shrink_kernel[(grid_m, cdiv(j, block_j) * splits)](
-        x, a, part, order, starts, tiles, t, k, j, piece, x.stride(0), a.stride(0), a.stride(1),
-        SPLITS=splits, BLOCK_M=bm, BLOCK_J=block_j, BLOCK_K=64, IEEE=ieee, num_warps=4)
+    _shrink_kernel[(cdiv(t, block_m), cdiv(j, block_j) * splits, n_slots)](
+        x, a, part, order, starts, t, k, j, piece, x.stride(0), a.stride(0), a.stride(1),
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_J=block_j, BLOCK_K=64, IEEE=ieee, num_warps=4)
     b1 = bounds[1] if parts > 1 else n
     b2 = bounds[2] if parts > 2 else n
     block_n = 64
-    _expand_kernel[(grid_m, cdiv(n, block_n))](
-        part, b, scale, y, order, starts, tiles, t, n, j, b1, b2, y.stride(0), b.stride(0), SPLITS=splits,
-        P=parts, R=rank, R_PAD=max(16, rank), BLOCK_M=bm, BLOCK_N=block_n, IEEE=ieee, num_warps=4)
+    _expand_kernel[(cdiv(t, block_m), cdiv(n, block_n), n_slots)](
+        part, b, scale, y, order, starts, t, n, j, b1, b2, y.stride(0), b.stride(0), SPLITS=splits, P=parts,
+        R=rank, R_PAD=max(16, rank), BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee, num_warps=4)
     return y

@@ -26,18 +26,18 @@ TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 
 
 class LoRAStep:
-    """One step's map from token rows to slots, read by every layer. Under `triton`: `plan`, the rows grouped by
-    slot and cut into tiles (quanta.kernels.lora.plan_tiles' order, starts, tiles), views at fixed places of one
-    device buffer, so CUDA graphs read them in place. On the CPU: `groups` ((slot, rows), rows a slice or an
+    """One step's map from token rows to slots, read by every layer. Under `triton`: `slots` (int32 [T]) and
+    the rows grouped by slot, `order` and `starts` (quanta.kernels.lora.sort_by_slot), views at fixed places of
+    one device buffer, so CUDA graphs read them in place. On the CPU: `groups` ((slot, rows), rows a slice or an
     index tensor). `active`: whether any token has an adapter, or a graph is being captured (a captured graph
     must launch the kernels whatever the steps it replays hold)."""
 
     def __init__(self, capacity: int, n_slots: int, device: torch.device, triton: bool):
         self.capacity, self.n_slots, self.triton = capacity, n_slots, triton
-        self.tile_room = lora_kernel.max_tiles(capacity, n_slots)
-        self.head = n_slots + 1 + 2 * self.tile_room                 # starts, then tiles, then order
-        self.buffer = torch.zeros(self.head + capacity, dtype=torch.int32, device=device) if triton else None
-        self.plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.buffer = torch.full((2 * capacity + n_slots + 1,), NO_SLOT, dtype=torch.int32, device=device)
+        self.starts = self.buffer[2 * capacity:]
+        self.starts.zero_()
+        self.slots, self.order = self.buffer[:0], self.buffer[capacity:capacity]
         self.groups: list[tuple[int, slice | torch.Tensor]] = []
         self.active = False
 
@@ -45,18 +45,19 @@ class LoRAStep:
         """The step's token rows as runs of (slot, rows) in row order (NO_SLOT for none); `capture`: a CUDA
         graph is about to be captured over them."""
         per_row = np.repeat(np.array([s for s, _ in runs], dtype=np.int32), [n for _, n in runs])
+        n, cap = per_row.size, self.capacity
+        self.slots, self.order = self.buffer[:n], self.buffer[cap:cap + n]
         self.groups = []
         self.active = capture or bool((per_row >= 0).any())
-        if self.triton:                          # the kernels read the plan themselves, in one copy
-            order, starts, tiles = lora_kernel.plan_tiles(per_row, self.n_slots)
-            host = np.zeros(self.head + order.size, dtype=np.int32)
-            host[:starts.size] = starts
-            host[starts.size:starts.size + tiles.size] = tiles.reshape(-1)
-            host[self.head:] = order
-            self.buffer[:host.size].copy_(torch.from_numpy(host), non_blocking=True)
-            b = self.buffer
-            self.plan = (b[self.head:self.head + order.size], b[:starts.size],
-                         b[starts.size:starts.size + 2 * self.tile_room])
+        if self.triton:                          # the kernels read the slots themselves
+            key = np.where(per_row < 0, self.n_slots, per_row)
+            starts = np.zeros(self.n_slots + 1, dtype=np.int32)
+            starts[1:] = np.cumsum(np.bincount(key, minlength=self.n_slots + 1))[:-1]
+            if n:
+                self.slots.copy_(torch.from_numpy(per_row), non_blocking=True)
+                self.order.copy_(torch.from_numpy(np.argsort(key, kind="stable").astype(np.int32)),
+                                 non_blocking=True)
+            self.starts.copy_(torch.from_numpy(starts), non_blocking=True)
             return
         rows_of = torch.from_numpy(per_row)
         for slot in sorted({s for s, _ in runs} - {NO_SLOT}):
@@ -120,7 +121,8 @@ class LayerSlots:
     def add(self, x: torch.Tensor, y: torch.Tensor, step: LoRAStep) -> torch.Tensor:
         """y (this layer's base output for input x) plus each token's adapter products, in place."""
         if step.triton:
-            return lora_kernel.add_lora(x, y, None, self.a, self.b, self.scale, self.bounds, step.plan)
+            return lora_kernel.add_lora(x, y, step.slots, self.a, self.b, self.scale, self.bounds, step.order,
+                                        step.starts)
         for slot, rows in step.groups:
             own = self.own[slot]
             if own is None:
