@@ -1,7 +1,7 @@
 """The GEMV path of the affine kernels: M = 1 or 2 rows over the packed layout (layout.py), no tensor cores.
 
 At M = 1 a 4-bit weight must stream at copy bandwidth; _affine_gemv_kernel says how its inner loops fit in that.
-The compiled loops: `python -m quanta.kernels.compile_check --sass gemv_w4_h2` (or `affine_gemv_w4`).
+The compiled loops: `python tests/compile_check.py --sass gemv_w4_h2` (or `affine_gemv_w4`).
 """
 from __future__ import annotations
 

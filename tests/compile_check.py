@@ -5,8 +5,8 @@ runs the whole pipeline (TTIR -> TTGIR -> LLVM -> PTX -> ptxas from the wheel). 
 argument types and the constexprs the launcher passes; pointers and the sizes a real launch would
 specialize as multiples of 16 carry that hint, so the code compiled here is the code a GPU runs.
 
-    python -m quanta.kernels.compile_check            # every case, every target, a table
-    python -m quanta.kernels.compile_check --sass gemv --cc 90   # dump one kernel's SASS
+    python tests/compile_check.py            # every case, every target, a table
+    python tests/compile_check.py --sass gemv --cc 90   # dump one kernel's SASS
 """
 from __future__ import annotations
 
