@@ -276,11 +276,11 @@ def test_bad_config_value_and_rope_scaling_keys(tmp_path):
 
 def test_tokenizer_cache_round_trips_exactly(default_model_path, tmp_path, monkeypatch):
     """The cached conversion tokenizes, decodes and templates exactly as a fresh conversion."""
-    from quanta.loaders.gguf.reader import load_tokenizer, tokenizer_cache_dir
+    from quanta.loaders.gguf.reader import convert_tokenizer, load_tokenizer, tokenizer_cache_dir
     monkeypatch.setenv("QUANTA_CACHE", str(tmp_path))
-    fresh = load_tokenizer(default_model_path)
+    cached = load_tokenizer(default_model_path)            # converted in a child process, read from its entry
     assert (tokenizer_cache_dir(default_model_path) / "tokenizer_config.json").is_file()
-    cached = load_tokenizer(default_model_path)
+    fresh = convert_tokenizer(default_model_path)
     texts = ["Hello world", "  leading spaces\tand tabs\n", "<|im_start|>user\nhi<|im_end|>", "naïve café 日本語 🙂",
              "def f(x):\n    return x**2"]
     for text in texts:
@@ -291,6 +291,22 @@ def test_tokenizer_cache_round_trips_exactly(default_model_path, tmp_path, monke
     assert cached.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
         fresh.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert (cached.bos_token_id, cached.eos_token_id) == (fresh.bos_token_id, fresh.eos_token_id)
+
+
+def test_a_first_load_leaves_the_converters_imports_to_a_child_process(default_model_path, tmp_path):
+    """A GGUF file's first tokenizer load converts in a child process: this one never imports transformers'
+    GGUF code or gguf-py, which would stay resident, and still gets the file's tokenizer."""
+    import subprocess
+    import sys
+    code = ("import sys, pathlib; from quanta.loaders.gguf.reader import load_tokenizer; "
+            "tok = load_tokenizer(pathlib.Path(sys.argv[1])); "
+            "print(tok('Hello world')['input_ids'], 'transformers.integrations.ggml' in sys.modules, "
+            "'gguf' in sys.modules)")
+    env = {**__import__("os").environ, "QUANTA_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code, str(default_model_path)], env=env, capture_output=True,
+                         text=True, timeout=600, check=True).stdout.split()
+    assert out[-2:] == ["False", "False"] and out[0].startswith("[")
+    assert any(tmp_path.glob("gguf-tokenizers/*/tokenizer_config.json"))
 
 
 def test_tokenizer_cache_can_be_turned_off(default_model_path, monkeypatch):

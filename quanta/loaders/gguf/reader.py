@@ -16,6 +16,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -280,25 +282,56 @@ class _LazyTensors(Mapping):
 def load_tokenizer(path: Path):
     """The transformers tokenizer converted from the file's tokenizer.ggml.* metadata (offline).
 
-    The conversion is slow (transformers rebuilds the BPE model from tokens and merges), so the
-    result is kept in a per-file cache directory and later loads read that; the cache key covers the
-    file's path, size and modification time, and a cache that cannot be written is simply skipped.
+    The conversion is slow (transformers rebuilds the BPE model from tokens and merges), so the result is kept
+    in a per-file cache directory and later loads read that; the cache key covers the file's path, size and
+    modification time, and a cache that cannot be written is simply skipped. A file's first conversion runs in
+    a child process that writes the entry: the converter's imports (transformers' GGUF code, gguf-py and what
+    they pull in) would otherwise stay resident in this process for as long as it serves the model.
     """
     from transformers import AutoTokenizer
     cache = tokenizer_cache_dir(path)
-    if cache is not None and (cache / "tokenizer_config.json").is_file():
-        try:
-            return AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
-        except Exception as e:   # a damaged cache entry: rebuild it below
-            log.warning("ignoring unreadable tokenizer cache %s (%s)", cache, e)
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    except Exception as e:   # re-raised typed: transformers raises many kinds here
-        raise UnsupportedError(f"{path}: transformers could not build the tokenizer from the GGUF "
-                               f"metadata ({type(e).__name__}: {e})") from e
+    if cache is not None:
+        if not (cache / "tokenizer_config.json").is_file():
+            _convert_in_child(path)
+        if (cache / "tokenizer_config.json").is_file():
+            try:
+                return AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+            except Exception as e:   # a damaged cache entry: rebuild it below
+                log.warning("ignoring unreadable tokenizer cache %s (%s)", cache, e)
+    tok = convert_tokenizer(path)
     if cache is not None:
         _save_atomically(tok, cache)
     return tok
+
+
+def convert_tokenizer(path: Path):
+    """The transformers tokenizer built from the file's metadata in this process (no cache)."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as e:   # re-raised typed: transformers raises many kinds here
+        raise UnsupportedError(f"{path}: transformers could not build the tokenizer from the GGUF "
+                               f"metadata ({type(e).__name__}: {e})") from e
+
+
+def build_tokenizer_cache(path: Path) -> None:
+    """Convert `path`'s tokenizer and write its cache entry: what load_tokenizer's child process runs."""
+    cache = tokenizer_cache_dir(path)
+    if cache is not None:
+        _save_atomically(convert_tokenizer(path), cache)
+
+
+def _convert_in_child(path: Path) -> None:
+    """build_tokenizer_cache(path) in a child Python with this one's import path. A child that fails leaves no
+    entry behind, and the caller then converts here (which raises the typed error if the conversion is at fault)."""
+    code = ("import pathlib, sys; from quanta.loaders.gguf.reader import build_tokenizer_cache; "
+            "build_tokenizer_cache(pathlib.Path(sys.argv[1]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, timeout=900,
+                       check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("tokenizer conversion in a child process failed (%s); converting in this one", e)
 
 
 def tokenizer_cache_dir(path: Path) -> Path | None:
