@@ -9,6 +9,7 @@ row.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -111,9 +112,15 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqs: 
 
 def _hidden(block: RowBlock, window: int | None, g: int) -> torch.Tensor:
     """[G * ROWS, keys] True where a row of the block may not look: after its position, or at or before its
-    position minus the window (each of the G query heads of a KV head repeats the ROWS rows)."""
-    positions = torch.arange(block.first, block.first + ROWS).repeat(g)[:, None]
-    keys = torch.arange(block.key_start, block.key_stop)[None, :]
+    position minus the window (each of the G query heads of a KV head repeats the ROWS rows). Every layer of a
+    step asks for the same masks, and a decode's next steps mostly for the same again: they are built once."""
+    return _mask(block.first, block.key_start, block.key_stop, window, g)
+
+
+@functools.lru_cache(maxsize=256)
+def _mask(first: int, key_start: int, key_stop: int, window: int | None, g: int) -> torch.Tensor:
+    positions = torch.arange(first, first + ROWS).repeat(g)[:, None]
+    keys = torch.arange(key_start, key_stop)[None, :]
     hidden = keys > positions
     if window is not None:
         hidden |= keys <= positions - window
