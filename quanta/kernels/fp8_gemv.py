@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from quanta.kernels.affine.gemv import LOCK_COLUMNS, finish, rope_fits, workspace
+from quanta.kernels.affine.gemv import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
@@ -59,21 +59,13 @@ def _fp8_gemv_kernel(
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
 ):
     """y[m, n] = scale[n] * sum_k x[m, k] * W[n, k] (+ bias[n]); program (row m, BLOCK_N rows of W, split of K).
-    The epilogues are the affine GEMV's (gemv.finish): GLU, W = [gate; up] and y = silu(gate) * up, a program's
-    columns being BLOCK_N / 2 gate columns and the same up columns; ROPE, W = [q; k; v] and q, k rotated, k and v
-    stored in the paged caches (FP8* constexprs: the cache's format)."""
+    Output columns and epilogues are the affine GEMV's (gemv.output_columns, gemv.store_output): GLU, W = [gate;
+    up] and y = silu(gate) * up, a program's columns being BLOCK_N / 2 gate columns and the same up columns; ROPE,
+    W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if GLU:                                  # gate columns c, then up columns N/2 + c
-        HB: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        col = pid_n * HB + j % HB
-        offs_n = col + (j // HB) * (N // 2)
-        mask_n = col < N // 2
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
+    offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
     x_row = x_ptr + pid_m * stride_xm
@@ -97,23 +89,9 @@ def _fp8_gemv_kernel(
     if HAS_BIAS:
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    y_row = y_ptr + pid_m * stride_ym
-    if SPLIT_K == 1:
-        finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
-               slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT,
-               FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-    else:                                         # the affine GEMV's split-K finish (gemv._affine_gemv_kernel)
-        ws = ws_ptr + pid_m * N + offs_n
-        lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
-        tl.atomic_add(ws, y, mask=mask_n, sem="relaxed")
-        tl.debug_barrier()                        # every thread's partial is in before the count is released
-        if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            finish(total, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr,
-                   v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX,
-                   FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-            tl.store(ws, tl.zeros_like(y), mask=mask_n)
-            tl.store(lock, 0)
+    store_output(y, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K, BLOCK_N,
+                 GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE,
+                 ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
 
 
 class Fp8GemvConfig(NamedTuple):

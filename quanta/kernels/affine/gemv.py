@@ -220,15 +220,7 @@ def _affine_gemv_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if GLU:                                  # gate columns c, then up columns I + c
-        HB: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        col = pid_n * HB + j % HB
-        offs_n = col + (j // HB) * (N // 2)
-        mask_n = col < N // 2
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
+    offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
     offs_r = tl.arange(0, RS)
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
@@ -311,10 +303,38 @@ def _affine_gemv_kernel(
     if HAS_BIAS:
         if pid_k == 0:
             y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    store_output(y, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K, BLOCK_N,
+                 GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE,
+                 ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+
+
+@triton.jit
+def output_columns(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """(columns, mask) of program column block pid_n: BLOCK_N columns, or with GLU (W = [gate; up], N = 2I)
+    BLOCK_N / 2 gate columns c, then the up columns I + c."""
+    if GLU:
+        HB: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        col = pid_n * HB + j % HB
+        return col + (j // HB) * (N // 2), col < N // 2
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        return offs_n, offs_n < N
+
+
+@triton.jit
+def store_output(y, y_row, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K: tl.constexpr,
+                 BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                 k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr, HEAD_D: tl.constexpr,
+                 FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
+                 FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
+    """A program's float32 partial row out: finished at once without split-K; else added into the workspace row
+    ws[m], the split counted in lock[m, column block], and the last split to arrive takes the sum (resetting ws
+    and the count for the next call) and finishes it."""
     if SPLIT_K == 1:
-        finish(y, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr,
-                k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8,
-                FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+        _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
+               slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT,
+               FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
     else:
         ws = ws_ptr + pid_m * N + offs_n
         lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
@@ -322,15 +342,15 @@ def _affine_gemv_kernel(
         tl.debug_barrier()                        # every thread's partial is in before the count is released
         if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            finish(total, y_ptr + pid_m * stride_ym, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr,
-                    freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE,
-                    HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+            _finish(total, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr,
+                   v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX,
+                   FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
             tl.store(ws, tl.zeros_like(y), mask=mask_n)
             tl.store(lock, 0)
 
 
 @triton.jit
-def finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
+def _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
             k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr,
             HEAD_D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
             FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
