@@ -89,30 +89,17 @@ def test_glu_epilogue_equals_the_gemv_then_silu_and_mul(config):
 
 @pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])
 def test_rope_epilogue_equals_the_gemv_then_rotary_and_store(fmt):
-    from quanta.kernels import paged_kv, rotary
-    hq, hk, d, k_in, slots = 3, 2, 128, 512, 32          # 128-row programs straddle q and k, k and v
+    from test_rotary import check_rope_epilogue
+    hq, hk, d, k_in = 3, 2, 128, 512                     # 128-row programs straddle q and k, k and v
     n = (hq + 2 * hk) * d
     w = make_fp8(n, k_in, "e4m3", "channel", seed=6)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, k_in, generator=g).to(DEVICE, torch.float16)
-    pos, slot = torch.tensor([4000]).to(DEVICE), torch.tensor([30]).to(DEVICE)
-    inv_freq = 1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)).to(DEVICE)
-    form = paged_kv.FP8_FORMATS[fmt] if fmt else None
-    scales = ((torch.rand(hk, generator=g) + 0.5).to(DEVICE), (torch.rand(hk, generator=g) + 0.5).to(DEVICE)) \
-        if fmt else (None, None)
-
-    def caches():
-        return [torch.zeros(slots // 16, 16, hk, d, dtype=torch.uint8 if fmt else torch.float16, device=DEVICE)
-                for _ in range(2)]
-    kc, vc = caches()
-    rope = rotary.RopeStore(pos, inv_freq, hq * d, hk * d, d, kc, vc, slot, *scales, form)
     st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), n, k_in, torch.float16)
-    assert fp8_gemv.rope_applies(n, rope) and not fp8_gemv.rope_applies(n + d, rope)
-    q_fused = fp8_gemm.apply_rope_store(x, st, None, rope)[:, :hq * d]
-    y = fp8_gemv.matmul(x, w.data, w.scale.float(), None, fp8_gemv.ROPE_CONFIG).view(1, hq + 2 * hk, d)
-    kc2, vc2 = caches()
-    q_ref = rotary.rotary_and_store(y[:, :hq], y[:, hq:hq + hk], y[:, hq + hk:], pos, inv_freq, kc2, vc2, slot,
-                                    *scales, form)
-    assert torch.equal(q_fused.reshape(1, hq, d), q_ref)
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2) and kc.ne(0).any() and vc.ne(0).any()
-    assert fp8_gemm.apply_rope_store(torch.cat([x, x]), st, None, rope) is None        # two rows: W8A8, no epilogue
+
+    def fused(rope):
+        assert fp8_gemv.rope_applies(n, rope) and not fp8_gemv.rope_applies(n + d, rope)
+        assert fp8_gemm.apply_rope_store(torch.cat([x, x]), st, None, rope) is None     # two rows: W8A8, no epilogue
+        return fp8_gemm.apply_rope_store(x, st, None, rope)
+    check_rope_epilogue(fused, lambda: fp8_gemv.matmul(x, w.data, w.scale.float(), None, fp8_gemv.ROPE_CONFIG), 1,
+                        hq, hk, d, fmt, g)

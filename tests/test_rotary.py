@@ -50,16 +50,29 @@ def test_rotary_and_store_equals_rotary_then_store(fmt, dtype):
 def test_gemv_rope_epilogue_equals_gemv_then_rotary_and_store(fmt, rows, block_n, min_tiles):
     """The qkv GEMV with the rotary + KV-store epilogue leaves q and the caches exactly as the GEMV and then
     rotary_and_store do: whole heads per program, a head straddling no region, split-K's last program finishing."""
-    from quanta.kernels import affine, paged_kv
+    from quanta.kernels import affine
     from quanta.kernels.affine import gemv
     from quanta.quant.kinds.affine import Affine
-    hq, hk, d, k_in, slots = 3, 2, 64, 512, 32      # 3 q heads: programs straddle q and k, k and v
+    hq, hk, d, k_in = 3, 2, 64, 512                 # 3 q heads: programs straddle q and k, k and v
     n = (hq + 2 * hk) * d
     g = torch.Generator().manual_seed(0)
     w = Affine(codes=torch.randint(0, 16, (n, k_in), generator=g, dtype=torch.uint8),
                scales=torch.rand(n, k_in // 128, generator=g) * 0.02 + 0.002, bits=4, group_size=128, zeros=8)
     st = affine.prepare(w.to(DEVICE), DEVICE, torch.float16)
     x = torch.randn(rows, k_in, generator=g).to(DEVICE, torch.float16)
+    config = gemv.GemvConfig(block_n, 8, 2, 64.0, min_tiles)            # 64.0 waves: K split into 4 or 2 programs
+
+    def fused(rope):
+        assert gemv.rope_applies(st, rope, config)
+        return gemv.matmul(x, st, config=config, rope=rope)
+    check_rope_epilogue(fused, lambda: gemv.matmul(x, st, config=config), rows, hq, hk, d, fmt, g)
+
+
+def check_rope_epilogue(fused, plain, rows: int, hq: int, hk: int, d: int, fmt: str | None, g: torch.Generator,
+                        slots: int = 32) -> None:
+    """A GEMM over W = [q; k; v] with the rotary + KV-store epilogue, fused(rope) -> [rows, N], leaves q and the
+    caches exactly as the GEMM without it, plain() -> [rows, N], then rotary_and_store do."""
+    from quanta.kernels import paged_kv
     pos = torch.tensor([7, 4000][:rows]).to(DEVICE)
     slot = torch.tensor([5, 30][:rows]).to(DEVICE)
     inv_freq = 1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)).to(DEVICE)
@@ -70,12 +83,9 @@ def test_gemv_rope_epilogue_equals_gemv_then_rotary_and_store(fmt, rows, block_n
     def caches():
         return [torch.zeros(slots // 16, 16, hk, d, dtype=torch.uint8 if fmt else torch.float16, device=DEVICE)
                 for _ in range(2)]
-    config = gemv.GemvConfig(block_n, 8, 2, 64.0, min_tiles)            # 64.0 waves: K split into 4 or 2 programs
     kc, vc = caches()
-    rope = rotary.RopeStore(pos, inv_freq, hq * d, hk * d, d, kc, vc, slot, *scales, form)
-    assert gemv.rope_applies(st, rope, config)
-    q_fused = gemv.matmul(x, st, config=config, rope=rope)[:, :hq * d]
-    y = gemv.matmul(x, st, config=config).view(rows, hq + 2 * hk, d)
+    q_fused = fused(rotary.RopeStore(pos, inv_freq, hq * d, hk * d, d, kc, vc, slot, *scales, form))[:, :hq * d]
+    y = plain().view(rows, hq + 2 * hk, d)
     kc2, vc2 = caches()
     q_ref = rotary.rotary_and_store(y[:, :hq], y[:, hq:hq + hk], y[:, hq + hk:], pos, inv_freq, kc2, vc2, slot,
                                     *scales, form)
