@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from quanta.kernels.affine.gemv import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
+from quanta.kernels.affine.gemv_out import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
@@ -59,7 +59,7 @@ def _fp8_gemv_kernel(
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
 ):
     """y[m, n] = scale[n] * sum_k x[m, k] * W[n, k] (+ bias[n]); program (row m, BLOCK_N rows of W, split of K).
-    Output columns and epilogues are the affine GEMV's (gemv.output_columns, gemv.store_output): GLU, W = [gate;
+    Output columns and epilogues are the affine GEMV's (gemv_out.py): GLU, W = [gate;
     up] and y = silu(gate) * up, a program's columns being BLOCK_N / 2 gate columns and the same up columns; ROPE,
     W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format)."""
     pid_m = tl.program_id(0)

@@ -9,12 +9,19 @@ from typing import NamedTuple
 
 import torch
 
-from quanta.kernels.activation import silu_mul
+from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace: this path's, for its callers)
+    LOCK_COLUMNS,
+    MAX_ROWS,
+    output_columns,
+    rope_fits,
+    store_output,
+    workspace,
+)
 from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.paged_kv import fp8_write_constexprs
-from quanta.kernels.rotary import RopeStore, rope_store_epilogue
+from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import (
     cdiv,
     pdl_launch,
@@ -23,10 +30,8 @@ from quanta.kernels.triton_support import (
     split_k,
     tl,
     triton,
-    zeroed_scratch,
 )
 
-MAX_ROWS = 2                  # the most activation rows the plan gives this path (plan.GEMV_MAX_M)
 
 # --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
 # A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
@@ -308,77 +313,6 @@ def _affine_gemv_kernel(
                  ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
 
 
-@triton.jit
-def output_columns(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
-    """(columns, mask) of program column block pid_n: BLOCK_N columns, or with GLU (W = [gate; up], N = 2I)
-    BLOCK_N / 2 gate columns c, then the up columns I + c."""
-    if GLU:
-        HB: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        col = pid_n * HB + j % HB
-        return col + (j // HB) * (N // 2), col < N // 2
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        return offs_n, offs_n < N
-
-
-@triton.jit
-def store_output(y, y_row, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                 k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr, HEAD_D: tl.constexpr,
-                 FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
-                 FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
-    """A program's float32 partial row out: finished at once without split-K; else added into the workspace row
-    ws[m], the split counted in lock[m, column block], and the last split to arrive takes the sum (resetting ws
-    and the count for the next call) and finishes it."""
-    if SPLIT_K == 1:
-        _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
-               slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT,
-               FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-    else:
-        ws = ws_ptr + pid_m * N + offs_n
-        lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
-        tl.atomic_add(ws, y, mask=mask_n, sem="relaxed")
-        tl.debug_barrier()                        # every thread's partial is in before the count is released
-        if tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.atomic_add(ws, tl.zeros_like(y), mask=mask_n, sem="relaxed")   # read at L2, not L1
-            _finish(total, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr,
-                   v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX,
-                   FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-            tl.store(ws, tl.zeros_like(y), mask=mask_n)
-            tl.store(lock, 0)
-
-
-@triton.jit
-def _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
-            k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr,
-            HEAD_D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,
-            FP8_REBIAS: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr,
-            FP8_MAGIC_BITS: tl.constexpr):
-    """A program's float32 results out: rotary and the KV store (ROPE), else stored (GLU: activated)."""
-    if ROPE:
-        rope_store_epilogue(y, y_row, pid_m, pid_n * BLOCK_N, N, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
-                            slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, BLOCK_N, HEAD_D, FP8, FP8_MAX,
-                            FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
-    else:
-        _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N, GLU)
-
-
-@triton.jit
-def _store_y(y, y_row, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
-    """Store a program's float32 results in y's dtype; GLU: silu(gate half) * (up half), rounded as the
-    unfused path rounds (both halves to the dtype, then activation.silu_mul)."""
-    DT: tl.constexpr = y_row.dtype.element_ty
-    if GLU:
-        HB: tl.constexpr = BLOCK_N // 2
-        gate, up = tl.split(tl.permute(tl.reshape(y, (2, HB)), (1, 0)))
-        out = silu_mul(gate.to(DT).to(tl.float32), up.to(DT).to(tl.float32), DT)
-        col = pid_n * HB + tl.arange(0, HB)
-        tl.store(y_row + col, out, mask=col < N // 2)
-    else:
-        tl.store(y_row + offs_n, y.to(DT), mask=mask_n)
-
-
 class GemvConfig(NamedTuple):
     """A GEMV launch: split-K aims at `waves` programs an SM with at least `min_tiles` K tiles each."""
     block_n: int            # output columns a program
@@ -413,17 +347,6 @@ GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)), (20_000_000
 # in 2 warps; 256 x 8 in 2 warps below; 70B gate_up keeps 128 x 8 at 32 waves.
 GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
                           (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
-LOCK_COLUMNS = 16             # the smallest BLOCK_N the workspace's lock rows are sized for
-
-
-def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The zeroed float32 partial sums [rows, N] and int32 split counts of the split-K GEMV on `device`,
-    one pair per (device, N) shared by every call (triton_support.zeroed_scratch)."""
-    device, rows = torch.device(device), max(m, MAX_ROWS)
-    return (zeroed_scratch(("gemv partials", device, n), (rows, n), torch.float32, device),
-            zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
-
-
 def h2_applies(st: AffineState) -> bool:
     """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
     codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""
@@ -449,14 +372,6 @@ def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     else:
         table = GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL
     return next(c for top, c in table if st.n * st.k <= top)
-
-
-def rope_fits(n: int, rope: RopeStore, block_n: int) -> bool:
-    """Whether an epilogue over `block_n` output columns a program can finish W = [q; k; v] of N = n rows: whole
-    power-of-two heads in every program's columns, the row exactly q's, k's and v's."""
-    d = rope.head_dim
-    return (d >= 2 and d & (d - 1) == 0 and block_n % d == 0 and n == rope.q_size + 2 * rope.kv_size
-            and rope.q_size % d == 0 and rope.kv_size % d == 0)
 
 
 def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:
