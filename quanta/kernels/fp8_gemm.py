@@ -145,13 +145,18 @@ GEMV_REASON = (f"M <= {fp8_gemv.MAX_ROWS}: bandwidth-bound; a GEMV streams the e
                "converted in registers (fp8_gemv.py)")
 
 
+def _gemv(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None, **epilogue) -> torch.Tensor:
+    """fp8_gemv over the W8A8 state's bytes: its [K, N] view transposed back to the checkpoint's [N, K] rows."""
+    return fp8_gemv.matmul(x2, st.w_t.t(), st.w_scale.reshape(-1), bias, **epilogue)
+
+
 def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above."""
     if isinstance(state, AffineState):
         return plan.matmul(x, state, bias)
     x2 = x.reshape(-1, state.k).contiguous()
     if x2.shape[0] <= fp8_gemv.MAX_ROWS:
-        y = fp8_gemv.matmul(x2, state.w_t.t(), state.w_scale.reshape(-1), bias)
+        y = _gemv(x2, state, bias)
     else:
         y = w8a8(x2, state, bias)
     return y.reshape(*x.shape[:-1], state.n)
@@ -163,7 +168,7 @@ def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch
         return plan.matmul_glu(x, state, bias)
     x2 = x.reshape(-1, state.k).contiguous()
     if x2.shape[0] <= fp8_gemv.MAX_ROWS:
-        y = fp8_gemv.matmul(x2, state.w_t.t(), state.w_scale.reshape(-1), bias, glu=True)
+        y = _gemv(x2, state, bias, glu=True)
     else:
         y = activation.silu_and_mul(w8a8(x2, state, bias))
     return y.reshape(*x.shape[:-1], state.n // 2)
@@ -177,7 +182,7 @@ def apply_rope_store(x: torch.Tensor, state, bias: torch.Tensor | None, rope: Ro
     x2 = x.reshape(-1, state.k)
     if x2.shape[0] > fp8_gemv.MAX_ROWS or not fp8_gemv.rope_applies(state.n, rope):
         return None
-    y = fp8_gemv.matmul(x2.contiguous(), state.w_t.t(), state.w_scale.reshape(-1), bias, rope=rope)
+    y = _gemv(x2.contiguous(), state, bias, rope=rope)
     return y.reshape(*x.shape[:-1], state.n)
 
 

@@ -86,12 +86,10 @@ def _fp8_gemv_kernel(
     y = tl.sum(acc, axis=1) * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     if not HW_FP8:
         y = y * 256.0
-    if HAS_BIAS:
-        if pid_k == 0:
-            y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    store_output(y, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K, BLOCK_N,
-                 GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE,
-                 ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                 mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
+                 v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                 FP8_MAGIC, FP8_MAGIC_BITS)
 
 
 class Fp8GemvConfig(NamedTuple):
@@ -109,9 +107,9 @@ class Fp8GemvConfig(NamedTuple):
 ROPE_CONFIG = Fp8GemvConfig(128, 128, 8, 4.0, 2)
 
 
-def default_config(n: int, k: int, caps: DeviceCaps, rope: RopeStore | None = None) -> Fp8GemvConfig:
-    """The launch of a [n, k] weight: one config for every shape (bandwidth-bound, 16-byte loads); whole heads
-    with the rotary epilogue."""
+def default_config(rope: RopeStore | None = None) -> Fp8GemvConfig:
+    """The launch: one config for every shape and chip (bandwidth-bound, 16-byte loads); whole heads with the
+    rotary epilogue."""
     return Fp8GemvConfig() if rope is None else ROPE_CONFIG
 
 
@@ -131,7 +129,7 @@ def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     n = w.shape[0]
     assert w.shape == (n, k) and w.stride() == (k, 1) and x2.stride(1) == 1 and scale.numel() == n
     caps = caps or device_caps(x2.device)
-    config = Fp8GemvConfig(*(config or default_config(n, k, caps, rope)))
+    config = Fp8GemvConfig(*(config or default_config(rope)))
     bn, bk, warps, waves, min_steps = config
     assert bn % LOCK_COLUMNS == 0 and not (glu and rope is not None) and (not glu or n % 2 == 0)
     assert rope is None or rope_applies(n, rope, config)

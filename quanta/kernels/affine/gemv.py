@@ -305,12 +305,10 @@ def _affine_gemv_kernel(
     # --- epilogue: reduce the RS rows, add bias once, store or accumulate
     pdl_wait(PDL)
     y = tl.sum(acc, axis=0) + acc_n
-    if HAS_BIAS:
-        if pid_k == 0:
-            y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    store_output(y, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K, BLOCK_N,
-                 GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE,
-                 ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL, FP8_MAGIC, FP8_MAGIC_BITS)
+    store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                 mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
+                 v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                 FP8_MAGIC, FP8_MAGIC_BITS)
 
 
 class GemvConfig(NamedTuple):

@@ -27,14 +27,17 @@ def output_columns(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
 
 
 @triton.jit
-def store_output(y, y_row, ws_ptr, lock_ptr, pid_m, pid_n, offs_n, mask_n, N, SPLIT_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+def store_output(y, bias_ptr, HAS_BIAS: tl.constexpr, y_row, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                 mask_n, N, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                  k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr, HEAD_D: tl.constexpr,
                  FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_REBIAS: tl.constexpr,
                  FP8_MIN_NORMAL: tl.constexpr, FP8_MAGIC: tl.constexpr, FP8_MAGIC_BITS: tl.constexpr):
-    """A program's float32 partial row out: finished at once without split-K; else added into the workspace row
-    ws[m], the split counted in lock[m, column block], and the last split to arrive takes the sum (resetting ws
-    and the count for the next call) and finishes it."""
+    """A program's float32 partial row out, the bias added once (by K split 0): finished at once without split-K;
+    else added into the workspace row ws[m], the split counted in lock[m, column block], and the last split to
+    arrive takes the sum (resetting ws and the count for the next call) and finishes it."""
+    if HAS_BIAS:
+        if pid_k == 0:
+            y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if SPLIT_K == 1:
         _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr,
                slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT,
