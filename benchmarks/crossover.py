@@ -1,9 +1,9 @@
 """Where each quantized weight's GEMM paths cross: every path that takes the weight, forced, at each M, on the
-Llama-3-8B shapes, beside cuBLAS fp16 on the dequantized weight; the plan's choice and the fastest path per M.
+Llama-3 8B (or 70B) shapes, beside cuBLAS fp16 on the dequantized weight; the plan's choice and the fastest path.
 
-GGUF types run on the kernels the registry gives them: the K-quants and IQ4 on the ggml kernels (paths gemm,
+GGUF types run on the kernels the registry gives them: the K-quants and IQ4 on the ggml kernels (paths mma, gemm,
 cublas), Q4_0 and Q8_0 on the affine ones (mma, cublas, splitk), and a W4A16 g128 weight for comparison.
-   usage: python3 benchmarks/crossover.py --out crossover.json [--types q4_K,q4_0] [--ms 16,64,256]
+   usage: python3 benchmarks/crossover.py --out crossover.json [--types q4_K,q4_0] [--ms 16,64,256] [--model 70b]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from quanta.kernels.ggml import plan as ggml_plan  # noqa: E402
 MS = "16,32,48,64,96,128,192,256,384"
 TYPES = "q4_K,q5_K,q6_K,q4_0,q8_0,w4g128"
 AFFINE_TYPES = ("q4_0", "q8_0", "w4g128")
-PATHS = {"ggml": ("gemm", "cublas"), "affine": ("mma", "cublas", "splitk")}
+PATHS = {"ggml": ("mma", "gemm", "cublas"), "affine": ("mma", "cublas", "splitk")}
 
 
 def weight_of(name: str, n: int, k: int):
@@ -36,10 +36,10 @@ def weight_of(name: str, n: int, k: int):
     return ("affine" if name in AFFINE_TYPES else "ggml"), w, w.dequantize(torch.float16).cuda()
 
 
-def run(name: str, layers: list[str], ms: list[int], results: list[dict]) -> None:
-    """Time each path of `name` forced at every layer and M; one record per (layer, M)."""
+def run(name: str, model: str, layers: list[str], ms: list[int], results: list[dict]) -> None:
+    """Time each path of `name` forced at every layer of `model` and M; one record per (layer, M)."""
     for layer in layers:
-        n, k = SHAPES["8b"][layer]
+        n, k = SHAPES[model][layer]
         kind, w, dense = weight_of(name, n, k)
         kernels, plan = (affine, affine_plan) if kind == "affine" else (ggml_gemm, ggml_plan)
         states = copies(lambda: kernels.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
@@ -47,7 +47,7 @@ def run(name: str, layers: list[str], ms: list[int], results: list[dict]) -> Non
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
             ref = xs[0].float() @ dense.float().t()
-            rec = {"type": name, "layer": layer, "n": n, "k": k, "m": m,
+            rec = {"type": name, "model": model, "layer": layer, "n": n, "k": k, "m": m,
                    "planned": plan.choose(states[0], device_caps("cuda"), m).path.name,
                    "fp16_us": round(bench(lambda x, d: x @ d.t(), xs, denses, 2 * n * k), 2)}
             for path in PATHS[kind]:
@@ -67,7 +67,7 @@ def run(name: str, layers: list[str], ms: list[int], results: list[dict]) -> Non
 def summary(results: list[dict]) -> None:
     """Per type and M: each path's µs summed over the layers (one decoder layer's GEMMs), × cuBLAS fp16, and the
     plan's path against the fastest."""
-    print("\ntype      M  planned  fastest   " + "  ".join(f"{p:>14}" for p in ("gemm/mma", "cublas", "splitk")))
+    print("\ntype      M  planned  fastest   paths: µs summed over the layers, x cuBLAS fp16")
     keys = sorted({(r["type"], r["m"]) for r in results}, key=lambda t: (TYPES.split(",").index(t[0]), t[1]))
     for name, m in keys:
         rows = [r for r in results if r["type"] == name and r["m"] == m]
@@ -75,7 +75,7 @@ def summary(results: list[dict]) -> None:
         paths = PATHS["affine" if name in AFFINE_TYPES else "ggml"]
         tot = {p: sum(r[f"{p}_us"] for r in rows) for p in paths if all(f"{p}_us" in r for r in rows)}
         fastest = min(tot, key=tot.get) if tot else "-"
-        cells = [f"{tot[p]:8.1f} {fp16 / tot[p]:4.2f}x" if p in tot else f"{'-':>14}" for p in paths]
+        cells = [f"{p} {tot[p]:8.1f} {fp16 / tot[p]:4.2f}x" if p in tot else f"{p} -" for p in paths]
         print(f"{name:7} {m:4}  {rows[0]['planned']:7}  {fastest:7}   " + "  ".join(f"{c:>14}" for c in cells))
 
 
@@ -83,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--types", default=TYPES)
+    ap.add_argument("--model", default="8b", choices=("8b", "70b"))
     ap.add_argument("--layers", default=",".join(SHAPES["8b"]))
     ap.add_argument("--ms", default=MS)
     args = ap.parse_args()
@@ -90,7 +91,7 @@ def main() -> None:
     t0, meta = start_run()
     results: list[dict] = []
     for name in args.types.split(","):
-        run(name, args.layers.split(","), [int(m) for m in args.ms.split(",")], results)
+        run(name, args.model, args.layers.split(","), [int(m) for m in args.ms.split(",")], results)
         write_run(args.out, meta, t0, results=results)
     summary(results)
 

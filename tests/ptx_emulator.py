@@ -4,7 +4,7 @@
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
 (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
-arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once and `mul.rn` rounding a*b once
+arithmetic works on the two halves, `sub.rn` / `fma.rn` rounding the exact a*b + c once and `mul.rn` rounding a*b once
 to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy
 rounds float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /
 `mul.f32` / `fma.rn.f32` work in float32. Anything else raises, so a kernel using a new instruction fails loudly.
@@ -81,7 +81,7 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
         if not stmt or stmt.startswith(".reg"):
             continue
         op, rest = stmt.split(None, 1)
-        if m := re.fullmatch(r"\{\s*(\w+)\s*,\s*(\w+)\s*\}\s*,\s*(\S+)", rest):      # mov.b32 {lo, hi}, r
+        if m := re.fullmatch(r"\{\s*([\w$]+)\s*,\s*([\w$]+)\s*\}\s*,\s*(\S+)", rest):      # mov.b32 {lo, hi}, r
             src = val(m.group(3))
             regs[m.group(1)], regs[m.group(2)] = src & 0xFFFF, src >> 16
             continue
@@ -104,6 +104,9 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
         elif op == "fma.rn.f16x2":
             (a0, a1), (b0, b1), (c0, c1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 * b0 + c0, a1 * b1 + c1)
+        elif op == "sub.rn.f16x2":
+            (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
+            regs[dst] = _pack(a0 - b0, a1 - b1)
         elif op == "mul.rn.f16x2":
             (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 * b0, a1 * b1)
@@ -157,7 +160,10 @@ def install(monkeypatch) -> None:
         results = []
         for out, scalar in zip(outs if len(types) > 1 else [outs], scalars):
             if pack == 1:
-                bits = out.view(np.float32) if scalar.is_fp32() else out.view(np.int32)
+                if scalar.is_fp16():                     # a 16-bit output (constraint h): the low half
+                    bits = (out & 0xFFFF).astype(np.uint16).view(np.float16)
+                else:
+                    bits = out.view(np.float32) if scalar.is_fp32() else out.view(np.int32)
                 results.append(interpreter.TensorHandle(bits, scalar))
                 continue
             assert scalar.is_fp16() or scalar.is_bf16(), "pack 2 emulates 16-bit float outputs"

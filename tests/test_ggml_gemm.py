@@ -7,10 +7,11 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+import ptx_emulator
 from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
 from quanta.kernels.device_caps import PRESETS
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, plan
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, mma, plan
 from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
 from quanta.planner.weight_bytes import gguf_gemm_bytes
@@ -78,6 +79,24 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
     for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
         y = gemv_h2.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
+
+
+@pytest.mark.parametrize("m,config", [(3, None), (16, (16, 16, 4, 1, 1e-3, 1)), (20, (16, 16, 2, 1, 64.0, 1))])
+def test_q4_k_mma_matches_the_gguf_dequantization(m, config, monkeypatch):
+    """The MMA kernel's K order (its x gather), scales and mins, by its float32 twin and by its PTX (the emulator
+    under the interpreter; the GPU in the -m gpu tests): planned, one program's K loop over two M blocks, and split
+    over K; with a bias."""
+    w, ref = make_gguf(40, 768, "Q4_K", seed=m)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
+    want = x.double() @ ref.double().T.to(DEVICE) + bias.double()
+    y = mma.matmul(x, st, bias, config)
+    assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16]
+    if DEVICE == "cpu":                 # the PTX itself, run by the emulator
+        ptx_emulator.install(monkeypatch)
+        y_ptx = mma.matmul(x, st, bias, config, h2=True)
+        assert rel_err(y_ptx, want) < TOL[torch.float16] and rel_err(y_ptx, y) < 2e-3
 
 
 @pytest.mark.parametrize("qh", [0x00, 0xFF, None])
@@ -220,7 +239,10 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
     iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
     assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
-    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 5 + ["cublas"] * 4
+    assert plan.MMA_MAX_M == 128
+    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["mma"] * 6 + ["cublas"] * 3
+    assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 5 + \
+        ["cublas"] * 4
     assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 2 + ["cublas"] * 7
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
@@ -283,6 +305,10 @@ def test_gpu_llama_shapes(name, n, k):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             y = ggml_gemm.apply(x, st)
             assert rel_err(y, x.double() @ ref_w.T) < TOL[dtype], (dtype, m, ggml_gemm.path(st, m))
-        for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1)):     # each path at an M the plan gives another
+        for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1), ("cublas", 16)):   # paths at an M the plan gives another
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)
+        if name == "Q4_K" and dtype == torch.float16:      # the MMA kernel's configs, split over K or not
+            for m, config in ((2, None), (64, (16, 64, 4, 3, 4.0, 2)), (256, (128, 16, 8, 3, 1e-3, 1))):
+                x = torch.randn(m, k, device="cuda", dtype=dtype)
+                assert rel_err(mma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)

@@ -1,7 +1,7 @@
 """Which ggml path runs M rows of a weight: one ordered table of paths over a DeviceCaps value.
 
 The first path of PATHS whose `fits(state, caps, m)` returns None runs; each other's answer says why not. The
-choice is cached on the weight's state per M bucket (the GEMM configs' buckets) and caps.
+choice is cached on the weight's state per M bucket (the GEMM and MMA configs' buckets) and caps.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.path_table import Path, PathTable
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, mma
 from quanta.kernels.ggml.layout import GgmlState
 
 # The GEMV decodes the weight once per activation row, the GEMM once per tile of up to 16 rows: the GEMV's single
@@ -24,6 +24,11 @@ CUBLAS_MIN_M = 65
 # as fast from a single tile of rows (17); IQ4's GEMM gathers its table per code, so from 2 rows.
 CUBLAS_MIN_M_BY_TYPE = {"q6_K": 17, "q3_K": 17, "iq4_nl": 2, "iq4_xs": 2}
 LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *CUBLAS_MIN_M_BY_TYPE.values())
+# The MMA path decodes each weight tile once per tile of rows, as the GEMM does, but in packed fp16 straight into
+# the tensor cores' register operand, with no trip through shared memory: faster than the GEMM at every M and than
+# dequantize + cuBLAS up to a few hundred rows, where the decode repeated for each tile of rows costs more than the
+# copy's one decode (Q4_K on the Llama-3-8B shapes on the H200).
+MMA_MAX_M = 128
 
 
 def cublas_min_m(st: GgmlState) -> int:
@@ -49,6 +54,16 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
     return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV, {st.name} blocks decoded in registers, fp32 FMAs"
 
 
+def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+    if m > MMA_MAX_M:
+        return f"M={m} > {MMA_MAX_M}"
+    return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
+
+
+def _why_mma(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return f"M={m}: tensor-core GEMM, {st.name} code words decoded in PTX into the MMA's register operand"
+
+
 def _cublas_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
     return None if m >= cublas_min_m(st) else f"M={m} < {cublas_min_m(st)}"
 
@@ -65,22 +80,28 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 # The paths in order:
 #   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
+#   mma     M <= MMA_MAX_M, fp16 Q4_K on sm90: the code words decoded into wgmma's register operand
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
     Path("gemv_h2", _gemv_h2_fits, gemv_h2.default_config, gemv_h2.matmul, _why_gemv_h2),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
+    Path("mma", _mma_fits, mma.default_config, mma.matmul, _why_mma),
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("gemm", lambda st, caps, m: None, gemm.default_config, gemm.matmul, _why_gemm),
 )
 
 
+# the tops of the GEMM's and the MMA kernel's config buckets (the last MMA bucket is open), and the MMA path's end
+BUCKET_TOPS = sorted({top for top, _ in gemm.GEMM_CONFIGS} | {top for top, _ in mma.MMA_CONFIGS[:-1]} | {MMA_MAX_M})
+
+
 def bucket_edge(m: int) -> int:
-    """The M whose plan every M of m's bucket shares: m itself up to the GEMV's limit, then the GEMM configs'
-    bucket tops; above the last, one bucket."""
+    """The M whose plan every M of m's bucket shares: m itself up to the GEMV's limit, then the GEMM and MMA
+    configs' bucket tops; above the last, one bucket."""
     if m <= GEMV_MAX_M:
         return m
-    return next((top for top, _ in gemm.GEMM_CONFIGS if m <= top), max(CUBLAS_MIN_M, gemm.GEMM_CONFIGS[-1][0] + 1))
+    return next((top for top in BUCKET_TOPS if m <= top), max(CUBLAS_MIN_M, BUCKET_TOPS[-1] + 1))
 
 
 TABLE = PathTable(PATHS, bucket_edge)
