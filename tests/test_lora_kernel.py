@@ -1,10 +1,10 @@
-"""The batched LoRA kernels (quanta.kernels.lora) against their torch reference, and the engine's GPU path
+"""The batched LoRA kernels (quanta.lora.kernels) against their torch reference, and the engine's GPU path
 (stacked slots, Triton kernels; under the interpreter on the CPU) against peft."""
 import pytest
 import torch
 
 from kernel_util import DEVICE  # noqa: I001
-from quanta.kernels import lora
+from quanta.lora import kernels as lora
 from quanta.kernels.triton_support import cdiv
 
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from quanta.kernels import lora as lora_kernel
+from quanta.lora import kernels as lora_kernel
 from quanta.kernels.cpu import matmul as cpu_matmul
 from quanta.lora.adapter import Adapter, load_adapter
 from quanta.lora.request import LoRARequest
@@ -27,7 +27,7 @@ TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 
 class LoRAStep:
     """One step's map from token rows to slots, read by every layer. Under `triton`: `slots` (int32 [T]) and
-    the rows grouped by slot, `order` and `starts` (quanta.kernels.lora.sort_by_slot), views at fixed places of
+    the rows grouped by slot, `order` and `starts` (quanta.lora.kernels.sort_by_slot), views at fixed places of
     one device buffer, so CUDA graphs read them in place. On the CPU: `groups` ((slot, rows), rows a slice or an
     index tensor). `active`: whether any token has an adapter, or a graph is being captured (a captured graph
     must launch the kernels whatever the steps it replays hold)."""
