@@ -58,7 +58,7 @@ def _ggml(name: str) -> tuple[dict, dict]:
 
 
 _Q4_K, _Q6_K, _IQ4_XS = _ggml("q4_K"), _ggml("q6_K"), _ggml("iq4_xs")
-_Q4K_MMA = dict(x_ptr="*fp16", dm_ptr="*i32", sc_ptr="*i32", qs_ptr="*i32", bias_ptr="*fp16", y_ptr="*fp32")
+_Q4K_MMA = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp32")
 _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
@@ -118,10 +118,13 @@ CASES = {
     "zero_pdl": ("triton_support", "_zero_kernel", dict(y_ptr="*fp16"), dict(BLOCK=ZERO_BLOCK, PDL=True), 4, 1, 90),
     "ggml_gemv_q4_k": ("ggml.gemv", "_ggml_gemv_kernel", _Q4_K[0],
                        dict(_Q4_K[1], BLOCK_N=32, HAS_BIAS=False, SPLIT_K=2), 4, 1, 75),
-    "ggml_mma_q4_k": ("ggml.mma", "_q4k_mma_kernel", _Q4K_MMA, dict(BLOCK_M=16, BLOCK_N=256, HAS_BIAS=False,
-                                                                   ATOMIC=True, H2=True), 4, 3, 90),
-    "ggml_mma_q4_k_large_bias": ("ggml.mma", "_q4k_mma_kernel", dict(_Q4K_MMA, y_ptr="*fp16"),
-                                 dict(BLOCK_M=256, BLOCK_N=128, HAS_BIAS=True, ATOMIC=False, H2=True), 8, 3, 90),
+    "ggml_mma_q4_k": ("ggml.mma", "_ggml_mma_kernel", _Q4K_MMA, dict(Q6=False, BLOCK_M=16, BLOCK_N=128,
+                                                                    HAS_BIAS=False, ATOMIC=True, H2=True), 4, 3, 90),
+    "ggml_mma_q4_k_large_bias": ("ggml.mma", "_ggml_mma_kernel", dict(_Q4K_MMA, y_ptr="*fp16"),
+                                 dict(Q6=False, BLOCK_M=128, BLOCK_N=128, HAS_BIAS=True, ATOMIC=False, H2=True), 8, 3,
+                                 90),
+    "ggml_mma_q6_k": ("ggml.mma", "_ggml_mma_kernel", _Q4K_MMA, dict(Q6=True, BLOCK_M=16,
+                      BLOCK_N=128, HAS_BIAS=False, ATOMIC=True, H2=True), 4, 3, 90),
     "ggml_gemv_h2_q4_k": ("ggml.gemv_h2", "_q4k_h2_kernel",
                           dict(x_ptr="*fp16", dm_ptr="*i32", sc_ptr="*i32", qs_ptr="*i32", bias_ptr="*fp16",
                                y_ptr="*fp32"), dict(BLOCK_N=32, HAS_BIAS=False, SPLIT_K=2, PTX=True), 4, 1, 75),

@@ -81,12 +81,13 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m,config", [(3, None), (16, (16, 16, 4, 1, 1e-3, 1)), (20, (16, 16, 2, 1, 64.0, 1))])
-def test_q4_k_mma_matches_the_gguf_dequantization(m, config, monkeypatch):
+def test_mma_matches_the_gguf_dequantization(name, m, config, monkeypatch):
     """The MMA kernel's K order (its x gather), scales and mins, by its float32 twin and by its PTX (the emulator
     under the interpreter; the GPU in the -m gpu tests): planned, one program's K loop over two M blocks, and split
     over K; with a bias."""
-    w, ref = make_gguf(40, 768, "Q4_K", seed=m)
+    w, ref = make_gguf(40, 768, name, seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
@@ -239,11 +240,13 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
     iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
     assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
-    assert plan.MMA_MAX_M == 128
+    assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64]
     assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["mma"] * 6 + ["cublas"] * 3
     assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 5 + \
         ["cublas"] * 4
-    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 2 + ["cublas"] * 7
+    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["mma"] * 5 + ["cublas"] * 4
+    assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 2 + \
+        ["cublas"] * 7
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
@@ -308,7 +311,7 @@ def test_gpu_llama_shapes(name, n, k):
         for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1), ("cublas", 16)):   # paths at an M the plan gives another
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)
-        if name == "Q4_K" and dtype == torch.float16:      # the MMA kernel's configs, split over K or not
+        if name in ("Q4_K", "Q6_K") and dtype == torch.float16:     # the MMA kernel's configs, split over K or not
             for m, config in ((2, None), (64, (16, 64, 4, 3, 4.0, 2)), (256, (128, 16, 8, 3, 1e-3, 1))):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 assert rel_err(mma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)

@@ -1,11 +1,11 @@
-"""The MMA path of the ggml kernels for Q4_K: the affine MMA kernel's register operand (affine/mma.py), decoded
-straight from ggml's own code plane, for the small and middle M between the GEMV and dequantize + cuBLAS.
+"""The MMA path of the ggml kernels for Q4_K and Q6_K: the affine MMA kernel's register operand (affine/mma.py),
+decoded straight from ggml's own code planes, for the small and middle M between the GEMV and dequantize + cuBLAS.
 
 The product is computed transposed, yᵀ = W · xᵀ, so that the decoded weight is the MMA's A operand, read from
-registers (wgmma on sm90); x, operand B, goes through shared memory. A K step is half a super-block: 16 code words
-of each of BLOCK_N rows, 128 values. The words are loaded in the MMA accumulator's layout, whose thread map is
-operand A's, so each thread holds the words 2q, 2q + 1, 2q + 8, 2q + 9 of its rows and decodes them in place
-(_slice); the MMA's K order is therefore not the file's, and x is permuted into it instead (_in_mma_order).
+registers (wgmma on sm90); x, operand B, goes through shared memory. A K step is half a super-block, 128 values of
+each of BLOCK_N rows. Its words are loaded in the MMA accumulator's layout, whose thread map is operand A's, so each
+thread holds the code words 2q, 2q + 1, 2q + 8, 2q + 9 of its rows and decodes them in place (_q4k_slice,
+_q6k_slice); the MMA's K order is therefore not the file's, and x is permuted into it instead (_in_mma_order).
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
-TYPES = ("q4_K",)
+TYPES = ("q4_K", "q6_K")
 CAPABILITY = (9, 0)         # the register operand is Hopper's wgmma (as the affine MMA kernel's)
-STEP = 128                  # values of a row a K step: half a Q4_K super-block, 16 code words
+STEP = 128                  # values of a row a K step: half a super-block (16 Q4_K code words, 16 + 8 Q6_K ones)
 
 
 @triton.jit
-def _slice(p, t: tl.constexpr, HIGH: tl.constexpr, s, zb, H2: tl.constexpr, BN: tl.constexpr):
+def _q4k_slice(p, t: tl.constexpr, HIGH: tl.constexpr, s, zb, H2: tl.constexpr, BN: tl.constexpr):
     """Weights [BN, 16] of MMA slice 4 HIGH + t (its 16 K columns) from the step's words p [BN, 8, 2] (word pairs
     2q', 2q' + 1) and the pairs' (scale, zbias) s, zb [BN, 8, 2].
 
@@ -104,39 +104,144 @@ def _pair_scales(dm, first, second, HIGH: tl.constexpr, H2: tl.constexpr, BN: tl
 
 
 @triton.jit
-def _in_mma_order(x, BM: tl.constexpr):
+def _in_mma_order(x, Q6: tl.constexpr, BM: tl.constexpr):
     """x's step [BM, 128], loaded in K order, in the MMA's column order: column 64 HIGH + 16 t + 2 q' + e
-    (q' = 4 qa + qb) is value 64 qa + 32 HIGH + 8 qb + 2 t + e of the half super-block (_slice's map). Loaded
-    whole (16-byte copies) and permuted on its way to shared memory: a load gathered in the MMA's order moves
-    4 bytes a copy, which was slower at every M."""
+    (q' = 4 qa + qb) is value 64 qa + 32 HIGH + 8 qb + 2 t + e of the half super-block for Q4_K (_q4k_slice's
+    map), 64 HIGH + 32 qa + 8 qb + 2 t + e for Q6_K (_q6k_slice's). Loaded whole (16-byte copies) and permuted on
+    its way to shared memory: a load gathered in the MMA's order moves 4 bytes a copy, which was slower at every M."""
+    if Q6:
+        return tl.reshape(tl.permute(tl.reshape(x, (BM, 2, 2, 4, 4, 2)), (0, 1, 4, 2, 3, 5)), (BM, 128))
     return tl.reshape(tl.permute(tl.reshape(x, (BM, 2, 2, 4, 4, 2)), (0, 2, 4, 1, 3, 5)), (BM, 128))
 
 
 @triton.jit
-def _tile(p, dm_ptr, sc_ptr, rows, mask_n, step, NB, H2: tl.constexpr, BN: tl.constexpr):
-    """The step's weight tile [BN, 128] in the MMA's column order, the 8 slices joined along register dims."""
+def _q4k_tile(p, dm_ptr, sc_ptr, rows, mask_n, step, NB, H2: tl.constexpr, BN: tl.constexpr):
+    """The step's Q4_K weight tile [BN, 128] in the MMA's column order."""
     dm, first, second = _step_scales(dm_ptr, sc_ptr, rows, mask_n, step, NB)
     s, zb = _pair_scales(dm, first, second, 0, H2, BN)
-    w0 = _slice(p, 0, 0, s, zb, H2, BN)
-    w1 = _slice(p, 1, 0, s, zb, H2, BN)
-    w2 = _slice(p, 2, 0, s, zb, H2, BN)
-    w3 = _slice(p, 3, 0, s, zb, H2, BN)
+    w0 = _q4k_slice(p, 0, 0, s, zb, H2, BN)
+    w1 = _q4k_slice(p, 1, 0, s, zb, H2, BN)
+    w2 = _q4k_slice(p, 2, 0, s, zb, H2, BN)
+    w3 = _q4k_slice(p, 3, 0, s, zb, H2, BN)
     s, zb = _pair_scales(dm, first, second, 1, H2, BN)
-    w4 = _slice(p, 0, 1, s, zb, H2, BN)
-    w5 = _slice(p, 1, 1, s, zb, H2, BN)
-    w6 = _slice(p, 2, 1, s, zb, H2, BN)
-    w7 = _slice(p, 3, 1, s, zb, H2, BN)
+    w4 = _q4k_slice(p, 0, 1, s, zb, H2, BN)
+    w5 = _q4k_slice(p, 1, 1, s, zb, H2, BN)
+    w6 = _q4k_slice(p, 2, 1, s, zb, H2, BN)
+    w7 = _q4k_slice(p, 3, 1, s, zb, H2, BN)
+    return _joined(w0, w1, w2, w3, w4, w5, w6, w7)
+
+
+@triton.jit
+def _joined(w0, w1, w2, w3, w4, w5, w6, w7):
+    """Slices i = 0..7 [BN, 16] as one tile [BN, 128] (column 16 i + r), joined along register dims: where the
+    slices are in operand A's layout, so is the tile."""
     j = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
-    return tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (BN, 8 * 16))      # column 16 i + r, i = 4 i2 + 2 i1 + i0
+    return tl.reshape(tl.permute(j, (0, 4, 3, 2, 1)), (w0.shape[0], 128))     # i = 4 i2 + 2 i1 + i0
+
+
+# PTX of a pair of Q6_K codes (pack 2): $1 $2 the ql words and $3 $4 the qh words of columns 2q', 2q' + 1; $5 the
+# prmt selector of the pair's two bytes (to bytes 0 and 2); $7 the shift of the qh byte's 2-bit field; $9 the scale
+# pair. The nibble (shifted down first for the high one: NIBBLE) and the field at bit 4 join 0x6400 as the halves
+# 1024 + q; 1056 comes off exactly (q - 32) and one multiply applies the scale.
+def _q6k_pair_ptx(high: bool) -> tl.constexpr:
+    nibble = "shr.u32 t, t, 4; " if high else ""
+    return tl.constexpr(f"{{ .reg .b32 t, h; prmt.b32 t, $1, $2, $5; {nibble}prmt.b32 h, $3, $4, $5; "
+                        "shr.u32 h, h, $7; shl.b32 h, h, 4; lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; "
+                        "lop3.b32 t, t, h, 0x00300030, 0xF8; mov.b32 h, 0x64206420; sub.rn.f16x2 t, t, h; "
+                        "mul.rn.f16x2 $0, t, $9; }")
+
+
+_Q6K_LOW, _Q6K_HIGH = _q6k_pair_ptx(False), _q6k_pair_ptx(True)
+# PTX of a pair's scale (pack 2) from its scale word ($1, or $2 for the high nibbles' slices: WORD), the shift of
+# its int8 byte $3 and d's bits $5: the byte, flipped to offset 128, joins 0x6400 in both halves as
+# 1024 + 128 + scale, 1152 comes off exactly, and one multiply by (d, d) gives d * scale rounded once.
+_Q6K_SCALE = ("{{ .reg .b32 s, c; shr.u32 s, {word}, $3; and.b32 s, s, 0xFF; shl.b32 c, s, 16; "
+              "lop3.b32 s, s, c, 0x00800080, 0x56; lop3.b32 s, s, 0x64006400, 0, 0xFC; mov.b32 c, 0x64806480; "
+              "sub.rn.f16x2 s, s, c; prmt.b32 c, $5, $5, 0x1010; mul.rn.f16x2 $0, s, c; }}")
+_Q6K_SCALE_LOW, _Q6K_SCALE_HIGH = tl.constexpr(_Q6K_SCALE.format(word="$1")), tl.constexpr(_Q6K_SCALE.format(word="$2"))
+
+
+@triton.jit
+def _q6k_scales(sc, d, HIGH: tl.constexpr, H2: tl.constexpr, BN: tl.constexpr):
+    """Scales [BN, 8, 2] in fp16 of the pairs of a step's slices of nibble HIGH. sc [BN, 8, 2]: each pair's scale
+    words (the step's first four int8 scales, then its last four); d [BN, 8, 2] the block's d bits. Pair q'
+    (qa = q' // 4, qb = q' % 4) covers values l + 32 qa + 64 HIGH with l = 8 qb .. 8 qb + 7: scale
+    (qb // 2) + 2 qa + 4 HIGH of the step's eight."""
+    q = tl.arange(0, 8)[None, :, None]
+    shift = 8 * ((q % 4) // 2 + 2 * (q // 4))
+    if H2:
+        args = [sc, tl.broadcast_to(shift, (BN, 8, 2)), d]
+        s = tl.inline_asm_elementwise(_Q6K_SCALE_HIGH if HIGH else _Q6K_SCALE_LOW, "=r,r,r,r,r,r,r", args,
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        first, last = tl.split(sc)
+        word = last if HIGH else first
+        scale = ((word[:, :, None] >> shift) & 0xFF).to(tl.int8).to(tl.float32)
+        dv = (d & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s = (scale * dv).to(tl.float16)
+    return s
+
+
+@triton.jit
+def _q6k_slice(ql, qh, t: tl.constexpr, HIGH: tl.constexpr, s, H2: tl.constexpr, BN: tl.constexpr):
+    """Weights [BN, 16] of MMA slice 4 HIGH + t from the step's ql and qh words [BN, 8, 2] (pair q' holds ql words
+    2q', 2q' + 1 and qh words 2 qb, 2 qb + 1) and the pairs' scales s. Column 2q' + e is nibble HIGH of byte
+    b = 2 (t % 2) + e of ql word 2q' + t // 2, joined by bits 2 (qa + 2 HIGH) of the same byte of qh: value
+    l + 32 qa + 64 HIGH, l = 8 qb + 2 t + e, of ggml's dequantize_row_q6_K."""
+    BYTE: tl.constexpr = 4 * (t // 2) + 2 * (t % 2)
+    shape: tl.constexpr = (BN, 8, 2)
+    field = tl.broadcast_to(2 * (tl.arange(0, 8)[None, :, None] // 4) + 4 * HIGH, shape)
+    if H2:
+        SEL: tl.constexpr = BYTE | (BYTE << 4) | ((BYTE + 1) << 8) | ((BYTE + 1) << 12)
+        args = [ql, qh, tl.full(shape, SEL, tl.int32), field, s]
+        w = tl.inline_asm_elementwise(_Q6K_HIGH if HIGH else _Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r", args,
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        la, lb = tl.split(ql)
+        ha, hb = tl.split(qh)
+        if t >= 2:
+            lw = lb
+            hw = hb
+        else:
+            lw = la
+            hw = ha
+        at = 8 * (2 * (t % 2) + tl.arange(0, 2))[None, None, :]
+        nib = (lw[:, :, None] >> (at + 4 * HIGH)) & 15
+        top = (hw[:, :, None] >> (at + field)) & 3
+        w = (((nib | (top << 4)) - 32).to(tl.float32) * s.to(tl.float32)).to(tl.float16)
+    return tl.reshape(w, (BN, 16))
+
+
+@triton.jit
+def _q6k_tile(ql, qh, sc, d, H2: tl.constexpr, BN: tl.constexpr):
+    """The step's Q6_K weight tile [BN, 128] in the MMA's column order."""
+    s = _q6k_scales(sc, d, 0, H2, BN)
+    w0 = _q6k_slice(ql, qh, 0, 0, s, H2, BN)
+    w1 = _q6k_slice(ql, qh, 1, 0, s, H2, BN)
+    w2 = _q6k_slice(ql, qh, 2, 0, s, H2, BN)
+    w3 = _q6k_slice(ql, qh, 3, 0, s, H2, BN)
+    s = _q6k_scales(sc, d, 1, H2, BN)
+    w4 = _q6k_slice(ql, qh, 0, 1, s, H2, BN)
+    w5 = _q6k_slice(ql, qh, 1, 1, s, H2, BN)
+    w6 = _q6k_slice(ql, qh, 2, 1, s, H2, BN)
+    w7 = _q6k_slice(ql, qh, 3, 1, s, H2, BN)
+    return _joined(w0, w1, w2, w3, w4, w5, w6, w7)
+
+
+@triton.jit
+def _acc_words(ptr, rows, at, mask_n, acc_layout, BN: tl.constexpr):
+    """int32 words [BN, 8, 2] at ptr + rows * ... + at [16] per column, in operand A's thread map (acc_layout)."""
+    return tl.reshape(tl.load(ptr + rows[:, None] + at[None, :], mask=mask_n[:, None], other=0) | acc_layout,
+                      (BN, 8, 2))
 
 
 @triton.jit(do_not_specialize=["steps_per_split"])
-def _q4k_mma_kernel(x_ptr, dm_ptr, sc_ptr, qs_ptr, bias_ptr, y_ptr, M, N, NB, steps_per_split, num_steps,
-                    stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    ATOMIC: tl.constexpr, H2: tl.constexpr):
+def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per_split, num_steps,
+                     stride_xm, stride_ym, Q6: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, H2: tl.constexpr):
     """y[M, N] (+)= (W[BLOCK_N rows] @ x[BLOCK_M rows]ᵀ)ᵀ over the program's K steps; program (output tile, M
-    fastest, split of K steps). dm_ptr: d, dmin as one int32 a block; sc_ptr: the scale pairs as int32 words; qs_ptr:
-    the code words."""
+    fastest, split of K steps). Q4_K's planes p0..p2: (d, dmin) as one int32 a block, the scale pairs as int32
+    words, the code words. Q6_K's p0..p3: ql and qh words, the int8 scales and the fp16 d's as int32 words."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -149,14 +254,25 @@ def _q4k_mma_kernel(x_ptr, dm_ptr, sc_ptr, qs_ptr, bias_ptr, y_ptr, M, N, NB, st
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # zeros in the MMA accumulator's layout: OR-ed into the words they put them in operand A's thread map
     acc_layout = tl.dot(tl.zeros((BLOCK_N, 16), dtype=tl.float16), tl.zeros((16, 16), dtype=tl.float16)).to(tl.int32)
+    # Q6_K: whether each row's first d sits in the high half of its int32 word, in operand A's thread map
+    d_odd = tl.reshape(((rows * NB) % 2)[:, None] + acc_layout, (BLOCK_N, 8, 2))
     for step in range(s_begin, s_end):
-        p = tl.load(qs_ptr + rows[:, None] * (NB * 32) + step * 16 + tl.arange(0, 16)[None, :],
-                    mask=mask_n[:, None], other=0)
-        p = tl.reshape(p | acc_layout, (BLOCK_N, 8, 2))
-        w = _tile(p, dm_ptr, sc_ptr, rows, mask_n, step, NB, H2, BLOCK_N)
+        cols = tl.arange(0, 16)
+        if Q6:      # per column: its ql word, its pair's qh word, the step's scale word (4 scales) of its slice
+            blk = step // 2
+            ql = _acc_words(p0, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
+            qh = _acc_words(p1, rows * (NB * 16), blk * 16 + (step % 2) * 8 + cols % 8, mask_n, acc_layout, BLOCK_N)
+            sc = _acc_words(p2, rows * (NB * 4), blk * 4 + (step % 2) * 2 + cols % 2, mask_n, acc_layout, BLOCK_N)
+            # d: the int32 word of the d plane (int16 a block, row-major) that holds this block's, shifted down
+            d = _acc_words(p3, (rows * NB + blk) // 2, cols * 0, mask_n, acc_layout, BLOCK_N) >> (
+                16 * ((d_odd + blk) % 2))
+            w = _q6k_tile(ql, qh, sc, d, H2, BLOCK_N)
+        else:
+            p = _acc_words(p2, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
+            w = _q4k_tile(p, p0, p1, rows, mask_n, step, NB, H2, BLOCK_N)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (step * 128 + offs_k)[None, :], mask=mask_m[:, None],
                     other=0.0)
-        acc = tl.dot(w, tl.trans(_in_mma_order(x, BLOCK_M)), acc)
+        acc = tl.dot(w, tl.trans(_in_mma_order(x, Q6, BLOCK_M)), acc)
     if HAS_BIAS:
         if s_begin == 0:
             acc += tl.load(bias_ptr + rows, mask=mask_n, other=0.0).to(tl.float32)[:, None]
@@ -191,6 +307,8 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
     """None if the kernel runs this weight on a device of these caps, else why not."""
     if st.name not in TYPES:
         return f"{st.name}: no MMA decoder (it takes {', '.join(TYPES)})"
+    if st.name == "q6_K" and st.n * st.blocks % 2:
+        return f"q6_K {[st.n, st.k]}: an odd number of blocks (its d plane is read as int32 words)"
     if st.dtype != torch.float16:
         return f"{str(st.dtype).removeprefix('torch.')} activations (the decode is packed fp16)"
     if caps.capability != CAPABILITY:
@@ -217,10 +335,11 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     splits, per = split_k(tiles, steps, caps.sm_count, waves, min_steps)
     y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
          else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
-    dm, sc, qs = (plane.view(torch.int32) for plane in st.planes)
-    _q4k_mma_kernel[(tiles, splits)](
-        x2, dm, sc, qs, bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps,
-        x2.stride(0), y.stride(0), BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None, ATOMIC=splits > 1,
+    q6 = st.name == "q6_K"
+    planes = [plane.reshape(-1).view(torch.int32) for plane in st.planes]    # Q6_K's d plane: n * blocks even
+    _ggml_mma_kernel[(tiles, splits)](
+        x2, *planes, *planes[:4 - len(planes)], bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps,
+        x2.stride(0), y.stride(0), Q6=q6, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None, ATOMIC=splits > 1,
         H2=x2.is_cuda if h2 is None else h2, num_warps=warps, num_stages=stages)
     return y.to(x2.dtype)
 

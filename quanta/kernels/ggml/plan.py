@@ -26,9 +26,15 @@ CUBLAS_MIN_M_BY_TYPE = {"q6_K": 17, "q3_K": 17, "iq4_nl": 2, "iq4_xs": 2}
 LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *CUBLAS_MIN_M_BY_TYPE.values())
 # The MMA path decodes each weight tile once per tile of rows, as the GEMM does, but in packed fp16 straight into
 # the tensor cores' register operand, with no trip through shared memory: faster than the GEMM at every M and than
-# dequantize + cuBLAS up to a few hundred rows, where the decode repeated for each tile of rows costs more than the
-# copy's one decode (Q4_K on the Llama-3-8B shapes on the H200).
+# dequantize + cuBLAS up to a hundred-odd rows, where the decode repeated for each tile of rows costs more than the
+# copy's one decode; Q6_K's decode (two planes a code) costs more, so its copy is faster from fewer rows.
 MMA_MAX_M = 128
+MMA_MAX_M_BY_TYPE = {"q6_K": 64}
+
+
+def mma_max_m(st: GgmlState) -> int:
+    """The most rows the MMA path takes for this weight (MMA_MAX_M's rule, by type)."""
+    return MMA_MAX_M_BY_TYPE.get(st.name, MMA_MAX_M)
 
 
 def cublas_min_m(st: GgmlState) -> int:
@@ -55,8 +61,8 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if m > MMA_MAX_M:
-        return f"M={m} > {MMA_MAX_M}"
+    if m > mma_max_m(st):
+        return f"M={m} > {mma_max_m(st)}"
     return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
 
 
@@ -80,7 +86,7 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 # The paths in order:
 #   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
-#   mma     M <= MMA_MAX_M, fp16 Q4_K on sm90: the code words decoded into wgmma's register operand
+#   mma     M <= mma_max_m(st), fp16 Q4_K / Q6_K on sm90: the code words decoded into wgmma's register operand
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
