@@ -81,7 +81,7 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("m,config", [(3, None), (16, (16, 16, 4, 1, 1e-3, 1)), (20, (16, 16, 2, 1, 64.0, 1))])
 def test_mma_matches_the_gguf_dequantization(name, m, config, monkeypatch):
     """The MMA kernel's K order (its x gather), scales and mins, by its float32 twin and by its PTX (the emulator
@@ -165,15 +165,15 @@ def test_apply_keeps_leading_dims_and_takes_no_rows():
 
 @pytest.mark.parametrize("name", K_QUANTS + BLOCK32)
 def test_held_at_the_files_bytes(name):
-    """The planes are the blocks' bytes permuted (Q4_K's 12 scale bytes a block repacked as 16): within 3% of the
-    file's, not a 16-bit copy; the memory plan counts what they hold."""
+    """The planes are the blocks' bytes permuted (Q4_K's and Q5_K's 12 scale bytes a block repacked as 16): within 3%
+    of the file's, not a 16-bit copy; the memory plan counts what they hold."""
     n, k = shape_of(name)
     w, _ = make_gguf(n, k, name)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     file_bytes = n * k // block * size
     assert w.nbytes == file_bytes
-    assert st.nbytes == (file_bytes * 148 // 144 if name == "Q4_K" else file_bytes)
+    assert st.nbytes == {"Q4_K": file_bytes * 148 // 144, "Q5_K": file_bytes * 180 // 176}.get(name, file_bytes)
     assert st.nbytes <= 1.03 * file_bytes
     if name in K_QUANTS or name == "IQ4_NL":         # the types the plan puts on these kernels
         lower = name.lower()
@@ -253,6 +253,7 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     for other, h2 in (("Q4_K", True), ("Q5_K", True), ("Q3_K", False)):
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
         assert (plan.choose(other_st, caps, 1).path.name == "gemv_h2") == h2, other
+        assert (plan.choose(other_st, caps, 16).path.name == "mma") == (other == "Q4_K"), other   # Q5_K: untimed
     assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
     assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_h2: not CUDA" in reason
@@ -302,7 +303,7 @@ def test_gpu_llama_shapes(name, n, k):
         before = torch.cuda.memory_allocated()
         st = ggml_gemm.prepare(w, torch.device("cuda"), dtype)
         torch.cuda.synchronize()
-        assert st.nbytes == (w.nbytes * 148 // 144 if name == "Q4_K" else w.nbytes)
+        assert st.nbytes == {"Q4_K": w.nbytes * 148 // 144, "Q5_K": w.nbytes * 180 // 176}.get(name, w.nbytes)
         assert torch.cuda.memory_allocated() - before <= st.nbytes + (1 << 20)
         for m in (1, 3, 16, 33, 300):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -311,7 +312,7 @@ def test_gpu_llama_shapes(name, n, k):
         for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1), ("cublas", 16)):   # paths at an M the plan gives another
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)
-        if name in ("Q4_K", "Q6_K") and dtype == torch.float16:     # the MMA kernel's configs, split over K or not
+        if name in ("Q4_K", "Q5_K", "Q6_K") and dtype == torch.float16:     # the MMA kernel's configs, split over K or not
             for m, config in ((2, None), (64, (16, 64, 4, 3, 4.0, 2)), (256, (128, 16, 8, 3, 1e-3, 1))):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 assert rel_err(mma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)

@@ -148,7 +148,7 @@ def _q3_k(hm_ptr, qs_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr)
 
 @triton.jit
 def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr, Q5: tl.constexpr):
-    """d, dmin, scales[12] (8 six-bit scales and mins, get_scale_min_k4; Q4_K's held as 16 bytes, scale and min of
+    """d, dmin, scales[12] (8 six-bit scales and mins, get_scale_min_k4; held as 16 bytes, scale and min of
     sub-block s at 2s and 2s + 1, layout.k4_scale_pairs), [qh[32] for Q5_K], qs 4-bit [128]:
     d*sc*q - dmin*m per 32 values. Axes (c 4, h 2, w 8, e 4): value 64c + 32h + 4w + e is nibble h of byte 32c + 4w
     + e of qs; Q5_K's fifth bit is bit 2c + h (the sub-block) of qh byte 4w + e."""
@@ -167,15 +167,7 @@ def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, NB, AP: tl.constexp
         unit = 16.0
     s = _a3(c * 2) + _b3(h)                                                       # the 32-value sub-block, 0..7
     m3 = _r3(mask_n)
-    if Q5:
-        base = _r3(blk * 12)
-        b0, b4 = _u8(sc_ptr, base + s, m3), _u8(sc_ptr, base + s + 4, m3)
-        bm = _u8(sc_ptr, base + s % 4, m3)                                        # byte s - 4 where s >= 4
-        first = s < 4
-        sc = tl.where(first, b0 & 63, (b4 & 0xF) | ((bm >> 6) << 4))
-        mn = tl.where(first, b4 & 63, (b4 >> 4) | ((b0 >> 6) << 4))
-    else:                                                                         # repacked: layout.k4_scale_pairs
-        sc, mn = _u8(sc_ptr, _r3(blk * 16) + s * 2, m3), _u8(sc_ptr, _r3(blk * 16) + s * 2 + 1, m3)
+    sc, mn = _u8(sc_ptr, _r3(blk * 16) + s * 2, m3), _u8(sc_ptr, _r3(blk * 16) + s * 2 + 1, m3)   # k4_scale_pairs
     d, dmin = _f16(dm_ptr, _r3(blk * 2), m3), _f16(dm_ptr, _r3(blk * 2 + 1), m3)
     return f, d * sc.to(tl.float32) * unit, dmin * mn.to(tl.float32)
 

@@ -319,7 +319,7 @@ def _q5k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qh_ptr, qs_ptr, bias_ptr, y_ptr, N, NB
                    stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                    PTX: tl.constexpr):
     """As _q4k_h2_kernel for Q5_K: qh_ptr a block's 32 qh bytes as eight int32, word i (the fifth bits of word i of
-    every chunk) loaded by each chunk's threads; sc_ptr its 12 scale bytes as six int16, decoded by _k5_scales."""
+    every chunk) loaded by each chunk's threads; sc_ptr its 16 repacked scale bytes as four int32, as Q4_K's."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -332,19 +332,17 @@ def _q5k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qh_ptr, qs_ptr, bias_ptr, y_ptr, N, NB
     acc_q, acc_m = tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32), tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32)
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    # chunk j's scale fields in the sums' layout [BLOCK_N, 4, 2] (read as contiguous along j they take one of their own)
-    sc_j = tl.max_contiguous(j, 1)[:, None] + tl.arange(0, 2)[None, :] * 0
-    sc_off = (offs_n * (NB * 6))[:, None, None] + sc_j[None, :, :]
+    sc_off = offs_n[:, None] * (NB * 4) + j[None, :]
     n_words = tl.load(qs_ptr + w_off + t_begin * 32, mask=m3 & (t_begin < t_end), other=0)
     n_qh = tl.load(qh_ptr + h_off + t_begin * 8, mask=m3 & (t_begin < t_end), other=0)
-    n_sx, n_sy, n_sz = _k5_scale_halves(sc_ptr + sc_off + t_begin * 6, m3 & (t_begin < t_end))
+    n_sc = tl.load(sc_ptr + sc_off + t_begin * 4, mask=mask_n[:, None] & (t_begin < t_end), other=0)
     n_dm = tl.load(dm_ptr + offs_n * NB + t_begin, mask=mask_n & (t_begin < t_end), other=0)
     for t in range(t_begin, t_end):
         words, qh, dm = n_words, n_qh, n_dm[:, None, None]
-        scales, mins = _k5_scales(n_sx.to(tl.int32), n_sy.to(tl.int32), n_sz.to(tl.int32), j)
+        sc = n_sc[:, :, None]
         n_words = tl.load(qs_ptr + w_off + (t + 1) * 32, mask=m3 & (t + 1 < t_end), other=0)
         n_qh = tl.load(qh_ptr + h_off + (t + 1) * 8, mask=m3 & (t + 1 < t_end), other=0)
-        n_sx, n_sy, n_sz = _k5_scale_halves(sc_ptr + sc_off + (t + 1) * 6, m3 & (t + 1 < t_end))
+        n_sc = tl.load(sc_ptr + sc_off + (t + 1) * 4, mask=mask_n[:, None] & (t + 1 < t_end), other=0)
         n_dm = tl.load(dm_ptr + offs_n * NB + t + 1, mask=mask_n & (t + 1 < t_end), other=0)
         w0, w1, w2, w3 = _split4(words, BLOCK_N, 4)
         h0, h1, h2, h3 = _split4(qh, BLOCK_N, 4)
@@ -354,29 +352,10 @@ def _q5k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qh_ptr, qs_ptr, bias_ptr, y_ptr, N, NB
         dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, (a0[0], a0[1], b0[0], b0[1]),
                                  (a1[0], a1[1], b1[0], b1[1]), (a2[0], a2[1], b2[0], b2[1]),
                                  (a3[0], a3[1], b3[0], b3[1]), PTX)
-        acc_q += _half(dm) * (dot_a * _u8_float(scales, 0) + dot_b * _u8_float(scales, 8))
-        acc_m += _half(dm >> 16) * (xs_a * _u8_float(mins, 0) + xs_b * _u8_float(mins, 8))
+        acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
+        acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
     y = tl.sum(tl.sum(acc_q * 16.0 - acc_m, axis=2), axis=1)
     store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _k5_scale_halves(at, mask):
-    """Halfwords j, j + 2 and j % 2 of a block's 12 scale bytes, at: halfword j [BLOCK_N, 4 (j), 2]."""
-    j = tl.arange(0, 4)[None, :, None]
-    return (tl.load(at, mask=mask, other=0), tl.load(at + 2, mask=mask, other=0),
-            tl.load(at - j + j % 2, mask=mask, other=0))
-
-
-@triton.jit
-def _k5_scales(x, y, z, j):
-    """get_scale_min_k4 of sub-blocks 2j, 2j + 1 (bytes 0, 1 of scales and of mins) from halfwords x = j, y = j + 2,
-    z = j % 2: s < 4 the low 6 bits of bytes s (z) and s + 4 (y); s >= 4 byte s + 4's nibbles (y) under the top 2
-    bits of bytes s - 4 (z) and s (x)."""
-    first = (j < 2)[None, :, None]
-    scales = (y & tl.where(first, 0, 0x0F0F)) | ((z >> tl.where(first, 0, 2)) & tl.where(first, 0x3F3F, 0x3030))
-    mins = ((y >> tl.where(first, 0, 4)) & tl.where(first, 0x3F3F, 0x0F0F)) | ((x >> 2) & tl.where(first, 0, 0x3030))
-    return scales, mins
 
 
 @triton.jit
@@ -487,8 +466,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     launch = Launch.of(x2, st, config or default_config(st, caps, x2.shape[0]), caps)
     if st.name == "q4_K":          # d and dmin as one int32, the 16 repacked scale bytes as four
         kernel, planes = _q4k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int32), st.planes[2])
-    elif st.name == "q5_K":        # the same, the 12 scale bytes as six int16, and the qh words
-        kernel, planes = _q5k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int16),
+    elif st.name == "q5_K":        # the same, and the qh words
+        kernel, planes = _q5k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int32),
                                           st.planes[2], st.planes[3])
     else:                          # the 16 int8 scales as four int32
         kernel, planes = _q6k_h2_kernel, (st.planes[0], st.planes[1], st.planes[2].view(torch.int32), st.planes[3])

@@ -4,7 +4,8 @@ A ggml row interleaves its fields block by block (Q6_K: 128 bytes of low bits, 6
 d, then the next block), so a field sits at a 210-byte stride that no wide load can follow. `prepare()` moves each
 field of every block into a plane of its own, row-major [N, blocks * field size]: the code planes become int32
 words that load 16 bytes at a time, coalesced along K, and the held bytes are the file's bytes, permuted; only
-Q4_K's 12 bytes of scales and mins are repacked, exactly, as 16 (k4_scale_pairs: one load a sub-block pair).
+Q4_K's and Q5_K's 12 bytes of scales and mins are repacked, exactly, as 16 (k4_scale_pairs: a scale and its min
+a byte each, so a kernel reads a sub-block pair's in one word instead of decoding get_scale_min_k4's packing).
 
 Each type's row of LAYOUTS gives its planes (the byte range of the field in a block and the dtype the kernels read
 it in, in the order the decoder takes them) and the axes its decoder (decode.py) spreads a tile of 256 values over.
@@ -64,7 +65,8 @@ LAYOUTS: dict[str, GgmlLayout] = {
                        center=1.5),
     "q4_K": GgmlLayout(12, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8, held=16), Plane(16, 128, I32)),
                        has_min=True),
-    "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8), Plane(16, 32, I32), Plane(48, 128, I32)),
+    "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8, held=16), Plane(16, 32, I32),
+                                          Plane(48, 128, I32)),
                        has_min=True),
     "q6_K": GgmlLayout(14, (4, 4, 4, 4), (Plane(0, 128, I32), Plane(128, 64, I32), Plane(192, 16, I8),
                                           Plane(208, 2, F16)), center=1.5),
@@ -106,7 +108,7 @@ class GgmlState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the planes (the file's bytes of the weight, Q4_K's scales repacked a little larger)."""
+        """Bytes held: the planes (the file's bytes of the weight, Q4_K's and Q5_K's scales repacked a little larger)."""
         return sum(p.numel() * p.element_size() for p in self.planes)
 
 

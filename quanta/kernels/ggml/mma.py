@@ -18,15 +18,29 @@ from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
-TYPES = ("q4_K", "q6_K")
+TYPES = ("q4_K", "q5_K", "q6_K")
 CAPABILITY = (9, 0)         # the register operand is Hopper's wgmma (as the affine MMA kernel's)
 STEP = 128                  # values of a row a K step: half a super-block (16 Q4_K code words, 16 + 8 Q6_K ones)
 
 
+# PTX of a pair of Q5_K codes (pack 2), H2_PAIR_F16's with the fifth bits: $3 $4 the qh words of the pair's
+# values, $7 the bit (2 chunk + HIGH) that holds theirs, moved to 16 (16 * 16 for a high nibble) and ORed in.
+def _q5k_pair_ptx(high: bool) -> tl.constexpr:
+    mask, shift = ("0x00F000F0", 8) if high else ("0x000F000F", 4)
+    return tl.constexpr(f"{{ .reg .b32 t, h; prmt.b32 t, $1, $2, $5; prmt.b32 h, $3, $4, $5; shr.u32 h, h, $7; "
+                        f"and.b32 h, h, 0x00010001; shl.b32 h, h, {shift}; lop3.b32 t, t, {mask}, 0x64006400, 0xEA; "
+                        "lop3.b32 t, t, h, 0, 0xFC; fma.rn.f16x2 t, t, $9, $10; fma.rn.f16x2 $0, t, $11, $12; }")
+
+
+_Q5K_LOW, _Q5K_HIGH = _q5k_pair_ptx(False), _q5k_pair_ptx(True)
+
+
 @triton.jit
-def _q4k_slice(p, t: tl.constexpr, HIGH: tl.constexpr, s, zb, H2: tl.constexpr, BN: tl.constexpr):
+def _q4k_slice(p, qh, bit, t: tl.constexpr, HIGH: tl.constexpr, s, zb, Q5: tl.constexpr, H2: tl.constexpr,
+               BN: tl.constexpr):
     """Weights [BN, 16] of MMA slice 4 HIGH + t (its 16 K columns) from the step's words p [BN, 8, 2] (word pairs
-    2q', 2q' + 1) and the pairs' (scale, zbias) s, zb [BN, 8, 2].
+    2q', 2q' + 1) and the pairs' (scale, zbias) s, zb [BN, 8, 2]; Q5_K's fifth bits from qh [BN, 8, 2] (the pair's
+    qh words 2 qb, 2 qb + 1), bit `bit` [BN, 8, 2] (2 chunk + HIGH) of the same bytes.
 
     Column 2q' + e of the slice is nibble HIGH of byte 2 (t % 2) + e of word 2q' + t // 2: Q4_K's word i of a chunk
     holds values 4i..4i+3 of one sub-block in its low nibbles and of the next in its high ones, so the slice's pair
@@ -40,31 +54,39 @@ def _q4k_slice(p, t: tl.constexpr, HIGH: tl.constexpr, s, zb, H2: tl.constexpr, 
         FACTOR: tl.constexpr = 0.0625 if HIGH else 1.0
         ADDEND: tl.constexpr = -64.0 if HIGH else -1024.0
         shape: tl.constexpr = (BN, 8, 2)
-        args = [p, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32),
-                tl.full(shape, FACTOR, tl.float32).to(tl.float16), tl.full(shape, ADDEND, tl.float32).to(tl.float16),
-                s, zb]
-        w = tl.inline_asm_elementwise(H2_PAIR_F16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16,
-                                      is_pure=True, pack=2)
+        factor = tl.full(shape, FACTOR, tl.float32).to(tl.float16)
+        addend = tl.full(shape, ADDEND, tl.float32).to(tl.float16)
+        if Q5:
+            args = [p, qh, tl.full(shape, SEL, tl.int32), bit, factor, addend, s, zb]
+            w = tl.inline_asm_elementwise(_Q5K_HIGH if HIGH else _Q5K_LOW, "=r" + ",r" * 12, args, dtype=tl.float16,
+                                          is_pure=True, pack=2)
+        else:
+            args = [p, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32), factor, addend, s, zb]
+            w = tl.inline_asm_elementwise(H2_PAIR_F16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16,
+                                          is_pure=True, pack=2)
     else:
         a, b = tl.split(p)
+        ha, hb = tl.split(qh)
         if t >= 2:
             word = b
+            hw = hb
         else:
             word = a
-        shift = (8 * (2 * (t % 2) + tl.arange(0, 2)) + 4 * HIGH)[None, None, :]
-        q = ((word[:, :, None] >> shift) & 15).to(tl.float32)
-        w = (q * s.to(tl.float32) + zb.to(tl.float32)).to(tl.float16)
+            hw = ha
+        at = (8 * (2 * (t % 2) + tl.arange(0, 2)))[None, None, :]
+        q = (word[:, :, None] >> (at + 4 * HIGH)) & 15
+        if Q5:
+            q += ((hw[:, :, None] >> (at + bit)) & 1) << 4
+        w = (q.to(tl.float32) * s.to(tl.float32) + zb.to(tl.float32)).to(tl.float16)
     return tl.reshape(w, (BN, 16))
 
 
 @triton.jit
-def _step_scales(dm_ptr, sc_ptr, rows, mask_n, step, NB):
-    """The (d, dmin) word [BN] of the step's super-block and its scale words 2 (step % 2), 2 (step % 2) + 1
-    (layout.k4_scale_pairs: sub-blocks 4h, 4h + 1, then 4h + 2, 4h + 3; byte 2s a scale, 2s + 1 a min)."""
-    blk = step // 2
-    at = sc_ptr + rows * (NB * 4) + blk * 4 + 2 * (step % 2)
-    return (tl.load(dm_ptr + rows * NB + blk, mask=mask_n, other=0), tl.load(at, mask=mask_n, other=0),
-            tl.load(at + 1, mask=mask_n, other=0))
+def _step_scales(sc_ptr, rows, mask_n, step, NB):
+    """The step's two scale words [BN] (layout.k4_scale_pairs: sub-blocks 4h, 4h + 1, then 4h + 2, 4h + 3; byte 2s
+    a scale, 2s + 1 its min)."""
+    at = sc_ptr + rows * (NB * 4) + (step // 2) * 4 + 2 * (step % 2)
+    return tl.load(at, mask=mask_n, other=0), tl.load(at + 1, mask=mask_n, other=0)
 
 
 # PTX of a sub-block's (scale, zbias) in fp16 from its scale word's pair of bytes (scale, min) selected by $4 and
@@ -115,19 +137,19 @@ def _in_mma_order(x, Q6: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _q4k_tile(p, dm_ptr, sc_ptr, rows, mask_n, step, NB, H2: tl.constexpr, BN: tl.constexpr):
-    """The step's Q4_K weight tile [BN, 128] in the MMA's column order."""
-    dm, first, second = _step_scales(dm_ptr, sc_ptr, rows, mask_n, step, NB)
+def _q4k_tile(p, qh, bits, dm, first, second, Q5: tl.constexpr, H2: tl.constexpr, BN: tl.constexpr):
+    """The step's Q4_K (Q5_K) weight tile [BN, 128] in the MMA's column order; dm, first, second: the block's
+    (d, dmin) word and the step's scale words (_step_scales); bits: Q5_K's fifth-bit index of the low nibbles."""
     s, zb = _pair_scales(dm, first, second, 0, H2, BN)
-    w0 = _q4k_slice(p, 0, 0, s, zb, H2, BN)
-    w1 = _q4k_slice(p, 1, 0, s, zb, H2, BN)
-    w2 = _q4k_slice(p, 2, 0, s, zb, H2, BN)
-    w3 = _q4k_slice(p, 3, 0, s, zb, H2, BN)
+    w0 = _q4k_slice(p, qh, bits, 0, 0, s, zb, Q5, H2, BN)
+    w1 = _q4k_slice(p, qh, bits, 1, 0, s, zb, Q5, H2, BN)
+    w2 = _q4k_slice(p, qh, bits, 2, 0, s, zb, Q5, H2, BN)
+    w3 = _q4k_slice(p, qh, bits, 3, 0, s, zb, Q5, H2, BN)
     s, zb = _pair_scales(dm, first, second, 1, H2, BN)
-    w4 = _q4k_slice(p, 0, 1, s, zb, H2, BN)
-    w5 = _q4k_slice(p, 1, 1, s, zb, H2, BN)
-    w6 = _q4k_slice(p, 2, 1, s, zb, H2, BN)
-    w7 = _q4k_slice(p, 3, 1, s, zb, H2, BN)
+    w4 = _q4k_slice(p, qh, bits + 1, 0, 1, s, zb, Q5, H2, BN)
+    w5 = _q4k_slice(p, qh, bits + 1, 1, 1, s, zb, Q5, H2, BN)
+    w6 = _q4k_slice(p, qh, bits + 1, 2, 1, s, zb, Q5, H2, BN)
+    w7 = _q4k_slice(p, qh, bits + 1, 3, 1, s, zb, Q5, H2, BN)
     return _joined(w0, w1, w2, w3, w4, w5, w6, w7)
 
 
@@ -238,10 +260,11 @@ def _acc_words(ptr, rows, at, mask_n, acc_layout, BN: tl.constexpr):
 @triton.jit(do_not_specialize=["steps_per_split"])
 def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per_split, num_steps,
                      stride_xm, stride_ym, Q6: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, H2: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, H2: tl.constexpr, Q5: tl.constexpr = False):
     """y[M, N] (+)= (W[BLOCK_N rows] @ x[BLOCK_M rows]ᵀ)ᵀ over the program's K steps; program (output tile, M
     fastest, split of K steps). Q4_K's planes p0..p2: (d, dmin) as one int32 a block, the scale pairs as int32
-    words, the code words. Q6_K's p0..p3: ql and qh words, the int8 scales and the fp16 d's as int32 words."""
+    words, the code words; Q5_K's p0..p3: the same (d, dmin) and scale words, the qh words, the code words.
+    Q6_K's p0..p3: ql and qh words, the int8 scales and the fp16 d's as int32 words."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -256,6 +279,9 @@ def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per
     acc_layout = tl.dot(tl.zeros((BLOCK_N, 16), dtype=tl.float16), tl.zeros((16, 16), dtype=tl.float16)).to(tl.int32)
     # Q6_K: whether each row's first d sits in the high half of its int32 word, in operand A's thread map
     d_odd = tl.reshape(((rows * NB) % 2)[:, None] + acc_layout, (BLOCK_N, 8, 2))
+    # Q5_K: the bit of a qh byte that holds a low nibble's fifth bit in the step's first half (2 chunk: pairs 4-7
+    # lie in the next chunk)
+    fifth = tl.broadcast_to(2 * (tl.arange(0, 8)[None, :, None] // 4), (BLOCK_N, 8, 2))
     for step in range(s_begin, s_end):
         cols = tl.arange(0, 16)
         if Q6:      # per column: its ql word, its pair's qh word, the step's scale word (4 scales) of its slice
@@ -268,8 +294,15 @@ def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per
                 16 * ((d_odd + blk) % 2))
             w = _q6k_tile(ql, qh, sc, d, H2, BLOCK_N)
         else:
-            p = _acc_words(p2, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
-            w = _q4k_tile(p, p0, p1, rows, mask_n, step, NB, H2, BLOCK_N)
+            dm = tl.load(p0 + rows * NB + step // 2, mask=mask_n, other=0)
+            first, second = _step_scales(p1, rows, mask_n, step, NB)
+            if Q5:      # the block's eight qh words, word i of a pair's (2 qb + e) for its columns
+                p = _acc_words(p3, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
+                qh = _acc_words(p2, rows * (NB * 8), (step // 2) * 8 + cols % 8, mask_n, acc_layout, BLOCK_N)
+            else:
+                p = _acc_words(p2, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
+                qh = p
+            w = _q4k_tile(p, qh, fifth + 4 * (step % 2), dm, first, second, Q5, H2, BLOCK_N)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (step * 128 + offs_k)[None, :], mask=mask_m[:, None],
                     other=0.0)
         acc = tl.dot(w, tl.trans(_in_mma_order(x, Q6, BLOCK_M)), acc)
@@ -335,11 +368,11 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     splits, per = split_k(tiles, steps, caps.sm_count, waves, min_steps)
     y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
          else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
-    q6 = st.name == "q6_K"
+    q6, q5 = st.name == "q6_K", st.name == "q5_K"
     planes = [plane.reshape(-1).view(torch.int32) for plane in st.planes]    # Q6_K's d plane: n * blocks even
     _ggml_mma_kernel[(tiles, splits)](
         x2, *planes, *planes[:4 - len(planes)], bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps,
-        x2.stride(0), y.stride(0), Q6=q6, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None, ATOMIC=splits > 1,
+        x2.stride(0), y.stride(0), Q6=q6, Q5=q5, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None, ATOMIC=splits > 1,
         H2=x2.is_cuda if h2 is None else h2, num_warps=warps, num_stages=stages)
     return y.to(x2.dtype)
 

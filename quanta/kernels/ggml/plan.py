@@ -30,6 +30,9 @@ LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *CUBLAS_MIN_M_BY_TYPE.values())
 # copy's one decode; Q6_K's decode (two planes a code) costs more, so its copy is faster from fewer rows.
 MMA_MAX_M = 128
 MMA_MAX_M_BY_TYPE = {"q6_K": 64}
+# The types the plan gives the MMA path: those measured against the GEMM and cuBLAS on a GPU (mma.TYPES also decodes
+# Q5_K, checked against gguf's dequantization in the interpreter and its PTX by the emulator, not yet timed).
+MMA_PLANNED = ("q4_K", "q6_K")
 
 
 def mma_max_m(st: GgmlState) -> int:
@@ -61,6 +64,8 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+    if st.name not in MMA_PLANNED:
+        return f"{st.name}: not planned on the MMA path (it takes {', '.join(MMA_PLANNED)})"
     if m > mma_max_m(st):
         return f"M={m} > {mma_max_m(st)}"
     return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
