@@ -65,20 +65,27 @@ def _q4k_slice(p, qh, bit, t: tl.constexpr, HIGH: tl.constexpr, s, zb, Q5: tl.co
             w = tl.inline_asm_elementwise(H2_PAIR_F16, "=r,r,r,r,r,r,r,r,r,r,r", args, dtype=tl.float16,
                                           is_pure=True, pack=2)
     else:
-        a, b = tl.split(p)
-        ha, hb = tl.split(qh)
-        if t >= 2:
-            word = b
-            hw = hb
-        else:
-            word = a
-            hw = ha
-        at = (8 * (2 * (t % 2) + tl.arange(0, 2)))[None, None, :]
+        word, hw, at = _slice_words(p, qh, t)
         q = (word[:, :, None] >> (at + 4 * HIGH)) & 15
         if Q5:
             q += ((hw[:, :, None] >> (at + bit)) & 1) << 4
         w = (q.to(tl.float32) * s.to(tl.float32) + zb.to(tl.float32)).to(tl.float16)
     return tl.reshape(w, (BN, 16))
+
+
+@triton.jit
+def _slice_words(p, qh, t: tl.constexpr):
+    """For the interpreter's decode of slice t: the word [BN, 8] of each pair of p and of qh ([BN, 8, 2]) that holds
+    the slice's two bytes (word t // 2), and those bytes' bit offsets [1, 1, 2]."""
+    a, b = tl.split(p)
+    ha, hb = tl.split(qh)
+    if t >= 2:
+        word = b
+        hw = hb
+    else:
+        word = a
+        hw = ha
+    return word, hw, (8 * (2 * (t % 2) + tl.arange(0, 2)))[None, None, :]
 
 
 @triton.jit
@@ -219,15 +226,7 @@ def _q6k_slice(ql, qh, t: tl.constexpr, HIGH: tl.constexpr, s, H2: tl.constexpr,
         w = tl.inline_asm_elementwise(_Q6K_HIGH if HIGH else _Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r", args,
                                       dtype=tl.float16, is_pure=True, pack=2)
     else:
-        la, lb = tl.split(ql)
-        ha, hb = tl.split(qh)
-        if t >= 2:
-            lw = lb
-            hw = hb
-        else:
-            lw = la
-            hw = ha
-        at = 8 * (2 * (t % 2) + tl.arange(0, 2))[None, None, :]
+        lw, hw, at = _slice_words(ql, qh, t)
         nib = (lw[:, :, None] >> (at + 4 * HIGH)) & 15
         top = (hw[:, :, None] >> (at + field)) & 3
         w = (((nib | (top << 4)) - 32).to(tl.float32) * s.to(tl.float32)).to(tl.float16)
