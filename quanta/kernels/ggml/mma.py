@@ -1,4 +1,4 @@
-"""The MMA path of the ggml kernels for Q4_K and Q6_K: the affine MMA kernel's register operand (affine/mma.py),
+"""The MMA path of the ggml kernels for Q4_K, Q5_K and Q6_K: the affine MMA kernel's register operand (affine/mma.py),
 decoded straight from ggml's own code planes, for the small and middle M between the GEMV and dequantize + cuBLAS.
 
 The product is computed transposed, yᵀ = W · xᵀ, so that the decoded weight is the MMA's A operand, read from
@@ -204,7 +204,10 @@ def _q6k_scales(sc, d, HIGH: tl.constexpr, H2: tl.constexpr, BN: tl.constexpr):
                                       dtype=tl.float16, is_pure=True, pack=2)
     else:
         first, last = tl.split(sc)
-        word = last if HIGH else first
+        if HIGH:
+            word = last
+        else:
+            word = first
         scale = ((word[:, :, None] >> shift) & 0xFF).to(tl.int8).to(tl.float32)
         dv = (d & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         s = (scale * dv).to(tl.float16)
