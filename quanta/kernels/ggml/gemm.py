@@ -13,7 +13,7 @@ import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import decode
-from quanta.kernels.ggml.layout import GgmlState, plane_args, type_constexprs
+from quanta.kernels.ggml.layout import GgmlState, plane_args, split_output, type_constexprs
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
 
@@ -116,8 +116,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     steps = st.tiles * parts
     tiles_out = cdiv(m, bm) * cdiv(st.n, bn)
     splits, per = split_k(tiles_out, steps, caps.sm_count, waves, 2 * parts)
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
-         else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
+    y = split_output(x2, st, splits)
     _ggml_gemm_kernel[(tiles_out, splits)](
         x2, *plane_args(st), st.lut if st.lut is not None else x2, bias if bias is not None else x2, y,
         m, st.n, st.k, st.blocks, per, steps, x2.stride(0), y.stride(0),

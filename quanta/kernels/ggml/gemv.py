@@ -13,7 +13,7 @@ import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import decode
-from quanta.kernels.ggml.layout import GgmlState, plane_args, type_constexprs
+from quanta.kernels.ggml.layout import GgmlState, plane_args, split_output, type_constexprs
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
 
@@ -131,7 +131,6 @@ class Launch(NamedTuple):
         bn, warps, waves, min_tiles = config
         m, column_blocks = x2.shape[0], cdiv(st.n, bn)
         splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
-        y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
-             else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
+        y = split_output(x2, st, splits)
         return cls((m, column_blocks, splits), per, y, bn, warps)
 

@@ -108,7 +108,7 @@ class GgmlState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the planes (the file's bytes of the weight, Q4_K's and Q5_K's scales repacked a little larger)."""
+        """Bytes held: the planes (the file's bytes of the weight; Q4_K's and Q5_K's scales repacked larger)."""
         return sum(p.numel() * p.element_size() for p in self.planes)
 
 
@@ -165,6 +165,14 @@ def k4_scale_pairs(packed: torch.Tensor) -> torch.Tensor:
 def held_block_bytes(layout: GgmlLayout) -> int:
     """Bytes the kernels hold per ggml block of this layout (the file's, plus any repack's growth)."""
     return sum(p.held_bytes for p in layout.planes)
+
+
+def split_output(x2: torch.Tensor, st: GgmlState, splits: int) -> torch.Tensor:
+    """y [M, N] for a launch over x2 [M, K]: float32 zeros where `splits` > 1 programs add partial sums into it (each
+    16-bit addition would round), else uninitialised in x2's dtype. The launchers return y.to(x2.dtype)."""
+    if splits > 1:
+        return torch.zeros(x2.shape[0], st.n, device=x2.device, dtype=torch.float32)
+    return torch.empty(x2.shape[0], st.n, device=x2.device, dtype=x2.dtype)
 
 
 def plane_args(st: GgmlState) -> tuple[torch.Tensor, ...]:

@@ -15,7 +15,7 @@ import torch
 
 from quanta.kernels.affine.layout import H2_PAIR_F16
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.layout import GgmlState
+from quanta.kernels.ggml.layout import GgmlState, plane_args, split_output
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
 TYPES = ("q4_K", "q5_K", "q6_K")
@@ -368,13 +368,11 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     steps = st.k // STEP
     tiles = cdiv(m, bm) * cdiv(st.n, bn)
     splits, per = split_k(tiles, steps, caps.sm_count, waves, min_steps)
-    y = (torch.zeros(m, st.n, device=x2.device, dtype=torch.float32) if splits > 1
-         else torch.empty(m, st.n, device=x2.device, dtype=x2.dtype))
-    q6, q5 = st.name == "q6_K", st.name == "q5_K"
-    planes = [plane.reshape(-1).view(torch.int32) for plane in st.planes]    # Q6_K's d plane: n * blocks even
+    y = split_output(x2, st, splits)
+    planes = [plane.reshape(-1).view(torch.int32) for plane in plane_args(st)]   # Q6_K's d plane: n * blocks even
     _ggml_mma_kernel[(tiles, splits)](
-        x2, *planes, *planes[:4 - len(planes)], bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps,
-        x2.stride(0), y.stride(0), Q6=q6, Q5=q5, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None, ATOMIC=splits > 1,
-        H2=x2.is_cuda if h2 is None else h2, num_warps=warps, num_stages=stages)
+        x2, *planes, bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps, x2.stride(0), y.stride(0),
+        Q6=st.name == "q6_K", Q5=st.name == "q5_K", BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None,
+        ATOMIC=splits > 1, H2=x2.is_cuda if h2 is None else h2, num_warps=warps, num_stages=stages)
     return y.to(x2.dtype)
 

@@ -5,6 +5,8 @@ choice is cached on the weight's state per M bucket (the GEMM and MMA configs' b
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from quanta.kernels.device_caps import DeviceCaps, device_caps
@@ -20,29 +22,40 @@ GEMV_MAX_M = 1
 # weight tile again for each tile of rows, in float32, and hands it to the tensor cores through shared memory: its
 # time grows with M from a few tiles of rows on, where the copy's decode is paid once at any M.
 CUBLAS_MIN_M = 65
-# Types whose GEMM decode costs more: Q6_K and Q3_K assemble each code from two planes, so the copy for cuBLAS is
-# as fast from a single tile of rows (17); IQ4's GEMM gathers its table per code, so from 2 rows.
-CUBLAS_MIN_M_BY_TYPE = {"q6_K": 17, "q3_K": 17, "iq4_nl": 2, "iq4_xs": 2}
-LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *CUBLAS_MIN_M_BY_TYPE.values())
-# The MMA path decodes each weight tile once per tile of rows, as the GEMM does, but in packed fp16 straight into
-# the tensor cores' register operand, with no trip through shared memory: faster than the GEMM at every M and than
-# dequantize + cuBLAS up to a hundred-odd rows, where the decode repeated for each tile of rows costs more than the
-# copy's one decode; Q6_K's decode (two planes a code) costs more, so its copy is faster from fewer rows.
-MMA_MAX_M = 128
-MMA_MAX_M_BY_TYPE = {"q6_K": 64}
-# The types the plan gives the MMA path: those measured against the GEMM and cuBLAS on a GPU (mma.TYPES also decodes
-# Q5_K, checked against gguf's dequantization in the interpreter and its PTX by the emulator, not yet timed).
-MMA_PLANNED = ("q4_K", "q6_K")
+
+
+class TypeRule(NamedTuple):
+    """A ggml type's M thresholds: dequantize + cuBLAS from `cublas_min_m` rows; the MMA path up to `mma_max_m`
+    (0: the plan does not give it the MMA path)."""
+    cublas_min_m: int = CUBLAS_MIN_M
+    mma_max_m: int = 0
+
+
+# One row per type that differs from the default, from the crossovers on the Llama-3-8B shapes on the H200.
+# - cuBLAS sooner: Q6_K and Q3_K assemble each code from two planes, so the copy for cuBLAS is as fast from a single
+#   tile of rows (17); IQ4's GEMM gathers its table per code, so from 2 rows.
+# - The MMA path decodes each weight tile once per tile of rows, as the GEMM does, but in packed fp16 straight into
+#   the tensor cores' register operand: faster than the GEMM at every M and than dequantize + cuBLAS up to a
+#   hundred-odd rows (Q4_K), where the decode repeated for each tile of rows costs more than the copy's one decode;
+#   Q6_K's decode (two planes a code) costs more, so its copy wins from fewer rows. Q5_K's MMA decode is checked
+#   against gguf's dequantization in the interpreter and by the PTX emulator but not yet timed: not planned.
+RULES = {"q4_K": TypeRule(mma_max_m=128), "q6_K": TypeRule(17, mma_max_m=64), "q3_K": TypeRule(17),
+         "iq4_nl": TypeRule(2), "iq4_xs": TypeRule(2)}
+LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *(r.cublas_min_m for r in RULES.values()))
+
+
+def _rule(st: GgmlState) -> TypeRule:
+    return RULES.get(st.name, TypeRule())
 
 
 def mma_max_m(st: GgmlState) -> int:
-    """The most rows the MMA path takes for this weight (MMA_MAX_M's rule, by type)."""
-    return MMA_MAX_M_BY_TYPE.get(st.name, MMA_MAX_M)
+    """The most rows the plan gives the MMA path for this weight (0: none)."""
+    return _rule(st).mma_max_m
 
 
 def cublas_min_m(st: GgmlState) -> int:
-    """The fewest rows from which the weight is dequantized for cuBLAS (CUBLAS_MIN_M's rule, by type)."""
-    return CUBLAS_MIN_M_BY_TYPE.get(st.name, CUBLAS_MIN_M)
+    """The fewest rows from which the weight is dequantized for cuBLAS."""
+    return _rule(st).cublas_min_m
 
 
 def _gemv_h2_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -64,8 +77,8 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if st.name not in MMA_PLANNED:
-        return f"{st.name}: not planned on the MMA path (it takes {', '.join(MMA_PLANNED)})"
+    if not mma_max_m(st):
+        return f"{st.name}: not planned on the MMA path"
     if m > mma_max_m(st):
         return f"M={m} > {mma_max_m(st)}"
     return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
@@ -103,8 +116,9 @@ PATHS: tuple[Path, ...] = (
 )
 
 
-# the tops of the GEMM's and the MMA kernel's config buckets (the last MMA bucket is open), and the MMA path's end
-BUCKET_TOPS = sorted({top for top, _ in gemm.GEMM_CONFIGS} | {top for top, _ in mma.MMA_CONFIGS[:-1]} | {MMA_MAX_M})
+# the tops of the GEMM's and the MMA kernel's config buckets (the last MMA bucket is open), and the MMA path's ends
+BUCKET_TOPS = sorted({top for top, _ in gemm.GEMM_CONFIGS} | {top for top, _ in mma.MMA_CONFIGS[:-1]}
+                     | {r.mma_max_m for r in RULES.values() if r.mma_max_m})
 
 
 def bucket_edge(m: int) -> int:
