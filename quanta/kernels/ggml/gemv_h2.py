@@ -439,23 +439,23 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
     return None
 
 
-# The GEMV streams the weight only with enough loads in flight: for Q4_K many programs of two warps, with more rows
-# a program where the weight is large (gate/up, down) than where it is small (q/k/v, o), as the H200 sweep of
-# benchmarks/ggml_gemm.py --sweep found; Q6_K ran best with 32 rows in four warps.
+# The GEMV streams the weight only with enough loads in flight: many programs of two warps, with more rows a program
+# where the weight is large (gate/up, down) than where it is small (q/k/v, o), as the H200 sweeps of
+# benchmarks/ggml_gemm.py --sweep found for Q4_K and Q5_K; Q6_K ran best with 32 rows in four warps.
 Q4K_LARGE = GemvConfig(block_n=128, warps=2, waves=8.0, min_tiles=1)
 Q4K_SMALL = GemvConfig(block_n=64, warps=2, waves=8.0, min_tiles=2)
+Q5K_LARGE = GemvConfig(block_n=128, warps=2, waves=16.0, min_tiles=1)
 Q6K = GemvConfig(block_n=32, warps=4, waves=4.0, min_tiles=2)
-# Q5_K runs Q4_K's loop with a qh word and three scale fields beside each code word, which Q4_K's rows a thread would
-# spill: half of Q4K_SMALL's rows a thread, still enough to share the activations' conversion (not swept on a GPU).
-Q5K = GemvConfig(block_n=64, warps=4, waves=4.0, min_tiles=2)
-LARGE_WEIGHT = 1 << 25          # values (N * K) from which a Q4_K weight takes Q4K_LARGE
+LARGE_WEIGHT = 1 << 25          # values (N * K) from which a Q4_K or Q5_K weight takes its large config
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
-    if st.name != "q4_K":
-        return Q6K if st.name == "q6_K" else Q5K
-    return Q4K_LARGE if st.n * st.k >= LARGE_WEIGHT else Q4K_SMALL
+    if st.name == "q6_K":
+        return Q6K
+    if st.n * st.k < LARGE_WEIGHT:
+        return Q4K_SMALL
+    return Q4K_LARGE if st.name == "q4_K" else Q5K_LARGE
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,

@@ -37,10 +37,10 @@ class TypeRule(NamedTuple):
 # - The MMA path decodes each weight tile once per tile of rows, as the GEMM does, but in packed fp16 straight into
 #   the tensor cores' register operand: faster than the GEMM at every M and than dequantize + cuBLAS up to a
 #   hundred-odd rows (Q4_K), where the decode repeated for each tile of rows costs more than the copy's one decode;
-#   Q6_K's decode (two planes a code) costs more, so its copy wins from fewer rows. Q5_K's MMA decode is checked
-#   against gguf's dequantization in the interpreter and by the PTX emulator but not yet timed: not planned.
-RULES = {"q4_K": TypeRule(mma_max_m=128), "q6_K": TypeRule(17, mma_max_m=64), "q3_K": TypeRule(17),
-         "iq4_nl": TypeRule(2), "iq4_xs": TypeRule(2)}
+#   Q6_K's decode (two planes a code) costs more, so its copy wins from fewer rows; Q5_K's (Q4_K's and a fifth bit)
+#   still beats the copy to 128 rows.
+RULES = {"q4_K": TypeRule(mma_max_m=128), "q5_K": TypeRule(mma_max_m=128), "q6_K": TypeRule(17, mma_max_m=64),
+         "q3_K": TypeRule(17), "iq4_nl": TypeRule(2), "iq4_xs": TypeRule(2)}
 LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *(r.cublas_min_m for r in RULES.values()))
 
 
