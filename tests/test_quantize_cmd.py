@@ -174,6 +174,10 @@ BAD = [
     ("fp8", dict(format="awq"), ConfigError, "this method writes compressed-tensors"),
     ("rtn", dict(act_order=True), ConfigError, "act_order is a GPTQ option"),
     ("nf4", dict(bits=3), ConfigError, "bit width is fixed"),
+    ("awq", dict(group_size=32, device="tpu"), ConfigError, "device must be auto, cpu or cuda[:N], got 'tpu'"),
+    ("rtn", dict(group_size=32, device="mps"), ConfigError, "device must be auto, cpu or cuda[:N], got 'mps'"),
+    ("gptq", dict(group_size=32, device="cuda:63"), ConfigError, "device 'cuda:63' is not available"),
+    ("gguf", dict(type="Q8_0", device="cuda"), ConfigError, "--method gguf runs on the CPU"),
 ]
 
 

@@ -155,3 +155,27 @@ def test_bad_schemes_fail_before_any_work(tiny, monkeypatch):
         QuantSpec("hqq")
     with pytest.raises(ConfigError, match="blocksize"):
         QuantSpec("nf4", blocksize=100)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_every_method_on_the_gpu_gives_the_cpu_runs_quality(tiny):
+    """The run on the GPU (a layer and the calibration activations there) streams the same tensors, every one back
+    on the CPU, as close to the float model on held-out text; the methods without a search within float rounding of
+    the CPU run's weights (AWQ's and GPTQ's searches may take other steps on other rounding)."""
+    path, model, calib, held_out, ref = tiny
+    for spec in (QuantSpec("awq", bits=4, group_size=32), QuantSpec("rtn", bits=4, group_size=32),
+                 QuantSpec("gptq", bits=4, group_size=32, symmetric=False, act_order=True),
+                 QuantSpec("fp8", fp8_activation="static", kv_cache_scales=True), QuantSpec("nf4")):
+        data = calib if spec.needs_calibration else None
+        cpu = list(quantize_checkpoint(load(path), spec, data, quiet=True, device="cpu"))
+        run = quantize_checkpoint(load(path), spec, data, quiet=True, device="cuda")
+        gpu = list(run)
+        assert [n for n, _ in gpu] == [n for n, _ in cpu], spec.method
+        for (name, a), (_, b) in zip(cpu, gpu):
+            assert type(a) is type(b) and b.device.type == "cpu", (spec.method, name, b.device)
+            fa, fb = (t.dequantize() if isinstance(t, QTensor) else t.float() for t in (a, b))
+            assert spec.needs_calibration or (fa - fb).norm() <= 1e-3 * fa.norm(), (spec.method, name)
+        cpu_logits, gpu_logits = _errors(model, cpu, held_out, ref)[1], _errors(model, gpu, held_out, ref)[1]
+        assert gpu_logits <= 1.25 * cpu_logits + 1e-3, (spec.method, gpu_logits, cpu_logits)
+        assert all(s.device.type == "cpu" for s in run.kv_cache_scales.values())

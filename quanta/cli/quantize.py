@@ -27,7 +27,7 @@ def cmd_quantize(args) -> None:
         summary = quantize(model, args.out, args.method, bits=args.bits, group_size=args.group_size,
                            symmetric=args.symmetric, act_order=args.act_order, type=args.type, format=args.format,
                            calibration=args.calibration, n_samples=args.samples, seqlen=args.seqlen,
-                           imatrix=args.imatrix, scheme=args.scheme, overwrite=args.overwrite,
+                           imatrix=args.imatrix, scheme=args.scheme, device=args.device, overwrite=args.overwrite,
                            quiet=args.quiet or args.json)
     print(summary.to_json() if args.json else summary.table(worst=args.worst))
 
@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "(default: ../shared/data/wikitext-2-raw-test.txt)")
     p.add_argument("--samples", type=int, help=f"calibration windows (default {DEFAULT_SAMPLES})")
     p.add_argument("--seqlen", type=int, help=f"tokens per calibration window (default {DEFAULT_SEQLEN})")
+    p.add_argument("--device", default="auto", help="where rtn/awq/gptq/fp8/nf4 run, a layer at a time: auto (the GPU "
+                                                     "when there is one), cpu or cuda[:N]; gguf runs on the CPU")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--worst", type=int, default=5, help="layers listed in the summary (default 5)")
     p.add_argument("--json", action="store_true", help="the summary as JSON, every layer's error included")

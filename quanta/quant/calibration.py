@@ -74,28 +74,30 @@ def hf_config(cfg):
 
 
 class LayerRunner:
-    """Builds and runs one decoder layer at a time in float32 on CPU.
+    """Builds and runs one decoder layer at a time in float32, on `device` (the CPU by default).
 
     The layer is transformers' own decoder layer class for the architecture (LlamaDecoderLayer,
     Qwen2DecoderLayer, ...), built from the checkpoint's ModelConfig, so the math is the reference's.
     Only one layer's weights exist in float32 at a time; samples run in chunks of `chunk` sequences
     under an explicit causal (and sliding-window) mask."""
 
-    def __init__(self, cfg, chunk: int = 8):
+    def __init__(self, cfg, chunk: int = 8, device: torch.device | str = "cpu"):
         if cfg.model_type not in LAYER_CLASSES:
             raise UnsupportedError(f"calibration: no decoder layer for model_type {cfg.model_type!r} "
                                    f"(supported: {', '.join(LAYER_CLASSES)})")
-        self.cfg, self.chunk = cfg, chunk
+        self.cfg, self.chunk, self.device = cfg, chunk, torch.device(device)
         self.hf = hf_config(cfg)
         prefix = LAYER_CLASSES[cfg.model_type]
         module = importlib.import_module(f"transformers.models.{cfg.model_type}.modeling_{cfg.model_type}")
         self.layer_class = getattr(module, f"{prefix}DecoderLayer")
-        self.rotary = getattr(module, f"{prefix}RotaryEmbedding")(config=self.hf)
+        self.rotary = getattr(module, f"{prefix}RotaryEmbedding")(config=self.hf).to(self.device)
         self._pos: dict[int, tuple] = {}
 
     def build(self, index: int, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-        """Layer `index` holding `weights` (names relative to the layer, float32); strict about names."""
-        layer = self.layer_class(self.hf, index).float().eval()
+        """Layer `index` holding `weights` (names relative to the layer, float32) on the runner's device; strict
+        about names."""
+        with torch.device(self.device):
+            layer = self.layer_class(self.hf, index).float().eval()
         missing, unexpected = layer.load_state_dict(weights, strict=False)
         if missing or unexpected:
             raise ConfigError(f"layer {index}: checkpoint tensors do not fit a {self.layer_class.__name__}: "
@@ -104,13 +106,13 @@ class LayerRunner:
 
     def _position(self, seqlen: int, like: torch.Tensor):
         if seqlen not in self._pos:
-            pos = torch.arange(seqlen).unsqueeze(0)
+            pos = torch.arange(seqlen, device=like.device).unsqueeze(0)
             cos, sin = self.rotary(like[:1, :seqlen].float(), pos)
-            i = torch.arange(seqlen)
+            i = torch.arange(seqlen, device=like.device)
             visible = i.view(1, -1) <= i.view(-1, 1)
             if self.cfg.sliding_window:
                 visible &= i.view(1, -1) > i.view(-1, 1) - self.cfg.sliding_window
-            mask = torch.zeros(seqlen, seqlen).masked_fill(~visible, float("-inf")).view(1, 1, seqlen, seqlen)
+            mask = torch.zeros(seqlen, seqlen, device=like.device).masked_fill(~visible, float("-inf")).view(1, 1, seqlen, seqlen)
             self._pos[seqlen] = ((cos, sin), mask, pos)
         return self._pos[seqlen]
 

@@ -67,7 +67,7 @@ def lut_code(scaled: torch.Tensor, table: torch.Tensor, lut_size: int = 65536) -
     """bitsandbytes' CPU 8-bit quantizer: the nearest entry of a sorted 256-entry `table`, looked up in a
     table of `lut_size` bins over [-1, 1] (each bin takes the entry nearest its left edge)."""
     midpoints = 0.5 * (table[:-1] + table[1:])
-    grid = -1.0 + (2.0 * torch.arange(lut_size, dtype=torch.float32)) / (lut_size - 1)
+    grid = -1.0 + (2.0 * torch.arange(lut_size, dtype=torch.float32, device=table.device)) / (lut_size - 1)
     lut = torch.searchsorted(midpoints, grid, side="left")
     index = ((scaled.clamp(-1.0, 1.0) + 1.0) * 0.5 * (lut_size - 1) + 0.5).to(torch.int64)
     return lut[index].to(torch.uint8)
@@ -75,8 +75,8 @@ def lut_code(scaled: torch.Tensor, table: torch.Tensor, lut_size: int = 65536) -
 
 def quantize_blockwise_8bit(values: torch.Tensor, blocksize: int = NESTED_BLOCKSIZE):
     """bitsandbytes `quantize_blockwise` (CPU backend) with the dynamic map: (codes uint8, absmax, map)."""
-    table = dynamic_map()
     flat = values.reshape(-1).float()
+    table = dynamic_map().to(flat.device)
     n = flat.numel()
     padded = torch.nn.functional.pad(flat, (0, -n % blocksize)).reshape(-1, blocksize)
     absmax = padded.abs().amax(dim=1)
@@ -105,7 +105,7 @@ def quantize_4bit(w: torch.Tensor, quant_type: str = "nf4", blocksize: int = 64,
         raise ConfigError(f"{name}: blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
     if w.dim() != 2 or not w.is_floating_point():
         raise ConfigError(f"{name}: 4-bit quantization needs a 2-D float weight, got {w.dtype} {list(w.shape)}")
-    table = torch.tensor(TABLES[quant_type], dtype=torch.float32)
+    table = torch.tensor(TABLES[quant_type], dtype=torch.float32, device=w.device)
     n, k = w.shape
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     absmax = torch.empty(-(-n * k // blocksize), dtype=torch.float32, device=w.device)

@@ -25,8 +25,8 @@ from quanta.quant.rtn import check_scheme, gptq_params, quantize_codes
 class Hessian:
     """The running GPTQ Hessian H = 2/n Σ x xᵀ of one linear's inputs (n counts sequences, as GPTQ does)."""
 
-    def __init__(self, columns: int):
-        self.H = torch.zeros(columns, columns, dtype=torch.float32)
+    def __init__(self, columns: int, device: torch.device | str = "cpu"):
+        self.H = torch.zeros(columns, columns, dtype=torch.float32, device=device)
         self.nsamples = 0
 
     def add_batch(self, x: torch.Tensor) -> None:
@@ -92,7 +92,7 @@ def one_thread():
 
 def _inverse_factor(H: torch.Tensor, damp: float, name: str) -> torch.Tensor:
     """The upper Cholesky factor of (H + damp·mean(diag H)·I)⁻¹ (H is modified in place)."""
-    diag = torch.arange(H.shape[0])
+    diag = torch.arange(H.shape[0], device=H.device)
     H[diag, diag] += damp * torch.mean(torch.diag(H))
     L, info = torch.linalg.cholesky_ex(H)
     if info != 0:
@@ -146,7 +146,7 @@ def _gptq(w: torch.Tensor, hessian: Hessian, grid: Grid, group: int, act_order: 
     static = []
     if grouped and static_groups:
         static = [grid.params(W[:, i:i + group]) for i in range(0, k, group)]
-    perm = torch.arange(k)
+    perm = torch.arange(k, device=W.device)
     if act_order:
         perm = torch.argsort(torch.diag(H), descending=True)
         W, H = W[:, perm], H[perm][:, perm]

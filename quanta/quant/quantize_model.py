@@ -135,11 +135,15 @@ class QuantizeRun:
 
     rtn, nf4 and weight-only fp8 never run the model. The others run it in float32 one decoder layer at a time
     (quant/calibration.py), quantize that layer's linears, and feed the quantized layer's output to the next.
+    The work runs on `device`: one layer's weights and the calibration activations live there, and every result
+    comes back to the CPU as it is yielded.
     Embeddings, norms and lm_head stay in full precision (lm_head is quantized with the same scheme when
     `quantize_lm_head`, by RTN for AWQ)."""
 
-    def __init__(self, ckpt, spec: QuantSpec, calibration: CalibrationData | None, quiet: bool):
+    def __init__(self, ckpt, spec: QuantSpec, calibration: CalibrationData | None, quiet: bool,
+                 device: torch.device | str = "cpu"):
         self.ckpt, self.spec, self.calibration, self.quiet = ckpt, spec, calibration, quiet
+        self.device = torch.device(device)
         self.report: list[ReportRow] = []
         self.kv_cache_scales: dict[str, torch.Tensor] = {}
         cfg = ckpt.config
@@ -162,9 +166,15 @@ class QuantizeRun:
         self.targets = set(shapes)
         self.names = sorted(names, key=model_order)
 
-    def _report(self, name: str, q, w: torch.Tensor, out_err: float | None) -> None:
+    def _report(self, name: str, q, w: torch.Tensor, out_err: float | None):
+        """Record q's errors against w (both on the run's device); q moved to the CPU, to be yielded."""
         werr = float((q.dequantize() - w).norm() / w.norm().clamp(min=1e-12))
         self.report.append(ReportRow(name, q.describe(), werr, out_err))
+        return q.to("cpu")
+
+    def _weight(self, t) -> torch.Tensor:
+        """A checkpoint tensor as float32 on the run's device."""
+        return as_float(t.to(self.device) if isinstance(t, QTensor) else t).to(self.device)
 
     def _weight_only(self, name: str, w: torch.Tensor):
         spec = self.spec
@@ -182,31 +192,29 @@ class QuantizeRun:
             for name in tqdm(self.names, desc=f"quantize {self.spec.method}", disable=self.quiet):
                 t = tensors[name]
                 if name in self.targets:
-                    w = as_float(t)
-                    q = self._weight_only(name, w)
-                    self._report(name, q, w, None)
-                    yield name, q
+                    w = self._weight(t)
+                    yield name, self._report(name, self._weight_only(name, w), w, None)
                 else:
                     yield name, self._passthrough(t)
             return
         yield from self._calibrated(tensors)
 
     def _passthrough(self, t):
-        return t.dequantize(self.ckpt.config.torch_dtype) if isinstance(t, QTensor) else t
+        return (t.dequantize(self.ckpt.config.torch_dtype) if isinstance(t, QTensor) else t).to("cpu")
 
     def _calibrated(self, tensors):
         from tqdm import tqdm
 
         cfg, spec = self.ckpt.config, self.spec
-        runner = LayerRunner(cfg)
+        runner = LayerRunner(cfg, device=self.device)
         by_layer = names_by_layer(self.names)
         embed = tensors["model.embed_tokens.weight"]
-        x = as_float(embed)[self.calibration.tokens]
+        x = as_float(embed)[self.calibration.tokens].to(self.device)
         yield "model.embed_tokens.weight", self._passthrough(embed)
         for i in tqdm(range(cfg.num_hidden_layers), desc=f"quantize {spec.method}", disable=self.quiet):
             names = by_layer.get(i, [])
             originals = {n: tensors[n] for n in names}
-            weights = {LAYER_NAME.fullmatch(n).group(2): as_float(t) for n, t in originals.items()}
+            weights = {LAYER_NAME.fullmatch(n).group(2): self._weight(t) for n, t in originals.items()}
             layer = runner.build(i, weights)
             method = {"awq": awq_layer, "gptq": gptq_layer, "fp8": fp8_layer}[spec.method]
             quantized, float_out, errors, *extra = method(runner, layer, x, spec)
@@ -221,10 +229,9 @@ class QuantizeRun:
                 rel = LAYER_NAME.fullmatch(n).group(2)
                 linear = rel.removesuffix(".weight")
                 if linear in quantized and rel.endswith(".weight"):
-                    self._report(n, quantized[linear], weights[rel], errors.get(linear))
-                    yield n, quantized[linear]
+                    yield n, self._report(n, quantized[linear], weights[rel], errors.get(linear))
                 elif rel in state and not torch.equal(state[rel], weights[rel]):     # AWQ-folded norm / bias
-                    yield n, state[rel].to(originals[n].dtype if isinstance(originals[n], torch.Tensor)
+                    yield n, state[rel].to("cpu", originals[n].dtype if isinstance(originals[n], torch.Tensor)
                                            else cfg.torch_dtype)
                 else:
                     yield n, self._passthrough(originals[n])
@@ -240,11 +247,11 @@ class QuantizeRun:
 
     def _lm_head(self, tensors, name: str, x: torch.Tensor):
         """lm_head quantized with the spec; GPTQ and static FP8 see the final-norm hidden states."""
-        spec, w = self.spec, as_float(tensors[name])
-        norm = as_float(tensors["model.norm.weight"])
+        spec, w = self.spec, self._weight(tensors[name])
+        norm = self._weight(tensors["model.norm.weight"])
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.ckpt.config.rms_norm_eps) * norm
         if spec.method == "gptq":
-            hess = Hessian(w.shape[1])
+            hess = Hessian(w.shape[1], h.device)
             for c in range(0, h.shape[0], 8):
                 hess.add_batch(h[c:c + 8])
             q = gptq_weight(w, hess, spec, name)
@@ -253,15 +260,32 @@ class QuantizeRun:
             q = fp8_weight(w, spec.fp8_strategy, static, name=name)
         else:
             q = rtn_affine(w, spec.bits, spec.group_size, spec.symmetric, convention="awq", name=name)
-        self._report(name, q, w, None)
-        return q
+        return self._report(name, q, w, None)
 
 
 def quantize_checkpoint(ckpt, spec: QuantSpec, calibration: CalibrationData | None = None,
-                        quiet: bool = False) -> QuantizeRun:
+                        quiet: bool = False, device: torch.device | str | None = None) -> QuantizeRun:
     """Check `spec` against `ckpt` now and return the run to iterate: every option and every linear's shape is
-    checked before any work (ConfigError / UnsupportedError naming tensor and value)."""
-    return QuantizeRun(ckpt, spec, calibration, quiet)
+    checked before any work (ConfigError / UnsupportedError naming tensor and value). `device`: where the
+    layers are quantized (quantize_device: None takes the GPU when there is one)."""
+    return QuantizeRun(ckpt, spec, calibration, quiet, quantize_device(device))
 
 
-__all__ = ["QuantSpec", "QuantizeRun", "ReportRow", "quantize_checkpoint", "LINEARS"]
+def quantize_device(device: torch.device | str | None) -> torch.device:
+    """The device to quantize on: None or "auto" the first CUDA GPU where there is one, else the CPU; a named
+    device checked now (ConfigError for a GPU that is not there)."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"quantize: device must be auto, cpu or cuda[:N], got {device!r}") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"quantize: device must be auto, cpu or cuda[:N], got {str(device)!r}")
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"quantize: device {str(device)!r} is not available "
+                          f"({torch.cuda.device_count()} CUDA devices here)")
+    return device
+
+
+__all__ = ["QuantSpec", "QuantizeRun", "ReportRow", "quantize_checkpoint", "quantize_device", "LINEARS"]

@@ -26,7 +26,8 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
              group_size: int | None = None, symmetric: bool | None = None, act_order: bool | None = None,
              type: str | None = None, format: str | None = None, calibration: str | Path | None = None,
              n_samples: int | None = None, seqlen: int | None = None, imatrix: bool = False,
-             scheme: str | None = None, overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
+             scheme: str | None = None, device: str | None = None, overwrite: bool = False,
+             quiet: bool = False) -> QuantizeSummary:
     """Quantize checkpoint `model` with `method` (rtn, awq, gptq, fp8, nf4, gguf) into `out`.
 
     bits / group_size / symmetric / act_order: the integer scheme (rtn, awq, gptq; defaults 4, 128,
@@ -35,13 +36,16 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     fp8 writes it; act-order unless act_order=False; no bits / group_size / symmetric). type: the GGUF
     type or mix (Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M). format: the output layout (default per method, see
     quantize/options.py). calibration: a UTF-8 text file for awq, gptq and gguf with `imatrix` (default
-    WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512).
+    WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512). device: where rtn, awq,
+    gptq, fp8 and nf4 run, one layer and the calibration activations at a time ("auto", the default: the GPU
+    when there is one; "cpu"; "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
     """
     start = time.perf_counter()
     opts = QuantizeOptions.resolve(method, bits=bits, group_size=group_size, symmetric=symmetric,
                                    act_order=act_order, type=type, format=format, calibration=calibration,
                                    n_samples=n_samples, seqlen=seqlen, imatrix=imatrix, scheme=scheme)
+    where = _device(opts, device)
     out = _destination(out, opts, overwrite)
     from quanta.loaders import load
     from quanta.toolkit.quantize.format_check import check_model, writer_options
@@ -62,7 +66,7 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     else:
         from quanta.loaders import write
         from quanta.quant.quantize_model import quantize_checkpoint
-        run = quantize_checkpoint(ckpt, opts.spec(), data, quiet=quiet)
+        run = quantize_checkpoint(ckpt, opts.spec(), data, quiet=quiet, device=where)
         write(out, ckpt, opts.format, run, overwrite=overwrite, **writer_options(opts))
     return summarize(out, opts, ckpt, run.report, time.perf_counter() - start)
 
@@ -73,6 +77,17 @@ def _tokenizer_unused(model: str | Path, opts: QuantizeOptions) -> bool:
     template from the source file's metadata."""
     from quanta.loaders.detection import detect
     return opts.method == "gguf" and opts.calibration is None and detect(model) == "gguf"
+
+
+def _device(opts: QuantizeOptions, device: str | None):
+    """The device the run quantizes on, checked before any work (None for gguf, which runs on the CPU)."""
+    if opts.method == "gguf":
+        if device not in (None, "auto", "cpu"):
+            raise ConfigError(f"quantize --method gguf runs on the CPU (llama.cpp's arithmetic, byte for byte); "
+                              f"--device {device} applies to rtn, awq, gptq, fp8 and nf4")
+        return None
+    from quanta.quant.quantize_model import quantize_device
+    return quantize_device(device)
 
 
 def _destination(out: str | Path, opts: QuantizeOptions, overwrite: bool) -> Path:
