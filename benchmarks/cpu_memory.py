@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_io import emit  # noqa: E402
+from bench_io import emit, leave_path  # noqa: E402
+
+leave_path()
 
 
 def file_bytes(path: str) -> int:

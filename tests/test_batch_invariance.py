@@ -68,7 +68,8 @@ def test_refine_top_gives_float32_logits_at_the_top(dtype):
     assert torch.equal(_rows_alone(refined, x), got)
 
 
-@pytest.mark.parametrize("kernel,bits,group", [(cpu_int4, 4, 32), (cpu_int8, 8, -1)], ids=["int4", "int8"])
+@pytest.mark.parametrize("kernel,bits,group", [(cpu_int4, 4, 32), (cpu_int8, 8, -1), (cpu_int8, 8, 32)],
+                         ids=["int4", "int8", "int8-g32"])
 def test_cpu_integer_gemms_rows_do_not_depend_on_the_batch(kernel, bits, group):
     """torch's packed int4 / int8 CPU GEMMs, which the engine relies on as they stand."""
     w = make_affine(96, 576, bits, group, "sym", device="cpu")

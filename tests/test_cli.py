@@ -149,31 +149,33 @@ def test_inspect_json_reports_schemes_and_kernels(default_model_path):
     gemms = {g["name"]: g for g in info["gemms"]}
     assert len(gemms) == 30 * 4 + 1                        # qkv, o, gate_up, down per layer; the lm_head
     assert gemms["model.layers.0.self_attn.q_proj+k_proj+v_proj"]["kernel"] == "cpu_int4"
-    assert gemms["lm_head"]["kernel"] == "dequantized"
+    assert gemms["lm_head"]["kernel"] == "cpu_int8"                   # the tied Q8_0 table's int8 codes
     file_bytes = default_model_path.stat().st_size
     assert 0.95 * file_bytes < info["bytes"] <= file_bytes          # held as stored, not dequantized
+    head = info["memory"]["weights"]["gguf q8_0 -> cpu_int8"]       # codes, and a bf16 and a float32 scale a block
+    assert head["bytes"] == 49152 * 576 + 49152 * 18 * (2 + 4) and head["stored_bytes"] == 49152 * 576 // 32 * 34
 
 
 def test_inspect_says_what_dtype_runs(default_model_path):
-    """float32 activations, but the int4 GEMMs compute at bfloat16 input and the lm_head in bfloat16."""
+    """float32 activations, but the int4 GEMMs compute at bfloat16 input and the int8 lm_head in bfloat16."""
     out = _inspect(default_model_path, "-q").stdout
     assert "activations in float32" in out
     assert re.search(r"gguf q4_1 -> cpu_int4 \(computes in bfloat16, output float32\)", out), out
-    assert re.search(r"lm_head: gguf q8_0 -> dequantized in bfloat16", out), out
+    assert re.search(r"lm_head: gguf q8_0 -> cpu_int8 in bfloat16", out), out
 
 
 def test_inspect_says_what_the_dequantized_fallback_costs(default_model_path):
-    """The tied Q8_0 lm_head is dequantized to bf16 on the CPU: 49152 x 576 x 2 bytes against its stored
-    49152 x 576 / 32 x 34."""
-    info = json.loads(_inspect(default_model_path, "--json", "-q").stdout)
+    """In float16 no CPU kernel takes the weights: the tied Q8_0 lm_head is dequantized to fp16, 49152 x 576 x 2
+    bytes against its stored 49152 x 576 / 32 x 34."""
+    info = json.loads(_inspect(default_model_path, "--json", "-q", "--dtype", "float16").stdout)
     entry = info["memory"]["weights"]["gguf q8_0 -> dequantized"]
     assert entry["bytes"] == 49152 * 576 * 2 and entry["stored_bytes"] == 49152 * 576 // 32 * 34
-    assert "1.88x its 28.7 MiB stored" in _inspect(default_model_path, "-q").stdout
+    assert "1.88x its 28.7 MiB stored" in _inspect(default_model_path, "-q", "--dtype", "float16").stdout
 
 
 def test_inspect_reports_a_fallback_once(default_model_path):
     out = _inspect(default_model_path)
-    reason = "cpu_int8: needs symmetric per-channel 8-bit"
+    reason = "cpu_int4: needs plain 4-bit groups, weight is gguf q8_0"
     assert (out.stdout + out.stderr).count(reason) == 1, out.stdout + out.stderr
 
 

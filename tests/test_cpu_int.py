@@ -26,15 +26,36 @@ def test_int4_matches_dequantize(zero, dtype):
     assert cpu_int4.path(st, 3)[0] == "cpu_int4"
 
 
+@pytest.mark.parametrize("group", [-1, 32], ids=["channel", "g32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_int8_matches_dequantize(dtype):
-    w = make_affine(48, 160, 8, -1, "sym", device="cpu")
+def test_int8_matches_dequantize(dtype, group):
+    w = make_affine(48, 160, 8, group, "sym", device="cpu")
+    assert cpu_int8.supports(w, torch.device("cpu"), dtype) is None
     st = cpu_int8.prepare(w, torch.device("cpu"), dtype)
     x = torch.randn(5, 160).to(dtype)
-    y = cpu_int8.apply(x, st)
+    bias = torch.randn(48).to(dtype)
+    y = cpu_int8.apply(x, st, bias)
     assert y.shape == (5, 48) and y.dtype == dtype
-    assert rel_err(y, x.double() @ w.dequantize().double().T) < (2e-2 if dtype == torch.bfloat16 else 1e-5)
-    assert cpu_int8.path(st, 5)[0] == "cpu_int8"
+    assert rel_err(y, x.double() @ w.dequantize().double().T + bias.double()) < 2e-2   # at bf16 input
+    assert cpu_int8.compute_dtype(dtype) == torch.bfloat16
+    rows = torch.tensor([47, 0, 5])
+    assert torch.equal(st.exact_rows(rows), w.dequantize()[rows])           # float32 rows, exactly
+    assert torch.equal(st.column_max(), w.dequantize().abs().amax(0))
+    name, why = cpu_int8.path(st, 5)
+    assert name == "cpu_int8" and ("one call per group of 32 columns (5)" in why) == (group == 32), why
+
+
+def test_gguf_q8_0_runs_on_the_int8_kernel_at_its_bytes():
+    """GGUF Q8_0's blocks of 32 (the default model's tied table): cpu_int8 holds the int8 codes and a scale a block,
+    not a dequantized copy, and computes what the gguf package's dequantization gives."""
+    w, ref_w = make_gguf(96, 256, "Q8_0", device="cpu")
+    module, reason = registry.select(w, torch.device("cpu"), torch.bfloat16)
+    assert module is cpu_int8 and "cpu_int4: needs plain 4-bit" in reason
+    st = cpu_int8.prepare(w, torch.device("cpu"), torch.bfloat16)
+    assert st.codes.nbytes == 96 * 256 and st.codes.dtype == torch.int8
+    x = torch.randn(3, 256)
+    assert rel_err(cpu_int8.apply(x, st), x.double() @ ref_w.double().T) < 2e-2
+    assert torch.equal(st.exact_rows(torch.arange(96)), ref_w)
 
 
 def test_they_refuse_what_they_cannot_run():
@@ -43,7 +64,9 @@ def test_they_refuse_what_they_cannot_run():
     assert cpu_int4.supports(w4, torch.device("cuda"), torch.bfloat16) == "CPU only"
     assert "float16" in cpu_int4.supports(w4, cpu, torch.float16)
     assert "plain 4-bit" in cpu_int4.supports(make_affine(64, 256, 8, 64, "sym", device="cpu"), cpu, torch.float32)
-    assert "symmetric per-channel 8-bit" in cpu_int8.supports(w4, cpu, torch.float32)
+    assert "symmetric 8-bit" in cpu_int8.supports(w4, cpu, torch.float32)
+    assert "symmetric 8-bit" in cpu_int8.supports(make_affine(64, 256, 8, 64, "asym", device="cpu"), cpu,
+                                                  torch.float32)
     assert cpu_int8.supports(torch.zeros(4, 4), cpu, torch.float32) == "no exact affine form"
 
 

@@ -176,13 +176,17 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits; the lm_head may compute in another dtype than the layers (EngineConfig.lm_head_dtype).
-        A 16-bit plain-weight lm_head under float32 activations on the CPU has the entries that can be a row's
-        largest recomputed in float32 (cpu_matmul.refine_top; per rank, before the vocabulary is gathered)."""
-        head = self.lm_head
+        A 16-bit plain-weight lm_head, or one on cpu_int8, under float32 activations on the CPU has the entries
+        that can be a row's largest recomputed in float32 (cpu_matmul.refine_top; per rank, before the vocabulary
+        is gathered)."""
+        head, state = self.lm_head, self.lm_head.state
         logits = head(hidden.to(head.dtype)).float()
-        if hidden.dtype == torch.float32 != head.dtype and hidden.device.type == "cpu" \
-                and isinstance(head.state, torch.Tensor):
+        exact = hasattr(state, "exact_rows")               # a kernel that computes below float32 (cpu_int8)
+        if hidden.dtype == torch.float32 and hidden.device.type == "cpu" and (exact or (
+                isinstance(state, torch.Tensor) and state.dtype != torch.float32)):
             if self._head_colmax is None:                  # made once: the weights never change
-                self._head_colmax = cpu_matmul.column_max(head.state)
-            logits = cpu_matmul.refine_top(logits, hidden, head.state, self._head_colmax)
+                self._head_colmax = state.column_max() if exact else cpu_matmul.column_max(state)
+            logits = cpu_matmul.refine_top_rows(logits, hidden, state.exact_rows, self._head_colmax,
+                                                torch.finfo(state.dtype).eps, state.roundings) if exact else \
+                cpu_matmul.refine_top(logits, hidden, state, self._head_colmax)
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -1,5 +1,13 @@
-"""Symmetric per-channel 8-bit weights on the CPU through torch's `_weight_int8pack_mm`
-(W = q_signed * scale[n]): bnb LLM.int8 and channel-wise W8A16 checkpoints stay 8-bit in memory."""
+"""Symmetric 8-bit weights on the CPU through torch's `_weight_int8pack_mm` (W = q_signed * scale): bnb LLM.int8
+and channel-wise W8A16 checkpoints, and grouped ones (GGUF Q8_0's blocks of 32, GPTQ 8-bit), stay 8-bit in memory.
+
+torch's kernel takes one scale per output row. A weight with groups along K is held as its groups' columns side by
+side, codes [groups, N, group] (the same bytes as the codes) with scales [groups, N], and computed as one call per
+group summed in float32 in group order: every row's sum runs in the same order whatever the batch. The kernel is
+fast only at bfloat16 input (its float32 path is a reference loop), so activations and scales are rounded to it, as
+cpu_int4's are; `exact_rows` gives float32 rows of the weight itself, for recomputing the few logits that can be a
+row's largest (cpu_matmul.refine_top).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,35 +19,70 @@ from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
 from quanta.quant.qtensor import QTensor
 
 NAME = "cpu_int8"
+# bfloat16 roundings a product's terms carry, for cpu_matmul.refine_top_rows: the activation's, the scale's, the
+# group sum's, and one more for the float32 sums inside and across groups
+ROUNDINGS = 4
 
 
 @dataclass
 class State:
-    codes: torch.Tensor     # int8 [N, K]
-    scales: torch.Tensor    # [N] in the compute dtype
+    codes: torch.Tensor     # int8 [groups, N, group]: group g's columns of every row
+    scales: torch.Tensor    # bf16 [groups, N]
+    exact_scales: torch.Tensor  # float32 [groups, N]
+
+    dtype = torch.bfloat16  # what the products run in
+    roundings = ROUNDINGS
+
+    def exact_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` of the weight [len, K] in float32, exactly."""
+        codes = self.codes[:, rows].float() * self.exact_scales[:, rows, None]
+        return codes.permute(1, 0, 2).reshape(len(rows), -1)
+
+    def column_max(self) -> torch.Tensor:
+        """max |W| over each column [K], in float32, a group of columns at a time."""
+        return torch.cat([(c.float().abs() * s.abs()[:, None]).amax(0) for c, s in zip(self.codes, self.exact_scales)])
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     scheme, why_not = cpu_affine.cpu_scheme(weight, device, dtype)
     if why_not is not None:
         return why_not
-    if scheme.bits != 8 or scheme.num_groups != 1 or scheme.act_order or scheme.zero != "sym" \
-            or cpu_affine.affine_form(weight).zeros != 128:
-        return f"needs symmetric per-channel 8-bit, weight is {weight.describe()}"
+    if scheme.bits != 8 or scheme.act_order or scheme.zero != "sym" or cpu_affine.affine_form(weight).zeros != 128:
+        return f"needs symmetric 8-bit, weight is {weight.describe()}"
+    if scheme.num_groups * scheme.group_size != weight.shape[1]:
+        return f"groups of {scheme.group_size} do not tile K={weight.shape[1]}"
     return None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the GEMM's arithmetic runs in for activations of `dtype`: bfloat16 (torch's float32 path is a
+    reference loop)."""
+    return torch.bfloat16
 
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     a = cpu_affine.affine_form(weight)
-    codes = (a.codes.to(torch.int16) - 128).to(torch.int8)
-    return State(codes.contiguous(), a.effective_scales()[:, 0].to(dtype).contiguous())
+    n, k = a.shape
+    groups = a.num_groups
+    codes = (a.codes.to(torch.int16) - 128).to(torch.int8).view(n, groups, k // groups)
+    scales = a.effective_scales().float().T.contiguous()
+    return State(codes.permute(1, 0, 2).contiguous(), scales.to(torch.bfloat16), scales)
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
-    y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(state.scales.dtype), state.codes, state.scales)
-    return cpu_affine.finish(y, x.shape[:-1], state.codes.shape[0], x.dtype, bias)
+    groups, n, width = state.codes.shape
+    rows = x.reshape(-1, groups, width).to(torch.bfloat16)
+    if groups == 1:
+        y = torch.ops.aten._weight_int8pack_mm(rows[:, 0], state.codes[0], state.scales[0])
+    else:
+        y = torch.zeros(rows.shape[0], n)
+        for g in range(groups):
+            y += torch.ops.aten._weight_int8pack_mm(rows[:, g].contiguous(), state.codes[g], state.scales[g])
+    return cpu_affine.finish(y, x.shape[:-1], n, x.dtype, bias)
 
 
 def path(state: State, m: int) -> tuple[str, str]:
     """(NAME, why) at any M."""
-    return cpu_affine.path(NAME, 8)
+    name, why = cpu_affine.path(NAME, 8)
+    groups = state.codes.shape[0]
+    return name, why if groups == 1 else f"{why}, one call per group of {state.codes.shape[2]} columns ({groups})"
