@@ -56,7 +56,6 @@ CASES = {
     "q6_K": lambda: k_quant(48, 512, "Q6_K"),
     "q5_K": lambda: k_quant(40, 256, "Q5_K"),
     "q3_K": lambda: k_quant(32, 512, "Q3_K"),
-    "q8_0": lambda: legacy(48, 320, "Q8_0"),
     "q5_0": lambda: legacy(48, 320, "Q5_0"),
     "nf4": lambda: (w := make_codebook(72, 256, 64, "nf4", False, device="cpu"), codebook_oracle(w)),
     "fp4-dq": lambda: (w := make_codebook(73, 192, 64, "fp4", True, device="cpu"), codebook_oracle(w)),

@@ -33,8 +33,25 @@ def smollm(default_model_path):
     llm.close()
 
 
-def test_default_model_weights_by_kernel_and_the_dequantized_expansion(smollm):
+def test_default_model_weights_by_kernel_at_their_bytes(smollm):
+    """Every GEMM of the default model on the CPU holds its stored bytes: the Q4_1 layers on cpu_int4, the tied Q8_0
+    table as the lm_head on cpu_int8 (its int8 codes, a bfloat16 and a float32 scale a block of 32)."""
     llm, path = smollm
+    weights = llm.memory()["weights"]
+    assert not [k for k in weights if k.endswith("-> dequantized")], weights
+    head = weights["gguf q8_0 -> cpu_int8"]
+    assert head["layers"] == 1 and head["stored_bytes"] == ggml_bytes(49152, 576, "q8_0")
+    assert head["bytes"] == 49152 * 576 + 49152 * 576 // 32 * (2 + 4)
+    assert weights["gguf q4_1 -> cpu_int4"]["layers"] == 120
+
+
+def test_dequantized_weights_say_how_much_they_expanded(default_model_path):
+    with LLM(model=str(default_model_path), device="cpu", kernel="dequantized", num_kv_blocks=8, max_model_len=64,
+             quiet=True) as llm:
+        _check_weights_by_kernel(llm, default_model_path)
+
+
+def _check_weights_by_kernel(llm, path):
     mem = llm.memory()
     types = {t.name: t.type.name for t in read_gguf(path).tensors}
     weights = mem["weights"]
@@ -42,7 +59,7 @@ def test_default_model_weights_by_kernel_and_the_dequantized_expansion(smollm):
     layers = [m for m in llm.model.modules() if isinstance(m, QuantLinear) and m.kernel is not None]
     assert sum(e.get("layers", 0) for k, e in weights.items() if " -> " in k) == len(layers)
     fallback = {k: e for k, e in weights.items() if k.endswith("-> dequantized")}
-    assert fallback, weights                       # the tied lm_head (the q8_0 embedding table) at least
+    assert fallback, weights                       # every GEMM, the tied lm_head (the q8_0 table) among them
     for key, entry in fallback.items():
         gguf_type = key.split(" ")[1]
         chosen = [m for m in layers if m.kernel.NAME == "dequantized" and m.scheme == f"gguf {gguf_type}"]
