@@ -28,19 +28,20 @@ ROUNDINGS = 4
 class State:
     codes: torch.Tensor     # int8 [groups, N, group]: group g's columns of every row
     scales: torch.Tensor    # bf16 [groups, N]
-    exact_scales: torch.Tensor  # float32 [groups, N]
+    exact_scales: torch.Tensor  # [groups, N] float16 where that holds them exactly (GGUF's, GPTQ's), else float32
 
     dtype = torch.bfloat16  # what the products run in
     roundings = ROUNDINGS
 
     def exact_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows `rows` of the weight [len, K] in float32, exactly."""
-        codes = self.codes[:, rows].float() * self.exact_scales[:, rows, None]
+        codes = self.codes[:, rows].float() * self.exact_scales[:, rows, None].float()
         return codes.permute(1, 0, 2).reshape(len(rows), -1)
 
     def column_max(self) -> torch.Tensor:
         """max |W| over each column [K], in float32, a group of columns at a time."""
-        return torch.cat([(c.float().abs() * s.abs()[:, None]).amax(0) for c, s in zip(self.codes, self.exact_scales)])
+        return torch.cat([(c.float().abs() * s.float().abs()[:, None]).amax(0)
+                          for c, s in zip(self.codes, self.exact_scales)])
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -66,7 +67,8 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     groups = a.num_groups
     codes = (a.codes.to(torch.int16) - 128).to(torch.int8).view(n, groups, k // groups)
     scales = a.effective_scales().float().T.contiguous()
-    return State(codes.permute(1, 0, 2).contiguous(), scales.to(torch.bfloat16), scales)
+    exact = scales.half() if torch.equal(scales.half().float(), scales) else scales
+    return State(codes.permute(1, 0, 2).contiguous(), scales.to(torch.bfloat16), exact)
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
