@@ -40,6 +40,9 @@ def test_int8_matches_dequantize(dtype, group):
     assert cpu_int8.compute_dtype(dtype) == torch.bfloat16
     rows = torch.tensor([47, 0, 5])
     assert torch.equal(st.exact_rows(rows), w.dequantize()[rows])           # float32 rows, exactly
+    xs = torch.randn(3, 160)
+    assert torch.allclose(st.exact_products(rows, xs), (w.dequantize()[rows].double() * xs.double()).sum(-1).float(),
+                          rtol=1e-5, atol=1e-5)
     assert torch.equal(st.column_max(), w.dequantize().abs().amax(0))
     name, why = cpu_int8.path(st, 5)
     assert name == "cpu_int8" and ("one call per group of 32 columns (5)" in why) == (group == 32), why
@@ -84,3 +87,27 @@ def test_single_path_modules_name_themselves():
     assert dense.path(torch.zeros(8, 64, dtype=torch.bfloat16), 1) == ("dense", "bfloat16 weight: torch's matmul")
     name, reason = dequantized.path(dequantized.prepare(w, torch.device("cpu"), torch.float16), 7)
     assert name == "dequantized" and "float16" in reason
+
+
+def test_an_int8_lm_head_refined_picks_the_exact_float32_top():
+    """A Q8_0 head on cpu_int8 computes in bfloat16 pieces; its entries that can be a row's largest (each with its
+    own Cauchy-Schwarz bound from the rows' norms) are recomputed from the codes in float32, so the argmax and the
+    top value are the exact product's, and a row's result does not depend on the rows beside it."""
+    from quanta.kernels.cpu import matmul as cpu_matmul
+    w, ref_w = make_gguf(4096, 256, "Q8_0", device="cpu")
+    st = cpu_int8.prepare(w, torch.device("cpu"), torch.bfloat16)
+    assert torch.allclose(st.row_norms(), ref_w.norm(dim=1), rtol=1e-5)
+    x = torch.randn(40, 256)
+    x[1] = x[0] + 1e-4 * torch.randn(256)                        # near ties between the two rows' tops
+
+    def refined(rows):
+        logits = cpu_int8.apply(rows, st).float()
+        return cpu_matmul.refine_top_rows(logits, rows, st.exact_products, None, torch.finfo(torch.bfloat16).eps,
+                                          st.roundings, row_norms=st.row_norms())
+    got = refined(x)
+    exact = x.double() @ ref_w.double().T
+    top = exact.argmax(-1, keepdim=True)
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+    assert ((got.gather(1, top) - exact.gather(1, top)).abs() < 1e-4).all()
+    alone = torch.cat([refined(x[i:i + 1]) for i in range(len(x))])
+    assert torch.equal(alone, got)

@@ -181,12 +181,13 @@ class LlamaForCausalLM(nn.Module):
         is gathered)."""
         head, state = self.lm_head, self.lm_head.state
         logits = head(hidden.to(head.dtype)).float()
-        exact = hasattr(state, "exact_rows")               # a kernel that computes below float32 (cpu_int8)
+        exact = hasattr(state, "exact_products")           # a kernel that computes below float32 (cpu_int8)
         if hidden.dtype == torch.float32 and hidden.device.type == "cpu" and (exact or (
                 isinstance(state, torch.Tensor) and state.dtype != torch.float32)):
             if self._head_colmax is None:                  # made once: the weights never change
-                self._head_colmax = state.column_max() if exact else cpu_matmul.column_max(state)
-            logits = cpu_matmul.refine_top_rows(logits, hidden, state.exact_rows, self._head_colmax,
-                                                torch.finfo(state.dtype).eps, state.roundings) if exact else \
+                self._head_colmax = state.row_norms() if exact else cpu_matmul.column_max(state)
+            logits = cpu_matmul.refine_top_rows(logits, hidden, state.exact_products, None,
+                                                torch.finfo(state.dtype).eps, state.roundings,
+                                                row_norms=self._head_colmax) if exact else \
                 cpu_matmul.refine_top(logits, hidden, state, self._head_colmax)
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -38,6 +38,16 @@ class State:
         codes = self.codes[:, rows].float() * self.exact_scales[:, rows, None].float()
         return codes.permute(1, 0, 2).reshape(len(rows), -1)
 
+    def exact_products(self, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """sum_k W[rows[i], k] x[i, k] in float32 for x [len, K] (float32), over whole contiguous rows as
+        cpu_matmul.refine_top sums a plain weight's: the order of a row's sum does not depend on `len`."""
+        return (self.exact_rows(rows) * x).sum(-1)
+
+    def row_norms(self) -> torch.Tensor:
+        """The 2-norm of each row [N], in float32."""
+        sums = (self.codes.float().pow(2).sum(-1) * self.exact_scales.float().pow(2)).sum(0)
+        return sums.sqrt()
+
     def column_max(self) -> torch.Tensor:
         """max |W| over each column [K], in float32, a group of columns at a time."""
         return torch.cat([(c.float().abs() * s.float().abs()[:, None]).amax(0)
