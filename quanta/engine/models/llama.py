@@ -159,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, torch.device(device), triton, tp)
-        self._head_colmax: torch.Tensor | None = None      # max |lm_head weight| per column (compute_logits)
+        self._head_colmax: torch.Tensor | None = None      # the lm_head's refine bound data (compute_logits)
         if tp is None:
             self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
         else:

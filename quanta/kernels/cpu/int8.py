@@ -44,14 +44,11 @@ class State:
         return (self.exact_rows(rows) * x).sum(-1)
 
     def row_norms(self) -> torch.Tensor:
-        """The 2-norm of each row [N], in float32."""
-        sums = (self.codes.float().pow(2).sum(-1) * self.exact_scales.float().pow(2)).sum(0)
+        """The 2-norm of each row [N], in float32, a group of columns at a time (no float copy of the weight)."""
+        sums = torch.zeros(self.codes.shape[1])
+        for codes, scales in zip(self.codes, self.exact_scales):
+            sums += codes.float().pow(2).sum(-1) * scales.float().pow(2)
         return sums.sqrt()
-
-    def column_max(self) -> torch.Tensor:
-        """max |W| over each column [K], in float32, a group of columns at a time."""
-        return torch.cat([(c.float().abs() * s.float().abs()[:, None]).amax(0)
-                          for c, s in zip(self.codes, self.exact_scales)])
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
