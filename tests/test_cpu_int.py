@@ -102,8 +102,8 @@ def test_an_int8_lm_head_refined_picks_the_exact_float32_top():
 
     def refined(rows):
         logits = cpu_int8.apply(rows, st).float()
-        return cpu_matmul.refine_top_rows(logits, rows, st.exact_products, None, torch.finfo(torch.bfloat16).eps,
-                                          st.roundings, row_norms=st.row_norms())
+        return cpu_matmul.refine_top_rows(logits, rows, st.exact_products, st.row_norms(),
+                                          torch.finfo(torch.bfloat16).eps, st.roundings)
     got = refined(x)
     exact = x.double() @ ref_w.double().T
     top = exact.argmax(-1, keepdim=True)

@@ -112,7 +112,8 @@ class LayerRunner:
             visible = i.view(1, -1) <= i.view(-1, 1)
             if self.cfg.sliding_window:
                 visible &= i.view(1, -1) > i.view(-1, 1) - self.cfg.sliding_window
-            mask = torch.zeros(seqlen, seqlen, device=like.device).masked_fill(~visible, float("-inf")).view(1, 1, seqlen, seqlen)
+            mask = torch.zeros(seqlen, seqlen, device=like.device).masked_fill(~visible, float("-inf"))
+            mask = mask.view(1, 1, seqlen, seqlen)
             self._pos[seqlen] = ((cos, sin), mask, pos)
         return self._pos[seqlen]
 

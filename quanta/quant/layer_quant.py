@@ -116,7 +116,8 @@ def gptq_weight(w: torch.Tensor, hessian: Hessian, spec, name: str):
 
 def _gptq_group(layer, names, inputs: list[torch.Tensor], spec, quantized, errors) -> None:
     """GPTQ of the linears `names`, which all read `inputs` (chunks); weights replaced by their dequantized form."""
-    hessian = Hessian(inputs[0].shape[-1], inputs[0].device)          # one for the group: gptq_quantize does not modify it
+    # one for the group: gptq_quantize does not modify it
+    hessian = Hessian(inputs[0].shape[-1], inputs[0].device)
     for chunk in inputs:
         hessian.add_batch(chunk)
     for name in names:

@@ -173,8 +173,8 @@ class QuantizeRun:
         return q.to("cpu")
 
     def _weight(self, t) -> torch.Tensor:
-        """A checkpoint tensor as float32 on the run's device."""
-        return as_float(t.to(self.device) if isinstance(t, QTensor) else t).to(self.device)
+        """A checkpoint tensor as float32 on the run's device (moved in its stored form, then widened there)."""
+        return as_float(t.to(self.device))
 
     def _weight_only(self, name: str, w: torch.Tensor):
         spec = self.spec

@@ -159,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, torch.device(device), triton, tp)
-        self._head_colmax: torch.Tensor | None = None      # the lm_head's refine bound data (compute_logits)
+        self._head_bound: torch.Tensor | None = None       # what the lm_head's refine bounds from (compute_logits)
         if tp is None:
             self.lm_head = QuantLinear(cfg.hidden_size, cfg.vocab_size)
         else:
@@ -179,15 +179,23 @@ class LlamaForCausalLM(nn.Module):
         A 16-bit plain-weight lm_head, or one on cpu_int8, under float32 activations on the CPU has the entries
         that can be a row's largest recomputed in float32 (cpu_matmul.refine_top; per rank, before the vocabulary
         is gathered)."""
-        head, state = self.lm_head, self.lm_head.state
+        head = self.lm_head
         logits = head(hidden.to(head.dtype)).float()
-        exact = hasattr(state, "exact_products")           # a kernel that computes below float32 (cpu_int8)
-        if hidden.dtype == torch.float32 and hidden.device.type == "cpu" and (exact or (
-                isinstance(state, torch.Tensor) and state.dtype != torch.float32)):
-            if self._head_colmax is None:                  # made once: the weights never change
-                self._head_colmax = state.row_norms() if exact else cpu_matmul.column_max(state)
-            logits = cpu_matmul.refine_top_rows(logits, hidden, state.exact_products, None,
-                                                torch.finfo(state.dtype).eps, state.roundings,
-                                                row_norms=self._head_colmax) if exact else \
-                cpu_matmul.refine_top(logits, hidden, state, self._head_colmax)
+        if hidden.dtype == torch.float32 and hidden.device.type == "cpu":
+            logits = self._refined(logits, hidden, head.state)
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)
+
+    def _refined(self, logits: torch.Tensor, hidden: torch.Tensor, state) -> torch.Tensor:
+        """The lm_head's logits with those that can be a row's largest recomputed in float32, where its kernel
+        computed below float32: cpu_int8 bounds each logit by its row's norm, a 16-bit plain weight every logit
+        by the columns' maxima (the data made once: the weights never change)."""
+        if hasattr(state, "exact_products"):
+            if self._head_bound is None:
+                self._head_bound = state.row_norms()
+            return cpu_matmul.refine_top_rows(logits, hidden, state.exact_products, self._head_bound,
+                                              torch.finfo(state.dtype).eps, state.roundings)
+        if isinstance(state, torch.Tensor) and state.dtype != torch.float32:
+            if self._head_bound is None:
+                self._head_bound = cpu_matmul.column_max(state)
+            return cpu_matmul.refine_top(logits, hidden, state, self._head_bound)
+        return logits

@@ -81,12 +81,9 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
     groups, n, width = state.codes.shape
     rows = x.reshape(-1, groups, width).to(torch.bfloat16)
-    if groups == 1:
-        y = torch.ops.aten._weight_int8pack_mm(rows[:, 0], state.codes[0], state.scales[0])
-    else:
-        y = torch.zeros(rows.shape[0], n)
-        for g in range(groups):
-            y += torch.ops.aten._weight_int8pack_mm(rows[:, g].contiguous(), state.codes[g], state.scales[g])
+    y = torch.zeros(rows.shape[0], n)
+    for g in range(groups):
+        y += torch.ops.aten._weight_int8pack_mm(rows[:, g].contiguous(), state.codes[g], state.scales[g])
     return cpu_affine.finish(y, x.shape[:-1], n, x.dtype, bias)
 
 

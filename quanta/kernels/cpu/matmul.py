@@ -61,26 +61,28 @@ def refine_top(logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, colm
     where near the top exact ties are common (bfloat16 steps of 0.0625-0.25 at logits of 8-64), and greedy
     decoding would then pick by token id. The few tokens that can be a row's largest are recomputed in float32,
     so greedy picks and top-k see float32 logits."""
-    return refine_top_rows(logits, x, lambda rows, xs: (weight[rows].float() * xs).sum(-1), colmax,
-                           torch.finfo(weight.dtype).eps)
+    eps = torch.finfo(weight.dtype).eps                  # twice the unit roundoff
+    bound = eps * ((x.abs() * colmax).sum(-1) + logits.abs().amax(-1))
+    return _recompute(logits, x, logits >= (logits.amax(-1) - 2 * bound)[:, None],
+                      lambda rows, xs: (weight[rows].float() * xs).sum(-1))
 
 
-def refine_top_rows(logits: torch.Tensor, x: torch.Tensor, products, colmax: torch.Tensor, eps: float,
-                    roundings: int = 2, row_norms: torch.Tensor | None = None) -> torch.Tensor:
-    """refine_top for any lm_head: `products(ids, xs)` gives sum_k W[ids[i], k] xs[i, k] in float32 from the
-    weight's exact values; `eps` is twice the unit roundoff of the dtype its product ran in, whose terms carry
-    `roundings` roundings of that unit (the 16-bit weight's two: x's and the output's), so that the bound is
-    eps * (roundings / 2 * sum_k |x_k| colmax_k + |y|). With `row_norms` [V] (the weight's rows' 2-norms) each
-    entry gets its own bound instead, sum_k |x_k| |W_vk| <= ||x|| ||W_v|| (Cauchy-Schwarz): an entry is recomputed
-    where its value plus its bound reaches the largest value less its bound."""
-    if row_norms is None:
-        bound = eps * (roundings / 2 * (x.abs() * colmax).sum(-1) + logits.abs().amax(-1))
-        keep = logits >= (logits.amax(-1) - 2 * bound)[:, None]
-    else:
-        bound = eps * (roundings / 2 * x.norm(dim=-1, keepdim=True) * row_norms + logits.abs())
-        keep = logits + bound >= (logits - bound).amax(-1, keepdim=True)
-    rows_at, cols = torch.nonzero(keep, as_tuple=True)
-    for i in range(0, rows_at.numel(), REFINE_PIECE):
-        r, c = rows_at[i:i + REFINE_PIECE], cols[i:i + REFINE_PIECE]
+def refine_top_rows(logits: torch.Tensor, x: torch.Tensor, products, row_norms: torch.Tensor, eps: float,
+                    roundings: int) -> torch.Tensor:
+    """refine_top for an lm_head whose rows are not a plain 16-bit weight: `products(ids, xs)` gives
+    sum_k W[ids[i], k] xs[i, k] in float32 from the weight's exact values; `eps` is twice the unit roundoff of the
+    dtype its product ran in, whose terms carry `roundings` roundings of that unit. Each entry gets its own bound,
+    eps * (roundings / 2 * ||x|| ||W_v|| + |y_v|), since sum_k |x_k| |W_vk| <= ||x|| ||W_v|| (Cauchy-Schwarz;
+    `row_norms` [V] the rows' 2-norms): an entry is recomputed where its value plus its bound reaches the largest
+    value less its bound."""
+    bound = eps * (roundings / 2 * x.norm(dim=-1, keepdim=True) * row_norms + logits.abs())
+    return _recompute(logits, x, logits + bound >= (logits - bound).amax(-1, keepdim=True), products)
+
+
+def _recompute(logits: torch.Tensor, x: torch.Tensor, keep: torch.Tensor, products) -> torch.Tensor:
+    """logits with the entries where `keep` holds set to products(their columns, their rows of x), in place."""
+    rows, cols = torch.nonzero(keep, as_tuple=True)
+    for i in range(0, rows.numel(), REFINE_PIECE):
+        r, c = rows[i:i + REFINE_PIECE], cols[i:i + REFINE_PIECE]
         logits[r, c] = products(c, x[r])
     return logits

@@ -446,16 +446,14 @@ Q4K_LARGE = GemvConfig(block_n=128, warps=2, waves=8.0, min_tiles=1)
 Q4K_SMALL = GemvConfig(block_n=64, warps=2, waves=8.0, min_tiles=2)
 Q5K_LARGE = GemvConfig(block_n=128, warps=2, waves=16.0, min_tiles=1)
 Q6K = GemvConfig(block_n=32, warps=4, waves=4.0, min_tiles=2)
-LARGE_WEIGHT = 1 << 25          # values (N * K) from which a Q4_K or Q5_K weight takes its large config
+LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes its large config
+CONFIGS = {"q4_K": (Q4K_SMALL, Q4K_LARGE), "q5_K": (Q4K_SMALL, Q5K_LARGE), "q6_K": (Q6K, Q6K)}   # (small, large)
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
-    if st.name == "q6_K":
-        return Q6K
-    if st.n * st.k < LARGE_WEIGHT:
-        return Q4K_SMALL
-    return Q4K_LARGE if st.name == "q4_K" else Q5K_LARGE
+    small, large = CONFIGS[st.name]
+    return large if st.n * st.k >= LARGE_WEIGHT else small
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
