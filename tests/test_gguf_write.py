@@ -118,6 +118,17 @@ def test_mix_falls_back_where_blocks_do_not_tile(default_model_path):
     assert t.of_tensor("token_embd.weight") == "q8_0" and t.of_tensor("blk.0.attn_norm.weight") is None
 
 
+def test_imatrix_moves_the_first_ffn_down_layers_of_q4_0_and_q5_0(default_model_path):
+    # llama-quantize (llama_tensor_get_type): with an imatrix, Q4_0 / Q5_0 take ffn_down of layers < n_layer / 8
+    # in Q4_1 / Q5_1; 30 layers -> layers 0, 1 and 2. Without one, and for the other types, nothing moves.
+    config = load_gguf(default_model_path, tokenizer=False).config
+    for base, moved in (("Q4_0", "q4_1"), ("Q5_0", "q5_1")):
+        t = assign(base, config, imatrix=True)
+        assert [t.of("ffn_down", i) for i in range(4)] == [moved] * 3 + [base.lower()]
+        assert t.of("ffn_up", 0) == base.lower() and assign(base, config).of("ffn_down", 0) == base.lower()
+    assert assign("Q4_K_M", config, imatrix=True).types == assign("Q4_K_M", config).types
+
+
 def test_refuses_existing_and_leaves_nothing_on_error(tiny_hf, tmp_path):
     dst = tmp_path / "x.gguf"
     dst.write_bytes(b"keep")

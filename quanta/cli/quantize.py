@@ -4,6 +4,7 @@
     quanta quantize model/ --method gptq --act-order --samples 32 --seqlen 512 --out model-gptq
     quanta quantize model.gguf --method gptq --scheme fp8 --out model-fp8
     quanta quantize model/ --method gguf --type Q4_K_M --imatrix --out model-Q4_K_M.gguf
+    quanta quantize model.gguf --method gguf --type Q4_K_M --imatrix imatrix.gguf --out model-Q4_K_M.gguf
 
 SIGTERM is turned into an exception while it runs, so an interrupted run removes its temporary
 output as Ctrl-C (SIGINT) does: nothing appears under --out unless the run completes.
@@ -53,8 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="gptq: quantize columns by decreasing activation (default with --scheme fp8)")
     order.add_argument("--no-act-order", dest="act_order", action="store_false", help="gptq: in column order")
     p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M Q5_K_M")
-    p.add_argument("--imatrix", action="store_true", help="gguf: weight the rounding by an importance matrix "
-                                                          "collected on the calibration text")
+    p.add_argument("--imatrix", nargs="?", const=True, default=False, metavar="FILE",
+                   help="gguf: weight the rounding by an importance matrix: llama-imatrix's FILE (GGUF or legacy), "
+                        "or, alone, one collected on the calibration text")
     p.add_argument("--format", choices=formats, help="output layout (default: awq for asymmetric 4-bit rtn/awq, "
                                                     "gptq otherwise; compressed-tensors for fp8, bnb for nf4)")
     p.add_argument("--calibration", help="calibration text for awq, gptq, --imatrix "

@@ -75,7 +75,7 @@ def _fits(t: str, k: int) -> str:
     return t
 
 
-def assign(spec: str, config: ModelConfig) -> GgufTypes:
+def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
     """The types llama-quantize gives `config`'s weights for type or mix `spec` (e.g. "Q4_K_M", "q8_0").
 
     A plain type (Q4_0, Q8_0, Q4_K, Q6_K, ...) quantizes every weight matrix to it, except the output
@@ -88,7 +88,8 @@ def assign(spec: str, config: ModelConfig) -> GgufTypes:
       80-layer models (70B) take attn_v at Q5_K where the rules say Q3_K or Q4_K.
     A K-quant whose 256-element blocks do not tile a row falls back as llama-quantize does
     (Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and a type whose 32-element blocks
-    do not tile it either becomes F16."""
+    do not tile it either becomes F16. With an importance matrix (`imatrix`), Q4_0 and Q5_0 take ffn_down of the
+    first eighth of the layers in Q4_1 / Q5_1, as llama-quantize does against the early layers' outliers."""
     key = spec.strip().lower()
     plain = {t.lower(): t for t in WEIGHT_TYPES}
     if key not in MIXES and key not in plain:
@@ -100,6 +101,8 @@ def assign(spec: str, config: ModelConfig) -> GgufTypes:
     for i in range(layers):
         for role in ROLES:
             t = _mixed(key, role, i, layers) if key in MIXES else plain[key]
+            if imatrix and role == "ffn_down" and key in ("q4_0", "q5_0") and i < layers // 8:
+                t = {"q4_0": "q4_1", "q5_0": "q5_1"}[key]
             types[(role, i)] = _fits(t, k_of.get(role, h))
     base = MIXES.get(key, plain.get(key))
     quantized = GGML_TYPES_BY_NAME[base].block_size > 1

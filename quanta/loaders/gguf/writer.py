@@ -56,13 +56,15 @@ def gguf_name(hf: str) -> str:
 
 def write_gguf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, torch.Tensor | QTensor]] | None = None,
                *, ggml_type: str | None = None, overwrite: bool = False, float_type: str = "f16",
-               imatrix: dict[str, torch.Tensor] | None = None, name: str | None = None) -> Path:
+               imatrix: dict[str, torch.Tensor] | None = None, with_imatrix: bool = False,
+               name: str | None = None) -> Path:
     """Write `ckpt` (tensors from `tensors`, default ckpt.tensors.items(), read once) as GGUF file `dst`.
 
     ggml_type: None (keep quantized weights, floats as `float_type`), a GGML type ("Q8_0", "Q4_K") or
     a llama-quantize mix ("Q4_K_M", "Q5_K_M"). imatrix: per-input-column importance by HF weight name
-    (quant.ggml.quantize.Imatrix), used where a weight is quantized. Refuses an existing dst unless
-    `overwrite`; on any error nothing is left at dst or beside it.
+    (quant.ggml.quantize.Imatrix), used where a weight is quantized; with_imatrix: the tensors were quantized
+    with one (`imatrix` or upstream), which changes a few of the types llama-quantize picks. Refuses an
+    existing dst unless `overwrite`; on any error nothing is left at dst or beside it.
     """
     dst = Path(dst)
     if dst.exists() and not overwrite:
@@ -76,7 +78,7 @@ def write_gguf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, t
                                f"(supported: {', '.join(ARCH_OF)})")
     if float_type not in ("f16", "f32", "bf16"):
         raise ConfigError(f"GGUF writer: float_type must be f16, f32 or bf16, got {float_type!r}")
-    types = assign(ggml_type, config) if ggml_type else None
+    types = assign(ggml_type, config, imatrix=with_imatrix or imatrix is not None) if ggml_type else None
     if types is not None and any(t not in ("f16", "f32", "bf16") and t not in QUANTIZERS for t in types.types.values()):
         raise UnsupportedError(f"GGUF writer: {ggml_type} needs a GGML type quanta cannot quantize to")
     metadata = _metadata(ckpt, arch, ggml_type, name)

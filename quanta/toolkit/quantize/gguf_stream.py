@@ -5,11 +5,11 @@ llama-quantize gives it for the asked type or mix (gguf.mix.assign), one tensor 
     write_gguf(dst, ckpt, stream, ggml_type="Q4_K_M")      # Gguf weights of the asked type pass as they are
     stream.report                                          # [ReportRow] weight errors
 
-With calibration data the importance matrix is collected as llama-imatrix does (the mean of x_k^2 over
-every token row reaching a linear, quant.ggml.quantize.Imatrix) by running the unquantized model one
-decoder layer at a time (quant/calibration.py); each layer's linears are quantized with it as soon as
-that layer has run. The embedding and lm_head have no imatrix entry (llama-imatrix records only the
-inputs of matrix multiplications of the decoder; the output is the tied embedding here or none).
+With an imatrix file (llama-imatrix's, quant/ggml/imatrix_file.py) each tensor takes its entry by GGUF name, as
+llama-quantize does. With calibration data the importance matrix is collected as llama-imatrix does (the mean of
+x_k^2 over every token row reaching a linear, quant.ggml.quantize.Imatrix) by running the unquantized model one
+decoder layer at a time (quant/calibration.py); each layer's linears are quantized with it as soon as that layer
+has run. The embedding and lm_head then have no entry (llama-imatrix records the decoder's matmul inputs only).
 """
 from __future__ import annotations
 
@@ -32,11 +32,33 @@ INPUT_OF = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_at
 class GgufStream:
     """Iterate for (canonical name, Gguf or float tensor); `report` fills as it runs."""
 
-    def __init__(self, ckpt, ggml_type: str, calibration=None, quiet: bool = False):
+    def __init__(self, ckpt, ggml_type: str, calibration=None, quiet: bool = False, imatrix_file=None):
         self.ckpt, self.calibration, self.quiet = ckpt, calibration, quiet
-        self.types = assign(ggml_type, ckpt.config)
+        self.types = assign(ggml_type, ckpt.config, imatrix=calibration is not None or imatrix_file is not None)
         self.report: list[ReportRow] = []
         self.names = sorted(ckpt.tensors, key=model_order)
+        self.file_weights = None if imatrix_file is None else self._file_weights(imatrix_file)
+
+    def _file_weights(self, path) -> dict[str, torch.Tensor]:
+        """llama-imatrix's entries by GGUF name, checked against the weights' columns before any work (entries
+        for tensors this model lacks are ignored, as llama-quantize ignores them)."""
+        from quanta.quant.errors import ShapeError
+        from quanta.quant.ggml.imatrix_file import read_imatrix
+
+        entries = read_imatrix(path)
+        for name in self.names:
+            key = gguf_name(name)
+            if key in entries and entries[key].numel() != self.ckpt.tensors[name].shape[-1]:
+                raise ShapeError(f"imatrix {path}: entry {key!r} has {entries[key].numel()} values but the weight "
+                                 f"has {self.ckpt.tensors[name].shape[-1]} columns (an imatrix of another model?)")
+        return entries
+
+    def _weights_of(self, name: str, collected: torch.Tensor | None) -> torch.Tensor | None:
+        """The importance weights for tensor `name`: the file's entry when a file was given (llama-quantize looks
+        every tensor up by name), else the ones collected from the calibration text."""
+        if self.file_weights is not None:
+            return self.file_weights.get(gguf_name(name))
+        return collected
 
     def _quantized(self, name: str, t, imatrix: torch.Tensor | None):
         """`t` as the Gguf of its assigned type, or unchanged when the mix keeps it in float."""
@@ -44,6 +66,7 @@ class GgufStream:
         if want not in QUANTIZERS:              # norms, biases (no type assigned) and float-kept weights
             return t if not isinstance(t, QTensor) else t.dequantize(self.ckpt.config.torch_dtype)
         w = as_float(t)
+        imatrix = self._weights_of(name, imatrix)
         q, err = quantize_with_error(w, want, imatrix, what=name)
         self.report.append(ReportRow(name, want.upper() + (" imatrix" if imatrix is not None else ""), err, None))
         return q

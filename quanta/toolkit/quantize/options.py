@@ -39,7 +39,7 @@ class QuantizeOptions:
     calibration: Path | None          # None: the method runs without calibration data
     n_samples: int
     seqlen: int
-    imatrix: bool
+    imatrix: bool | Path              # True: collected from the calibration text; a Path: llama.cpp's file
     scheme: str = "int"               # gptq: "int" or "fp8"
 
     @classmethod
@@ -82,17 +82,26 @@ class QuantizeOptions:
         if (type is None) != (method != "gguf"):
             raise ConfigError(f"{name}: " + ("pass a GGUF type, e.g. type='Q4_K_M'" if method == "gguf"
                                              else f"type={type!r} is for --method gguf only"))
-        if imatrix and method != "gguf":
+        if imatrix is not False and imatrix is not None and method != "gguf":
             raise ConfigError(f"{name}: imatrix is a GGUF option (AWQ and GPTQ always use calibration data)")
+        if isinstance(imatrix, (str, Path)):
+            imatrix = Path(imatrix)
+            if not imatrix.is_file():
+                raise ConfigError(f"{name}: imatrix file {imatrix} does not exist (pass llama-imatrix's output, "
+                                  f"or imatrix=True to collect one from the calibration text)")
+        elif imatrix not in (True, False, None):
+            raise ConfigError(f"{name}: imatrix must be True, False or a file path, got {imatrix!r}")
+        imatrix = bool(imatrix) if not isinstance(imatrix, Path) else imatrix
         formats = ("compressed-tensors",) if scheme == "fp8" else quantize_formats(method)
         if format is None:
             format = formats[0] if scheme == "fp8" else _default_format(method, bits, symmetric, act_order)
         if format not in formats:
             raise ConfigError(f"{name}: cannot write format {format!r}; this method writes {', '.join(formats)}"
                               + (" with --scheme fp8" if scheme == "fp8" else ""))
-        uses_data = method in CALIBRATED or imatrix
+        uses_data = method in CALIBRATED or imatrix is True
         if calibration is not None and not uses_data:
-            raise ConfigError(f"{name}: calibration data is used by awq, gptq and gguf with imatrix only")
+            raise ConfigError(f"{name}: calibration data is used by awq, gptq and gguf with imatrix only"
+                              + (" (an imatrix file replaces it)" if isinstance(imatrix, Path) else ""))
         if uses_data:
             from quanta.quant.calibration import DEFAULT_TEXT
             calibration = Path(calibration) if calibration is not None else DEFAULT_TEXT

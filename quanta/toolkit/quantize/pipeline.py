@@ -25,7 +25,7 @@ from quanta.toolkit.quantize.summary import QuantizeSummary, summarize
 def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | None = None,
              group_size: int | None = None, symmetric: bool | None = None, act_order: bool | None = None,
              type: str | None = None, format: str | None = None, calibration: str | Path | None = None,
-             n_samples: int | None = None, seqlen: int | None = None, imatrix: bool = False,
+             n_samples: int | None = None, seqlen: int | None = None, imatrix: bool | str | Path = False,
              scheme: str | None = None, device: str | None = None, overwrite: bool = False,
              quiet: bool = False) -> QuantizeSummary:
     """Quantize checkpoint `model` with `method` (rtn, awq, gptq, fp8, nf4, gguf) into `out`.
@@ -36,7 +36,8 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     fp8 writes it; act-order unless act_order=False; no bits / group_size / symmetric). type: the GGUF
     type or mix (Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M). format: the output layout (default per method, see
     quantize/options.py). calibration: a UTF-8 text file for awq, gptq and gguf with `imatrix` (default
-    WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512). device: where rtn, awq,
+    WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512). imatrix: True collects the
+    importance matrix from the calibration text; a path reads llama-imatrix's file (GGUF or legacy). device: where rtn, awq,
     gptq, fp8 and nf4 run, one layer and the calibration activations at a time ("auto", the default: the GPU
     when there is one; "cpu"; "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
@@ -61,8 +62,9 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     if opts.method == "gguf":
         from quanta.loaders.gguf.writer import write_gguf
         from quanta.toolkit.quantize.gguf_stream import GgufStream
-        run = GgufStream(ckpt, opts.type, data, quiet)
-        write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite)
+        run = GgufStream(ckpt, opts.type, data, quiet, imatrix_file=opts.imatrix
+                         if isinstance(opts.imatrix, Path) else None)
+        write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite, with_imatrix=bool(opts.imatrix))
     else:
         from quanta.loaders import write
         from quanta.quant.quantize_model import quantize_checkpoint

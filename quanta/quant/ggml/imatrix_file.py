@@ -1,0 +1,91 @@
+"""llama.cpp's importance-matrix files (what `llama-imatrix` writes, `llama-quantize --imatrix` reads), read into
+the per-column weights llama-quantize hands each tensor's quantizer.
+
+    weights = read_imatrix("imatrix.gguf")        # {"blk.0.attn_q.weight": float32 [in_features], ...}
+
+Two layouts, told apart by the magic: the GGUF one (a tensor pair per weight, `<name>.in_sum2` the sums of x^2
+and `<name>.counts` the rows summed, one count per expert; weights in_sum2 / count in float32, or 1 where the
+count is 0) and the legacy binary one (int32 entry count, then per entry an int32-sized name, int32 ncall,
+int32 nval and nval float32 values already scaled by ncall; weights value / ncall).
+"""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quanta.quant.errors import ConfigError, CorruptFileError
+
+_I32 = struct.Struct("<i")
+
+
+def read_imatrix(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensor name -> float32 weights [values], as llama-quantize normalizes them; CorruptFileError naming the
+    entry for a damaged file or non-finite values, ConfigError for a file that cannot be read."""
+    path = Path(path)
+    try:
+        head = path.open("rb").read(4)
+    except OSError as e:
+        raise ConfigError(f"imatrix {path}: cannot read the file ({e.strerror or e})") from e
+    weights = _read_gguf(path) if head == b"GGUF" else _read_legacy(path)
+    if not weights:
+        raise CorruptFileError(f"imatrix {path}: no entries")
+    for name, w in weights.items():
+        if not torch.isfinite(w).all():
+            raise CorruptFileError(f"imatrix {path}: entry {name!r} holds values that are not finite")
+    return weights
+
+
+def _read_gguf(path: Path) -> dict[str, torch.Tensor]:
+    from quanta.loaders.gguf.file import read_gguf
+
+    f = read_gguf(path)
+    pairs: dict[str, dict[str, object]] = {}
+    for t in f.tensors:
+        for suffix in (".in_sum2", ".counts"):
+            if t.name.endswith(suffix):
+                if t.type.name.lower() != "f32":
+                    raise CorruptFileError(f"imatrix {path}: {t.name} is {t.type.name}, expected F32")
+                pairs.setdefault(t.name.removesuffix(suffix), {})[suffix] = t
+    weights = {}
+    for name, pair in sorted(pairs.items()):
+        if len(pair) != 2:
+            raise CorruptFileError(f"imatrix {path}: {name} has {' '.join(pair)} but not both .in_sum2 and .counts")
+        sums = f.read(pair[".in_sum2"]).view(np.float32)
+        raw = f.read(pair[".counts"]).view(np.float32).astype(np.float64)
+        counts = (np.sign(raw) * np.floor(np.abs(raw) + 0.5)).astype(np.float32)     # C's lround
+        if counts.size == 0 or sums.size % counts.size:
+            raise CorruptFileError(f"imatrix {path}: {name} has {sums.size} sums for {counts.size} counts")
+        per = sums.reshape(counts.size, -1)
+        out = np.where(counts[:, None] > 0, per / np.where(counts > 0, counts, 1)[:, None], np.float32(1))
+        weights[name] = torch.from_numpy(out.astype(np.float32).reshape(-1))
+    return weights
+
+
+def _read_legacy(path: Path) -> dict[str, torch.Tensor]:
+    data = path.read_bytes()
+    pos = 0
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(data):
+            raise CorruptFileError(f"imatrix {path}: cut short in {what} (byte {pos} of {len(data)}); neither a "
+                                   f"GGUF imatrix nor a legacy one")
+        pos += n
+        return data[pos - n:pos]
+
+    n_entries = _I32.unpack(take(4, "the entry count"))[0]
+    if n_entries < 1:
+        raise CorruptFileError(f"imatrix {path}: {n_entries} entries; neither a GGUF imatrix nor a legacy one")
+    weights = {}
+    for i in range(n_entries):
+        where = f"entry {i}"
+        name = take(_I32.unpack(take(4, where))[0], where).decode("utf-8", "replace")
+        ncall, nval = struct.unpack("<ii", take(8, f"{where} ({name!r})"))
+        values = np.frombuffer(take(4 * nval, f"{where} ({name!r})"), dtype=np.float32)
+        if ncall > 0:
+            values = values / np.float32(ncall)
+        weights[name] = torch.from_numpy(values.astype(np.float32))
+    return weights
