@@ -15,7 +15,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 # llama_ftype of each mix / type (llama.h). The default model's rows of 576 are not whole 256-wide K-quant blocks:
 # the mixes fall back per tensor as llama-quantize does, while a plain K type is refused (quantize's own check).
-FTYPES = {"Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q4_0": 2, "Q5_1": 9, "Q8_0": 7}
+FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q4_0": 2, "Q5_1": 9, "Q8_0": 7}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,9 @@ def test_every_tensor_is_byte_identical_with_llama_quantize(name, with_imatrix, 
 
 # A second model whose rows are whole 256-element blocks, so the mixes run their K-quant types rather than the
 # default model's fallbacks: QUANTA_PARITY_MODEL names a checkpoint (benchmarks/train_second_model.py's), else the
-# test writes a random one with heavy-tailed rows. llama_ftype 18 is LLAMA_FTYPE_MOSTLY_Q6_K.
-SECOND_FTYPES = {"Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# test writes a random one with heavy-tailed rows and four query heads a KV head (Q2_K's attn_v rule).
+# llama_ftype 18 is LLAMA_FTYPE_MOSTLY_Q6_K.
+SECOND_FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
 def random_f32_gguf(path, n_layer: int = 4, d: int = 256, ff: int = 768, vocab: int = 512) -> None:
@@ -57,13 +58,13 @@ def random_f32_gguf(path, n_layer: int = 4, d: int = 256, ff: int = 768, vocab: 
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(n_layer), w.add_context_length(2048), w.add_embedding_length(d)
-    w.add_feed_forward_length(ff), w.add_head_count(4), w.add_head_count_kv(2), w.add_rope_freq_base(10000.0)
+    w.add_feed_forward_length(ff), w.add_head_count(8), w.add_head_count_kv(2), w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5), w.add_file_type(0), w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2"), w.add_token_list([f"t{i}" for i in range(vocab)])
     w.add_token_types([1] * vocab), w.add_token_merges([])
     w.add_tensor("token_embd.weight", mat(vocab, d))
     for i in range(n_layer):
-        shapes = {"attn_q": (d, d), "attn_k": (d // 2, d), "attn_v": (d // 2, d), "attn_output": (d, d),
+        shapes = {"attn_q": (d, d), "attn_k": (d // 4, d), "attn_v": (d // 4, d), "attn_output": (d, d),
                   "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff)}
         for name, shape in shapes.items():
             w.add_tensor(f"blk.{i}.{name}.weight", mat(*shape))

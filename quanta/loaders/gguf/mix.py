@@ -11,6 +11,7 @@ from quanta.quant.ggml.types import GGML_TYPES_BY_NAME, QK_K
 
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 MIXES = {"q3_k_m": "q3_K", "q4_k_m": "q4_K", "q5_k_m": "q5_K"}
+MIXED_TYPES = ("q2_k",)      # type names llama-quantize treats as mixes too (its ftype Q2_K)
 K_FALLBACK = {"q2_K": "q4_0", "q3_K": "q4_0", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0"}
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
@@ -50,10 +51,16 @@ def use_more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def _mixed(mix: str, role: str, layer: int, layers: int) -> str:
-    base = MIXES[mix]
-    t = base
-    if mix in ("q4_k_m", "q5_k_m") and role in ("attn_v", "ffn_down") and use_more_bits(layer, layers):
+def is_mix(spec: str) -> bool:
+    """Whether llama-quantize gives `spec`'s weights more than one type (the _M mixes and Q2_K)."""
+    return spec.strip().lower() in MIXES or spec.strip().lower() in MIXED_TYPES
+
+
+def _mixed(mix: str, role: str, layer: int, layers: int, gqa: int) -> str:
+    t = MIXES.get(mix, "q2_K")
+    if mix == "q2_k" and role in ("attn_v", "attn_output", "ffn_down"):
+        t = "q4_K" if role == "attn_v" and gqa >= 4 else "q3_K"
+    elif mix in ("q4_k_m", "q5_k_m") and role in ("attn_v", "ffn_down") and use_more_bits(layer, layers):
         t = "q6_K"
     elif mix == "q3_k_m" and role == "attn_v":
         t = "q5_K" if layer < 2 else "q4_K"
@@ -85,6 +92,7 @@ def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
         (the first and last eighth, and every third between);
       Q3_K_M: Q3_K, attn_v Q5_K on the first two layers and Q4_K after, attn_output Q4_K, ffn_down Q5_K on
         the first sixteenth of the layers and Q4_K after;
+      Q2_K: Q2_K, attn_v Q4_K (4 or more query heads a KV head) or Q3_K, attn_output and ffn_down Q3_K;
       80-layer models (70B) take attn_v at Q5_K where the rules say Q3_K or Q4_K.
     A K-quant whose 256-element blocks do not tile a row falls back as llama-quantize does
     (Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and a type whose 32-element blocks
@@ -96,11 +104,12 @@ def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
         raise ConfigError(f"gguf:{spec}: not a GGUF weight type or mix (known: "
                           f"{', '.join(t.upper() for t in (*WEIGHT_TYPES, *MIXES))})")
     layers, h = config.num_hidden_layers, config.hidden_size
+    gqa = config.num_attention_heads // config.num_key_value_heads
     k_of = {"attn_output": config.num_attention_heads * config.head_dim, "ffn_down": config.intermediate_size}
     types: dict[tuple[str, int | None], str] = {}
     for i in range(layers):
         for role in ROLES:
-            t = _mixed(key, role, i, layers) if key in MIXES else plain[key]
+            t = _mixed(key, role, i, layers, gqa) if is_mix(key) else plain[key]
             if imatrix and role == "ffn_down" and key in ("q4_0", "q5_0") and i < layers // 8:
                 t = {"q4_0": "q4_1", "q5_0": "q5_1"}[key]
             types[(role, i)] = _fits(t, k_of.get(role, h))

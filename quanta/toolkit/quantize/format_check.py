@@ -89,7 +89,7 @@ def _alternatives(opts: QuantizeOptions) -> str:
 
 
 def _check_gguf(opts: QuantizeOptions, cfg) -> None:
-    from quanta.loaders.gguf.mix import MIXES, assign
+    from quanta.loaders.gguf.mix import assign, is_mix
     from quanta.loaders.gguf.writer import ARCH_OF
     from quanta.quant.ggml.quantize import QUANTIZERS
 
@@ -100,7 +100,7 @@ def _check_gguf(opts: QuantizeOptions, cfg) -> None:
     for (role, layer), t in types.types.items():
         if t not in ("f16", "f32", "bf16") and t not in QUANTIZERS:
             raise UnsupportedError(f"quantize: GGUF type {t} ({role}) cannot be produced by quanta's quantizers")
-        if wanted not in MIXES and role not in ("output", "token_embd") and t.lower() != wanted:
+        if not is_mix(wanted) and role not in ("output", "token_embd") and t.lower() != wanted:
             k = cfg.intermediate_size if role == "ffn_down" else \
                 cfg.num_attention_heads * cfg.head_dim if role == "attn_output" else cfg.hidden_size
             raise ConfigError(f"quantize: GGUF {opts.type.upper()} blocks do not tile the rows of "
