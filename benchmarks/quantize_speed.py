@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-FTYPES = {"Q4_0": 2, "Q5_1": 9, "Q8_0": 7, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17}   # llama.h's llama_ftype
+FTYPES = {"Q4_0": 2, "Q5_1": 9, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17,   # llama.h's
+          "IQ4_NL": 25, "IQ4_XS": 30}                                                              # llama_ftype
 
 CHILD = r"""
 import sys, time

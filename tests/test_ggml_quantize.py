@@ -16,7 +16,7 @@ from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 
 GOLDENS = Path(__file__).parent / "fixtures" / "ggml_quant" / "goldens.npz"
 LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
-K_QUANTS = ["q2_K", "q3_K", "q4_K", "q5_K", "q6_K"]
+SEARCHED = ["q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]       # K-quants and IQ4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,7 +45,7 @@ def test_legacy_bit_exact_with_gguf_py(goldens, name):
 
 
 @pytest.mark.parametrize("suffix", ["", "_imatrix"])
-@pytest.mark.parametrize("name", LEGACY + K_QUANTS)
+@pytest.mark.parametrize("name", LEGACY + SEARCHED)
 def test_bit_exact_with_llama_cpp(goldens, name, suffix):
     x = torch.from_numpy(goldens["x"])
     imatrix = torch.from_numpy(goldens["imatrix"]) if suffix else None

@@ -15,7 +15,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 # llama_ftype of each mix / type (llama.h). The default model's rows of 576 are not whole 256-wide K-quant blocks:
 # the mixes fall back per tensor as llama-quantize does, while a plain K type is refused (quantize's own check).
-FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q4_0": 2, "Q5_1": 9, "Q8_0": 7}
+FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q4_0": 2, "Q5_1": 9, "Q8_0": 7, "IQ4_NL": 25,
+          "IQ4_XS": 30}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,8 @@ def test_every_tensor_is_byte_identical_with_llama_quantize(name, with_imatrix, 
 # A second model whose rows are whole 256-element blocks, so the mixes run their K-quant types rather than the
 # default model's fallbacks: QUANTA_PARITY_MODEL names a checkpoint (benchmarks/train_second_model.py's), else the
 # test writes a random one with heavy-tailed rows and four query heads a KV head (Q2_K's attn_v rule).
-# llama_ftype 18 is LLAMA_FTYPE_MOSTLY_Q6_K.
-SECOND_FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# llama_ftype 18 is LLAMA_FTYPE_MOSTLY_Q6_K, 25 IQ4_NL, 30 IQ4_XS.
+SECOND_FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
 
 
 def random_f32_gguf(path, n_layer: int = 4, d: int = 256, ff: int = 768, vocab: int = 512) -> None:
@@ -127,7 +128,7 @@ def second_f32(tmp_path_factory):
 @pytest.mark.parametrize("name", list(SECOND_FTYPES))
 def test_second_model_byte_identical_with_llama_quantize(name, with_imatrix, second_f32, tmp_path):
     a = assert_identical(second_f32, name, SECOND_FTYPES[name], with_imatrix, tmp_path)
-    assert {t for t, _ in a.values()} & {10, 11, 12, 13, 14}, "no K-quant type ran: rows not whole 256-blocks"
+    assert {t for t, _ in a.values()} & {10, 11, 12, 13, 14, 23}, "no K type ran: rows not whole 256-blocks"
 
 
 def assert_identical(src, name: str, ftype: int, with_imatrix: bool, tmp_path) -> dict:

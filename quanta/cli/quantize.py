@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     order.add_argument("--act-order", action="store_true", default=None,
                        help="gptq: quantize columns by decreasing activation (default with --scheme fp8)")
     order.add_argument("--no-act-order", dest="act_order", action="store_false", help="gptq: in column order")
-    p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M Q5_K_M")
+    p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
+                                         "IQ4_XS Q3_K_M Q4_K_M Q5_K_M")
     p.add_argument("--imatrix", nargs="?", const=True, default=False, metavar="FILE",
                    help="gguf: weight the rounding by an importance matrix: llama-imatrix's FILE (GGUF or legacy), "
                         "or, alone, one collected on the calibration text")

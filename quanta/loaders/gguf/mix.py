@@ -11,9 +11,10 @@ from quanta.quant.ggml.types import GGML_TYPES_BY_NAME, QK_K
 
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 MIXES = {"q3_k_m": "q3_K", "q4_k_m": "q4_K", "q5_k_m": "q5_K"}
-MIXED_TYPES = ("q2_k",)      # type names llama-quantize treats as mixes too (its ftype Q2_K)
-K_FALLBACK = {"q2_K": "q4_0", "q3_K": "q4_0", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0"}
-WEIGHT_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
+MIXED_TYPES = ("q2_k", "iq4_nl", "iq4_xs")     # type names llama-quantize gives some tensors other types too
+K_FALLBACK = {"q2_K": "q4_0", "q3_K": "q4_0", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0", "iq4_xs": "iq4_nl"}
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+                "iq4_nl", "iq4_xs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,14 +53,18 @@ def use_more_bits(layer: int, layers: int) -> bool:
 
 
 def is_mix(spec: str) -> bool:
-    """Whether llama-quantize gives `spec`'s weights more than one type (the _M mixes and Q2_K)."""
+    """Whether llama-quantize gives `spec`'s weights more than one type (the _M mixes, Q2_K, IQ4_NL, IQ4_XS)."""
     return spec.strip().lower() in MIXES or spec.strip().lower() in MIXED_TYPES
 
 
-def _mixed(mix: str, role: str, layer: int, layers: int, gqa: int) -> str:
-    t = MIXES.get(mix, "q2_K")
+def _mixed(mix: str, role: str, layer: int, layers: int, gqa: int, imatrix: bool) -> str:
+    t = MIXES.get(mix, {"q2_k": "q2_K"}.get(mix, mix))
     if mix == "q2_k" and role in ("attn_v", "attn_output", "ffn_down"):
         t = "q4_K" if role == "attn_v" and gqa >= 4 else "q3_K"
+    elif mix in ("iq4_nl", "iq4_xs") and role == "attn_v" and gqa >= 4:
+        t = "q5_K"
+    elif mix in ("iq4_nl", "iq4_xs") and role == "ffn_down" and layer < layers // 8 and not imatrix:
+        t = "q5_K"
     elif mix in ("q4_k_m", "q5_k_m") and role in ("attn_v", "ffn_down") and use_more_bits(layer, layers):
         t = "q6_K"
     elif mix == "q3_k_m" and role == "attn_v":
@@ -93,11 +98,13 @@ def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
       Q3_K_M: Q3_K, attn_v Q5_K on the first two layers and Q4_K after, attn_output Q4_K, ffn_down Q5_K on
         the first sixteenth of the layers and Q4_K after;
       Q2_K: Q2_K, attn_v Q4_K (4 or more query heads a KV head) or Q3_K, attn_output and ffn_down Q3_K;
+      IQ4_NL / IQ4_XS: attn_v Q5_K with 4 or more query heads a KV head, ffn_down Q5_K on the first eighth of
+        the layers unless an importance matrix is given;
       80-layer models (70B) take attn_v at Q5_K where the rules say Q3_K or Q4_K.
     A K-quant whose 256-element blocks do not tile a row falls back as llama-quantize does
-    (Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and a type whose 32-element blocks
-    do not tile it either becomes F16. With an importance matrix (`imatrix`), Q4_0 and Q5_0 take ffn_down of the
-    first eighth of the layers in Q4_1 / Q5_1, as llama-quantize does against the early layers' outliers."""
+    (Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), and a type whose
+    32-element blocks do not tile it either becomes F16. With an importance matrix (`imatrix`), Q4_0 and Q5_0
+    take ffn_down of the first eighth of the layers in Q4_1 / Q5_1, as llama-quantize does."""
     key = spec.strip().lower()
     plain = {t.lower(): t for t in WEIGHT_TYPES}
     if key not in MIXES and key not in plain:
@@ -109,7 +116,7 @@ def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
     types: dict[tuple[str, int | None], str] = {}
     for i in range(layers):
         for role in ROLES:
-            t = _mixed(key, role, i, layers, gqa) if is_mix(key) else plain[key]
+            t = _mixed(key, role, i, layers, gqa, imatrix) if is_mix(key) else plain[key]
             if imatrix and role == "ffn_down" and key in ("q4_0", "q5_0") and i < layers // 8:
                 t = {"q4_0": "q4_1", "q5_0": "q5_1"}[key]
             types[(role, i)] = _fits(t, k_of.get(role, h))

@@ -4,7 +4,7 @@ One small function per type maps float32 blocks x [nb, block_size] (and optional
 weights qw, same shape) to uint8 blocks [nb, type_size]; QUANTIZERS is the table of them. Without
 weights each follows ggml-quants.c's `quantize_row_*_ref` (what llama-quantize does without an
 imatrix); with weights, the `quantize_row_*_impl` path llama-quantize takes for an imatrix. The
-legacy types Q4_0 .. Q8_0 are here, the K-quants in kquantize.py.
+legacy types Q4_0 .. Q8_0 are here, the K-quants in kquantize.py, IQ4_NL / IQ4_XS in iq4quantize.py.
 
 An importance matrix is, per input column k, the mean of x_k^2 over calibration activations (what
 llama-imatrix collects and llama-quantize reads); `Imatrix` accumulates one from layer inputs.
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from quanta.quant.ggml import iq4quantize as iq4
 from quanta.quant.ggml import kquantize as kq
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes
@@ -121,6 +122,7 @@ def q8_0(x, qw=None, row_blocks=1):
 QUANTIZERS: dict[str, Callable] = {
     "q4_0": q4_0, "q4_1": q4_1, "q5_0": q5_0, "q5_1": q5_1, "q8_0": q8_0,
     "q2_K": kq.q2_k, "q3_K": kq.q3_k, "q4_K": kq.q4_k, "q5_K": kq.q5_k, "q6_K": kq.q6_k,
+    "iq4_nl": iq4.iq4_nl, "iq4_xs": iq4.iq4_xs,
 }
 _LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
 

@@ -34,12 +34,13 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     asymmetric except gptq, no act-order); group_size is the blocksize for nf4. scheme: the grid gptq
     rounds onto, "int" (default) or "fp8" (e4m3 per channel, dynamic activations, written as --method
     fp8 writes it; act-order unless act_order=False; no bits / group_size / symmetric). type: the GGUF
-    type or mix (Q4_0 .. Q8_0, Q2_K .. Q6_K, Q4_K_M, Q5_K_M). format: the output layout (default per method, see
-    quantize/options.py). calibration: a UTF-8 text file for awq, gptq and gguf with `imatrix` (default
-    WikiText-2 test), cut into n_samples windows of seqlen tokens (default 32 x 512). imatrix: True collects the
-    importance matrix from the calibration text; a path reads llama-imatrix's file (GGUF or legacy). device: where rtn, awq,
-    gptq, fp8 and nf4 run, one layer and the calibration activations at a time ("auto", the default: the GPU
-    when there is one; "cpu"; "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
+    type or mix (Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, Q3_K_M, Q4_K_M, Q5_K_M). format: the output
+    layout (default per method, see quantize/options.py). calibration: a UTF-8 text file for awq, gptq and
+    gguf with `imatrix` (default WikiText-2 test), cut into n_samples windows of seqlen tokens (default
+    32 x 512). imatrix: True collects the importance matrix from the calibration text; a path reads
+    llama-imatrix's file (GGUF or legacy). device: where rtn, awq, gptq, fp8 and nf4 run, one layer and
+    the calibration activations at a time ("auto", the default: the GPU when there is one; "cpu";
+    "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
     """
     start = time.perf_counter()
