@@ -120,6 +120,19 @@ def test_q4_k_runs_on_the_packed_int4_kernel():
     assert state.packed.nbytes + state.scales_zeros.nbytes <= 1.15 * w.nbytes
 
 
+def test_a_forced_kernel_that_cannot_run_the_weights_is_named(tmp_path):
+    """`kernel=` names a kernel: one that does not exist for these weights is a ConfigError listing the ones that
+    do, and "auto" lets the registry choose (validate reports the choice as "auto")."""
+    from quanta.engine.config import EngineConfig
+    from quanta.quant.errors import ConfigError
+    w, _ = k_quant(64, 512, "Q4_K")
+    with pytest.raises(ConfigError, match="kernel 'triton_fp8' cannot run .* on cpu; the kernels for these weights "
+                                          "are cpu_int4, cpu_int8, cpu_rows, dequantized"):
+        registry.select(w, CPU, torch.float32, force="triton_fp8")
+    assert registry.select(w, CPU, torch.float32, force="cpu_rows")[0] is cpu_rows
+    assert EngineConfig(model=str(tmp_path), device="cpu", kernel="auto").kernel is None
+
+
 @pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_a_tied_16_bit_table_is_held_once_on_the_cpu(tmp_path, stored):
     """A tied model stored in 16 bits, run with float32 activations: the embedding keeps the table in its 16 bits

@@ -47,7 +47,8 @@ ENGINE_OPTIONS: list[tuple[str, str, dict]] = [
                                                  "default auto")),
     ("--dtype", "dtype", dict(help="compute dtype: auto, float32, bfloat16, float16")),
     ("--device", "device", dict(help="cpu or cuda (default: cuda when available)")),
-    ("--kernel", "kernel", dict(help="force one kernel by name for every quantized layer")),
+    ("--kernel", "kernel", dict(help="force one kernel by name for every quantized layer (default auto: quanta "
+                                     "chooses per layer; `quanta inspect` lists the choices)")),
     ("--max-model-len", "max_model_len", dict(type=int, help="context length (default: the model's)")),
     ("--kv-cache-dtype", "kv_cache_dtype", dict(help="auto, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2")),
     ("--block-size", "block_size", dict(type=int, help="tokens per KV-cache block")),

@@ -24,7 +24,7 @@ class EngineConfig(MemoryRequest):
     device: str | None = None           # default: cuda if available, else cpu
     seed: int = 0
     tokenizer: str | None = None        # a tokenizer directory overriding the checkpoint's own
-    kernel: str | None = None           # force one kernel (by NAME) for every quantized layer
+    kernel: str | None = None           # force one kernel (by NAME) for every quantized layer; "auto": choose
     quiet: bool = False                 # no progress bars (loading, generating) for scripts
     enable_prefix_caching: bool = True
     async_scheduling: bool | None = None   # launch the next decode step before this one's tokens are
@@ -40,6 +40,8 @@ class EngineConfig(MemoryRequest):
     max_cpu_loras: int | None = None    # adapters kept read on the host (default max_loras; at least that)
 
     def __post_init__(self):
+        if self.kernel == "auto":
+            self.kernel = None
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.max_num_batched_tokens is None and torch.device(self.device).type == "cpu":

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from quanta.quant.errors import UnsupportedError
+from quanta.quant.errors import ConfigError, UnsupportedError
 from quanta.quant.qtensor import QTensor
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,12 @@ def select(weight: torch.Tensor | QTensor, device: torch.device, dtype: torch.dt
     if names is None:
         raise UnsupportedError(f"no kernel for {key[0]} weights on {key[1]}")
     passed = []
-    for path in names:
-        module = importlib.import_module(path)
+    modules = [importlib.import_module(path) for path in names]
+    if force is not None and force not in {m.NAME for m in modules}:
+        raise ConfigError(f"kernel {force!r} cannot run {_describe(weight)} on {device.type}; the kernels for "
+                          f"these weights are {', '.join(m.NAME for m in modules)} (kernel=None, or 'auto', lets "
+                          f"quanta choose)")
+    for module in modules:
         if force is not None and module.NAME != force:
             continue
         why_not = (avoid or {}).get(module.NAME) or module.supports(weight, device, dtype)
