@@ -44,7 +44,9 @@ def timed(engine: str, src: Path, dst: Path, name: str) -> float:
     """Seconds of one quantizing call in a fresh process."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
     run = subprocess.run([sys.executable, "-c", CHILD, engine, str(src), str(dst), name, str(FTYPES[name])],
-                         capture_output=True, text=True, env=env, check=True)
+                         capture_output=True, text=True, env=env)
+    if run.returncode:
+        raise SystemExit(f"{engine} {name} failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     return float(run.stdout.strip().splitlines()[-1])
 
 
@@ -70,12 +72,13 @@ def main() -> None:
         quanta.convert(default_model_path(), "gguf:F32", src, validate=False, quiet=True)
         for name in args.types.split(","):
             times = {"llama.cpp": [], "quanta": []}
+            out = {engine: Path(tmp) / f"{engine}-{name}-0.gguf" for engine in times}
             for i in range(args.runs):
                 for engine in times:
-                    times[engine].append(timed(engine, src, Path(tmp) / f"{engine}-{i}.gguf", name))
+                    times[engine].append(timed(engine, src, Path(tmp) / f"{engine}-{name}-{i}.gguf", name))
             row = {"type": name, "llama_cpp_s": statistics.median(times["llama.cpp"]),
                    "quanta_s": statistics.median(times["quanta"]), "runs": times,
-                   "byte_identical": same_tensors(Path(tmp) / "llama.cpp-0.gguf", Path(tmp) / "quanta-0.gguf")}
+                   "byte_identical": same_tensors(out["llama.cpp"], out["quanta"])}
             row["ratio"] = row["quanta_s"] / row["llama_cpp_s"]
             rows.append(row)
     result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",

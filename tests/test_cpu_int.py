@@ -56,6 +56,7 @@ def test_gguf_q8_0_runs_on_the_int8_kernel_at_its_bytes():
     assert module is cpu_int8 and "cpu_int4: needs plain 4-bit" in reason
     st = cpu_int8.prepare(w, torch.device("cpu"), torch.bfloat16)
     assert st.codes.nbytes == 96 * 256 and st.codes.dtype == torch.int8
+    assert st.codes.nbytes + st.exact_scales.nbytes == w.data.nbytes          # Q8_0's own bytes, nothing more
     x = torch.randn(3, 256)
     assert rel_err(cpu_int8.apply(x, st), x.double() @ ref_w.double().T) < 2e-2
     assert torch.equal(st.exact_rows(torch.arange(96)), ref_w)

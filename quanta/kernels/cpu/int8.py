@@ -5,7 +5,8 @@ torch's kernel takes one scale per output row. A weight with groups along K is h
 side, codes [groups, N, group] (the same bytes as the codes) with scales [groups, N], and computed as one call per
 group summed in float32 in group order: every row's sum runs in the same order whatever the batch. The kernel is
 fast only at bfloat16 input (its float32 path is a reference loop), so activations and scales are rounded to it, as
-cpu_int4's are; `exact_rows` gives float32 rows of the weight itself, for recomputing the few logits that can be a
+cpu_int4's are. The scales are held once, exactly (GGUF Q8_0's fp16: the file's bytes), and rounded to bfloat16 a
+group at a call; `exact_rows` gives float32 rows of the weight itself, for recomputing the few logits that can be a
 row's largest (cpu_matmul.refine_top).
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ ROUNDINGS = 4
 @dataclass
 class State:
     codes: torch.Tensor     # int8 [groups, N, group]: group g's columns of every row
-    scales: torch.Tensor    # bf16 [groups, N]
     exact_scales: torch.Tensor  # [groups, N] float16 where that holds them exactly (GGUF's, GPTQ's), else float32
 
     dtype = torch.bfloat16  # what the products run in
@@ -75,7 +75,7 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
     codes = (a.codes.to(torch.int16) - 128).to(torch.int8).view(n, groups, k // groups)
     scales = a.effective_scales().float().T.contiguous()
     exact = scales.half() if torch.equal(scales.half().float(), scales) else scales
-    return State(codes.permute(1, 0, 2).contiguous(), scales.to(torch.bfloat16), exact)
+    return State(codes.permute(1, 0, 2).contiguous(), exact)
 
 
 def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,7 +83,8 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
     rows = x.reshape(-1, groups, width).to(torch.bfloat16)
     y = torch.zeros(rows.shape[0], n)
     for g in range(groups):
-        y += torch.ops.aten._weight_int8pack_mm(rows[:, g].contiguous(), state.codes[g], state.scales[g])
+        scales = state.exact_scales[g].to(torch.bfloat16)
+        y += torch.ops.aten._weight_int8pack_mm(rows[:, g].contiguous(), state.codes[g], scales)
     return cpu_affine.finish(y, x.shape[:-1], n, x.dtype, bias)
 
 
