@@ -110,3 +110,4 @@ def test_cli_takes_a_file_or_the_bare_flag():
     assert parser.parse_args(base + ["--imatrix", "imatrix.gguf"]).imatrix == "imatrix.gguf"
     assert parser.parse_args(base + ["--imatrix"]).imatrix is True
     assert parser.parse_args(base).imatrix is False
+

@@ -98,6 +98,36 @@ def test_output_loads_dequantizes_close_and_runs(case, tiny, tmp_path):
     assert float((logits - ref_logits).norm() / ref_logits.norm()) < lerr
 
 
+def test_the_collected_imatrix_is_saved_as_llama_imatrix_writes_it(tiny, tmp_path):
+    """--save-imatrix: per linear `<name>.in_sum2` (sums of x^2 per input column) and `<name>.counts` (the rows),
+    F32, read with the gguf package; q/k/v share one input, so one set of sums; read back as llama-quantize does."""
+    import gguf
+    import numpy as np
+    from quanta.quant.ggml.imatrix_file import read_imatrix
+    path, weights, _, _ = tiny
+    saved = tmp_path / "imatrix.gguf"
+    quanta.quantize(path, tmp_path / "q.gguf", "gguf", type="Q8_0", imatrix=True, save_imatrix=saved, quiet=True,
+                    **CALIB)
+    reader = gguf.GGUFReader(saved)
+    data = {t.name: np.asarray(t.data) for t in reader.tensors}
+    assert len(data) == 2 * 2 * 7 and {t.tensor_type for t in reader.tensors} == {gguf.GGMLQuantizationType.F32}
+    rows = CALIB["n_samples"] * CALIB["seqlen"]
+    assert all(data[n].tolist() == [float(rows)] for n in data if n.endswith(".counts"))
+    k_down = weights["model.layers.1.mlp.down_proj.weight"].shape[1]
+    assert data["blk.1.attn_q.weight.in_sum2"].shape == (64,)
+    assert data["blk.1.ffn_down.weight.in_sum2"].shape == (k_down,)
+    assert np.array_equal(data["blk.1.attn_q.weight.in_sum2"], data["blk.1.attn_v.weight.in_sum2"])
+    assert (data["blk.1.attn_q.weight.in_sum2"] > 0).all()
+    fields = reader.fields
+    assert fields["imatrix.chunk_count"].parts[-1][0] == CALIB["n_samples"]
+    assert fields["imatrix.chunk_size"].parts[-1][0] == CALIB["seqlen"]
+    assert torch.equal(read_imatrix(saved)["blk.0.ffn_up.weight"],
+                       torch.from_numpy(data["blk.0.ffn_up.weight.in_sum2"] / np.float32(rows)))
+    with pytest.raises(ConfigError, match="save_imatrix writes the importance matrix collected"):
+        quanta.quantize(path, tmp_path / "r.gguf", "gguf", type="Q8_0", save_imatrix=tmp_path / "x", quiet=True)
+    assert not (tmp_path / "r.gguf").exists() and not (tmp_path / "x").exists()
+
+
 def test_rtn_error_is_at_most_half_a_step(tiny, tmp_path):
     """AWQ-convention RTN: every weight within half its group's step (max - min) / 15 of the source
     (plus the float16 rounding of the stored scale)."""

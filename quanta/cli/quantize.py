@@ -5,6 +5,7 @@
     quanta quantize model.gguf --method gptq --scheme fp8 --out model-fp8
     quanta quantize model/ --method gguf --type Q4_K_M --imatrix --out model-Q4_K_M.gguf
     quanta quantize model.gguf --method gguf --type Q4_K_M --imatrix imatrix.gguf --out model-Q4_K_M.gguf
+    quanta quantize model/ --method gguf --type Q4_K_M --imatrix --save-imatrix imatrix.gguf --out model-Q4_K_M.gguf
 
 SIGTERM is turned into an exception while it runs, so an interrupted run removes its temporary
 output as Ctrl-C (SIGINT) does: nothing appears under --out unless the run completes.
@@ -28,8 +29,8 @@ def cmd_quantize(args) -> None:
         summary = quantize(model, args.out, args.method, bits=args.bits, group_size=args.group_size,
                            symmetric=args.symmetric, act_order=args.act_order, type=args.type, format=args.format,
                            calibration=args.calibration, n_samples=args.samples, seqlen=args.seqlen,
-                           imatrix=args.imatrix, scheme=args.scheme, device=args.device, overwrite=args.overwrite,
-                           quiet=args.quiet or args.json)
+                           imatrix=args.imatrix, save_imatrix=args.save_imatrix, scheme=args.scheme,
+                           device=args.device, overwrite=args.overwrite, quiet=args.quiet or args.json)
     print(summary.to_json() if args.json else summary.table(worst=args.worst))
 
 
@@ -60,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or, alone, one collected on the calibration text")
     p.add_argument("--format", choices=formats, help="output layout (default: awq for asymmetric 4-bit rtn/awq, "
                                                     "gptq otherwise; compressed-tensors for fp8, bnb for nf4)")
+    p.add_argument("--save-imatrix", metavar="FILE", help="gguf --imatrix: also write the collected importance matrix "
+                                                          "as llama-imatrix does (llama-quantize --imatrix reads it)")
     p.add_argument("--calibration", help="calibration text for awq, gptq, --imatrix "
                                          "(default: ../shared/data/wikitext-2-raw-test.txt)")
     p.add_argument("--samples", type=int, help=f"calibration windows (default {DEFAULT_SAMPLES})")

@@ -1,7 +1,9 @@
-"""llama.cpp's importance-matrix files (what `llama-imatrix` writes, `llama-quantize --imatrix` reads), read into
-the per-column weights llama-quantize hands each tensor's quantizer.
+"""llama.cpp's importance-matrix files (what `llama-imatrix` writes, `llama-quantize --imatrix` reads): read into
+the per-column weights llama-quantize hands each tensor's quantizer, and written from quanta's own collection.
 
     weights = read_imatrix("imatrix.gguf")        # {"blk.0.attn_q.weight": float32 [in_features], ...}
+    write_imatrix("imatrix.gguf", {"blk.0.attn_q.weight": (sums, rows), ...}, datasets=["calibration.txt"],
+                  chunk_count=32, chunk_size=512)  # llama-imatrix's GGUF layout, which llama-quantize reads
 
 Two layouts, told apart by the magic: the GGUF one (a tensor pair per weight, `<name>.in_sum2` the sums of x^2
 and `<name>.counts` the rows summed, one count per expert; weights in_sum2 / count in float32, or 1 where the
@@ -10,7 +12,9 @@ int32 nval and nval float32 values already scaled by ncall; weights value / ncal
 """
 from __future__ import annotations
 
+import os
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +93,34 @@ def _read_legacy(path: Path) -> dict[str, torch.Tensor]:
             values = values / np.float32(ncall)
         weights[name] = torch.from_numpy(values.astype(np.float32))
     return weights
+
+
+def write_imatrix(path: str | Path, entries: dict[str, tuple[torch.Tensor, int]], datasets: list[str],
+                  chunk_count: int, chunk_size: int) -> Path:
+    """Write llama-imatrix's GGUF layout: per tensor `<name>.in_sum2` (the sums of x^2 per input column, F32) and
+    `<name>.counts` (the rows summed, F32 [1]), with the datasets and the chunk count and size; built beside `path`
+    and renamed into place."""
+    from quanta.loaders.gguf.encode import encode_header, pad
+    from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
+
+    f32 = GGML_TYPES_BY_NAME["f32"].id
+    blobs, infos, offset = [], [], 0
+    for name, (sums, count) in entries.items():
+        for suffix, data in ((".in_sum2", sums.detach().cpu().float().numpy()), (".counts", np.float32([count]))):
+            raw = np.ascontiguousarray(data, dtype="<f4").tobytes()
+            infos.append((name + suffix, (len(raw) // 4,), f32, offset))
+            blobs += [raw, bytes(pad(len(raw)) - len(raw))]
+            offset += pad(len(raw))
+    metadata = {"general.type": "imatrix", "imatrix.datasets": list(datasets), "imatrix.chunk_count": chunk_count,
+                "imatrix.chunk_size": chunk_size}
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(encode_header(metadata, infos))
+            out.writelines(blobs)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

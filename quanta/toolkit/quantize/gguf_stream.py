@@ -38,6 +38,7 @@ class GgufStream:
         self.report: list[ReportRow] = []
         self.names = sorted(ckpt.tensors, key=model_order)
         self.file_weights = None if imatrix_file is None else self._file_weights(imatrix_file)
+        self.collected: dict[str, Imatrix] = {}      # GGUF name -> the Imatrix collected for it, as it runs
 
     def _file_weights(self, path) -> dict[str, torch.Tensor]:
         """llama-imatrix's entries by GGUF name, checked against the weights' columns before any work (entries
@@ -95,6 +96,8 @@ class GgufStream:
                 rel = LAYER_NAME.fullmatch(n).group(2)
                 linear = rel.removesuffix(".weight")
                 t = originals[rel] if weights is None else weights[rel]
+                if imatrix is not None and linear in INPUT_OF:
+                    self.collected[gguf_name(n)] = imatrix[INPUT_OF[linear]]
                 yield n, self._quantized(n, t, imatrix[INPUT_OF[linear]].weights()
                                          if imatrix is not None and linear in INPUT_OF else None)
         for name in self.names:

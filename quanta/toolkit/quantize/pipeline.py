@@ -26,8 +26,8 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
              group_size: int | None = None, symmetric: bool | None = None, act_order: bool | None = None,
              type: str | None = None, format: str | None = None, calibration: str | Path | None = None,
              n_samples: int | None = None, seqlen: int | None = None, imatrix: bool | str | Path = False,
-             scheme: str | None = None, device: str | None = None, overwrite: bool = False,
-             quiet: bool = False) -> QuantizeSummary:
+             save_imatrix: str | Path | None = None, scheme: str | None = None, device: str | None = None,
+             overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
     """Quantize checkpoint `model` with `method` (rtn, awq, gptq, fp8, nf4, gguf) into `out`.
 
     bits / group_size / symmetric / act_order: the integer scheme (rtn, awq, gptq; defaults 4, 128,
@@ -38,7 +38,8 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     layout (default per method, see quantize/options.py). calibration: a UTF-8 text file for awq, gptq and
     gguf with `imatrix` (default WikiText-2 test), cut into n_samples windows of seqlen tokens (default
     32 x 512). imatrix: True collects the importance matrix from the calibration text; a path reads
-    llama-imatrix's file (GGUF or legacy). device: where rtn, awq, gptq, fp8 and nf4 run, one layer and
+    llama-imatrix's file (GGUF or legacy); save_imatrix: where to write the collected one, as llama-imatrix
+    writes it (for llama-quantize, or a later run). device: where rtn, awq, gptq, fp8 and nf4 run, one layer and
     the calibration activations at a time ("auto", the default: the GPU when there is one; "cpu";
     "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
@@ -49,6 +50,11 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
                                    n_samples=n_samples, seqlen=seqlen, imatrix=imatrix, scheme=scheme)
     where = _device(opts, device)
     out = _destination(out, opts, overwrite)
+    if save_imatrix is not None:
+        if opts.imatrix is not True:
+            raise ConfigError("quantize: save_imatrix writes the importance matrix collected from the calibration "
+                              "text: it needs --method gguf with imatrix=True (--imatrix alone)")
+        save_imatrix = check_destination(save_imatrix, overwrite)
     from quanta.loaders import load
     from quanta.toolkit.quantize.format_check import check_model, writer_options
 
@@ -66,6 +72,10 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
         run = GgufStream(ckpt, opts.type, data, quiet, imatrix_file=opts.imatrix
                          if isinstance(opts.imatrix, Path) else None)
         write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite, with_imatrix=bool(opts.imatrix))
+        if save_imatrix is not None:
+            from quanta.quant.ggml.imatrix_file import write_imatrix
+            write_imatrix(save_imatrix, {name: (m.sums, m.count) for name, m in run.collected.items()},
+                          [opts.calibration.name], opts.n_samples, opts.seqlen)
     else:
         from quanta.loaders import write
         from quanta.quant.quantize_model import quantize_checkpoint
