@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels import bench, copy_bandwidth  # noqa: E402
+from linears import bench, copy_bandwidth  # noqa: E402
 
 from quanta.kernels import paged_attention, paged_kv  # noqa: E402
 

@@ -1,10 +1,7 @@
-"""What every benchmark script does last: its result as one JSON line on stdout, and in --out when given; and, for
-the scripts that load tokenizers, this folder taken off the import path."""
+"""What every benchmark script does last: its result as one JSON line on stdout, and in --out when given."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 
 def emit(result: dict, out: str | None) -> None:
@@ -15,9 +12,3 @@ def emit(result: dict, out: str | None) -> None:
             f.write(text + "\n")
     print(text)
 
-
-def leave_path() -> None:
-    """Take this folder off sys.path (where a script inserted it, and where Python put it to run one): its kernels.py
-    would shadow the `kernels` package that transformers imports while it builds a tokenizer."""
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != here]

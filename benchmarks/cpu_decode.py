@@ -23,10 +23,6 @@ import torch
 from quanta.engine import LLM, SamplingParams
 from quanta.cli.default_model import default_model_path
 
-from bench_io import leave_path
-
-leave_path()
-
 
 PROMPT = "The history of the Roman Empire begins with"
 

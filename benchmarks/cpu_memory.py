@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_io import emit, leave_path  # noqa: E402
-
-leave_path()
+from bench_io import emit  # noqa: E402
 
 
 def file_bytes(path: str) -> int:

@@ -29,9 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import local_server  # noqa: E402
-from bench_io import emit, leave_path  # noqa: E402
-
-leave_path()
+from bench_io import emit  # noqa: E402
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggml_gemm import random_gguf  # noqa: E402
-from kernels import SHAPES, affine_w, bench, check_close, copies, start_run, write_run  # noqa: E402
+from linears import SHAPES, affine_w, bench, check_close, copies, start_run, write_run  # noqa: E402
 
 from quanta.kernels import affine, ggml_gemm  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402

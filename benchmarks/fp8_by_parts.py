@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels import SHAPES, bench, copies  # noqa: E402
+from linears import SHAPES, bench, copies  # noqa: E402
 
 from quanta.kernels import fp8_gemm  # noqa: E402
 

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
+from linears import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
 
 from quanta.kernels import fp8_gemm, fp8_gemv  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402

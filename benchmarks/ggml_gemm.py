@@ -5,7 +5,7 @@ weight and the W4A16 g128 affine kernels, on the Llama-3-8B shapes, with the cop
                                    [--ms 1,16,256,2048] [--layers qkv,o,gate_up,down] [--paths]
 
 Weights are random valid blocks (random bytes, the fp16 d / dmin fields small and finite), made on the GPU. Each
-timing is kernels.py's: the median of CUDA-event-timed CUDA graph replays after a warm-up, rotating over enough
+timing is linears.py's: the median of CUDA-event-timed CUDA graph replays after a warm-up, rotating over enough
 weight copies that the L2 holds none between two uses. Every kernel's output is first checked against the cuBLAS
 product of the dequantized weight (1% relative). GB/s counts the weight's stored bytes (GgmlState.nbytes, the
 file's) at M = 1, and its share of the copy bandwidth. `--paths` also times each of the ggml paths forced at every
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
+from linears import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
 
 from quanta.kernels import ggml_gemm  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402

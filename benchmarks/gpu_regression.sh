@@ -21,7 +21,7 @@ builds=(". this")
 
 if has kernels; then
   echo "== kernels"
-  timeout "${KERNELS_TIMEOUT:-230}" python3 benchmarks/kernels.py --out "$OUT/kernels.json" --models 8b,70b \
+  timeout "${KERNELS_TIMEOUT:-230}" python3 benchmarks/linears.py --out "$OUT/kernels.json" --models 8b,70b \
     --ms 1,16,256,1024 2>&1 | grep -v '^{' | tail -n 40
 fi
 if has latency; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence for the Triton kernels, on a machine with no network: GPU tests at real shapes against
-# the references, then benchmarks/kernels.py (full JSON to $OUT/kernels.json, a short table printed last).
-#   usage: [SKIP_TESTS=1] bash benchmarks/gpu_suite.sh [kernels.py args, e.g. --models 8b --sweep]
+# the references, then benchmarks/linears.py (full JSON to $OUT/kernels.json, a short table printed last).
+#   usage: [SKIP_TESTS=1] bash benchmarks/gpu_suite.sh [linears.py args, e.g. --models 8b --sweep]
 # bitsandbytes (the NF4 peer) comes as a wheel in .whl/ (../shared/tools/gpu-wheels.sh .whl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_thr
 CLOCKS=$!
 capped() { nvidia-smi -q -d PERFORMANCE | grep -m1 "SW Power Capping" | grep -o '[0-9]* us'; }   # driver's counter
 CAPPED0=$(capped)
-python3 benchmarks/kernels.py --out "$OUT/kernels.json" "$@" 2>&1 | while IFS= read -r line; do
+python3 benchmarks/linears.py --out "$OUT/kernels.json" "$@" 2>&1 | while IFS= read -r line; do
   printf '%s %s\n' "$(date +%H:%M:%S.%N | cut -c1-12)" "$line"; done | tee "$OUT/bench.log" | grep -v '^[0-9:.]* {'
 kill $CLOCKS 2>/dev/null
 echo "time under the software power cap (driver counter): $CAPPED0 before the benchmarks, $(capped) after"

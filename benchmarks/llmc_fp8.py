@@ -19,9 +19,6 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)          # this folder's kernels.py would shadow the `kernels` package transformers probes for
-
 import torch  # noqa: E402
 
 LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.")

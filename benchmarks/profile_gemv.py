@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
+from linears import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E402
 
 from quanta.kernels import affine  # noqa: E402
 from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402

@@ -24,10 +24,6 @@ from pathlib import Path
 
 import torch
 
-from bench_io import leave_path
-
-leave_path()
-
 
 def package_files(names: list[str]) -> list[Path]:
     """The .py files of the installed packages, sorted so that a run is reproducible."""

@@ -1,7 +1,7 @@
 """Kernel benchmark on Llama-3 8B / 70B linear shapes: quanta's Triton kernels vs torch fp16 (cuBLAS) and
 bitsandbytes NF4, in one run, against the measured device-to-device copy bandwidth.
 
-    python benchmarks/kernels.py --out results.json [--quick]
+    python benchmarks/linears.py --out results.json [--quick]
 
 GPU time per call, as a decode step under CUDA graphs sees it: each variant's calls are captured into one
 CUDA graph cycling over enough weight copies (and 4 activation buffers) that more than 150 MB lies between
