@@ -1,4 +1,4 @@
-"""llama-imatrix's files read as llama-quantize reads them (quant/ggml/imatrix_file.py), and `quanta quantize
+"""llama-imatrix's files read as llama-quantize reads them (loaders/gguf/imatrix.py), and `quanta quantize
 --imatrix FILE` refusing what cannot apply before any work. The files are written here in llama.cpp's layouts:
 the GGUF one with the gguf package, the legacy one byte by byte (tools/imatrix's save_imatrix_legacy)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import quanta
 from quanta.cli.quantize import register
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
-from quanta.quant.ggml.imatrix_file import read_imatrix
+from quanta.loaders.gguf.imatrix import read_imatrix
 
 
 def gguf_imatrix(path, entries: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:

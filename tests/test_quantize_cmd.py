@@ -103,7 +103,7 @@ def test_the_collected_imatrix_is_saved_as_llama_imatrix_writes_it(tiny, tmp_pat
     F32, read with the gguf package; q/k/v share one input, so one set of sums; read back as llama-quantize does."""
     import gguf
     import numpy as np
-    from quanta.quant.ggml.imatrix_file import read_imatrix
+    from quanta.loaders.gguf.imatrix import read_imatrix
     path, weights, _, _ = tiny
     saved = tmp_path / "imatrix.gguf"
     quanta.quantize(path, tmp_path / "q.gguf", "gguf", type="Q8_0", imatrix=True, save_imatrix=saved, quiet=True,

@@ -5,7 +5,7 @@ llama-quantize gives it for the asked type or mix (gguf.mix.assign), one tensor 
     write_gguf(dst, ckpt, stream, ggml_type="Q4_K_M")      # Gguf weights of the asked type pass as they are
     stream.report                                          # [ReportRow] weight errors
 
-With an imatrix file (llama-imatrix's, quant/ggml/imatrix_file.py) each tensor takes its entry by GGUF name, as
+With an imatrix file (llama-imatrix's, loaders/gguf/imatrix.py) each tensor takes its entry by GGUF name, as
 llama-quantize does. With calibration data the importance matrix is collected as llama-imatrix does (the mean of
 x_k^2 over every token row reaching a linear, quant.ggml.quantize.Imatrix) by running the unquantized model one
 decoder layer at a time (quant/calibration.py); each layer's linears are quantized with it as soon as that layer
@@ -44,7 +44,7 @@ class GgufStream:
         """llama-imatrix's entries by GGUF name, checked against the weights' columns before any work (entries
         for tensors this model lacks are ignored, as llama-quantize ignores them)."""
         from quanta.quant.errors import ShapeError
-        from quanta.quant.ggml.imatrix_file import read_imatrix
+        from quanta.loaders.gguf.imatrix import read_imatrix
 
         entries = read_imatrix(path)
         for name in self.names:

@@ -73,7 +73,7 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
                          if isinstance(opts.imatrix, Path) else None)
         write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite, with_imatrix=bool(opts.imatrix))
         if save_imatrix is not None:
-            from quanta.quant.ggml.imatrix_file import write_imatrix
+            from quanta.loaders.gguf.imatrix import write_imatrix
             write_imatrix(save_imatrix, {name: (m.sums, m.count) for name, m in run.collected.items()},
                           [opts.calibration.name], opts.n_samples, opts.seqlen)
     else:
