@@ -9,7 +9,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from quanta.quant import chunks  # noqa: E402
-from quanta.quant.errors import ShapeError, UnsupportedError  # noqa: E402
+from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError  # noqa: E402
 from quanta.quant.ggml.quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
 from quanta.quant.kinds.affine import Affine  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
@@ -85,6 +85,14 @@ def test_imatrix_is_mean_square_per_column():
     assert torch.equal(m.weights(), torch.tensor([11 / 3, 5 / 3, 2 / 3]))
     with pytest.raises(ShapeError, match="2 columns, expected 3"):
         m.add(torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_K", "iq4_xs"])
+def test_non_finite_weights_are_refused(name):
+    w = torch.randn(4, 256)
+    w[2, 17] = float("nan")
+    with pytest.raises(CorruptFileError, match=r"blk.2.ffn_up \[4, 256\]: holds NaN or infinite values"):
+        quantize(w, name, what="blk.2.ffn_up")
 
 
 def test_bad_requests_are_typed():

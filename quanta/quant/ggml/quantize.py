@@ -17,7 +17,7 @@ import torch
 
 from quanta.quant.ggml import iq4quantize as iq4
 from quanta.quant.ggml import kquantize as kq
-from quanta.quant.errors import ShapeError, UnsupportedError
+from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes
 from quanta.quant.ggml.qsearch import make_qkx_quants, make_qx_quants, seq_sum, sqrtf
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
@@ -157,6 +157,9 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     if imatrix is not None and tuple(imatrix.shape) != (k,):
         raise ShapeError(f"{what} {[n, k]}: imatrix must have shape [{k}], got {list(imatrix.shape)}")
     w = w.detach()                                # stays on its device: CUDA float ops round as the C does
+    if not bool(torch.isfinite(w).all()):
+        raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML blocks "
+                               f"cannot represent them")
     qw = None if imatrix is None else imatrix.detach().to(w.device, torch.float32).expand(n, k)
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
     rows = max(1, _CHUNK // k)
