@@ -157,9 +157,6 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     if imatrix is not None and tuple(imatrix.shape) != (k,):
         raise ShapeError(f"{what} {[n, k]}: imatrix must have shape [{k}], got {list(imatrix.shape)}")
     w = w.detach()                                # stays on its device: CUDA float ops round as the C does
-    if not bool(torch.isfinite(w).all()):
-        raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML blocks "
-                               f"cannot represent them")
     qw = None if imatrix is None else imatrix.detach().to(w.device, torch.float32).expand(n, k)
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
     rows = max(1, _CHUNK // k)
@@ -167,6 +164,9 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
     for start in range(0, n, rows):
         x = w[start:start + rows].float().reshape(-1, t.block_size)     # float32 a chunk at a time
+        if not bool(torch.isfinite(x).all()):     # a chunk's mask, not the whole weight's: memory stays bounded
+            raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML "
+                                   f"blocks cannot represent them")
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])
