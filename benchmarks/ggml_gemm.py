@@ -100,7 +100,7 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
 
 
 def prepared_copies_ggml(w: Gguf) -> list:
-    """Rotating copies (kernels.copies) of the weight in the ggml kernels' layout for fp16."""
+    """Rotating copies (linears.copies) of the weight in the ggml kernels' layout for fp16."""
     return copies(lambda: ggml_gemm.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
 
 

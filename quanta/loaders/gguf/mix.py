@@ -57,9 +57,12 @@ def is_mix(spec: str) -> bool:
     return spec.strip().lower() in MIXES or spec.strip().lower() in MIXED_TYPES
 
 
-def _mixed(mix: str, role: str, layer: int, layers: int, gqa: int, imatrix: bool) -> str:
-    t = MIXES.get(mix, {"q2_k": "q2_K"}.get(mix, mix))
-    if mix == "q2_k" and role in ("attn_v", "attn_output", "ffn_down"):
+def _tensor_type(mix: str, t: str, role: str, layer: int, layers: int, gqa: int, imatrix: bool) -> str:
+    """llama_tensor_get_type's rules for a Llama-style model: the type of `role` in `layer` for type or mix `mix`
+    whose base type is `t`."""
+    if mix in ("q4_0", "q5_0") and role == "ffn_down" and layer < layers // 8 and imatrix:
+        t = {"q4_0": "q4_1", "q5_0": "q5_1"}[mix]
+    elif mix == "q2_k" and role in ("attn_v", "attn_output", "ffn_down"):
         t = "q4_K" if role == "attn_v" and gqa >= 4 else "q3_K"
     elif mix in ("iq4_nl", "iq4_xs") and role == "attn_v" and gqa >= 4:
         t = "q5_K"
@@ -73,7 +76,7 @@ def _mixed(mix: str, role: str, layer: int, layers: int, gqa: int, imatrix: bool
         t = "q4_K"
     elif mix == "q3_k_m" and role == "ffn_down":
         t = "q5_K" if layer < layers // 16 else "q4_K"
-    if role == "attn_v" and layers == 80 and t in ("q3_K", "q4_K"):
+    if is_mix(mix) and role == "attn_v" and layers == 80 and t in ("q3_K", "q4_K"):
         t = "q5_K"
     return t
 
@@ -113,14 +116,11 @@ def assign(spec: str, config: ModelConfig, imatrix: bool = False) -> GgufTypes:
     layers, h = config.num_hidden_layers, config.hidden_size
     gqa = config.num_attention_heads // config.num_key_value_heads
     k_of = {"attn_output": config.num_attention_heads * config.head_dim, "ffn_down": config.intermediate_size}
+    base = MIXES.get(key, plain.get(key))
     types: dict[tuple[str, int | None], str] = {}
     for i in range(layers):
         for role in ROLES:
-            t = _mixed(key, role, i, layers, gqa, imatrix) if is_mix(key) else plain[key]
-            if imatrix and role == "ffn_down" and key in ("q4_0", "q5_0") and i < layers // 8:
-                t = {"q4_0": "q4_1", "q5_0": "q5_1"}[key]
-            types[(role, i)] = _fits(t, k_of.get(role, h))
-    base = MIXES.get(key, plain.get(key))
+            types[(role, i)] = _fits(_tensor_type(key, base, role, i, layers, gqa, imatrix), k_of.get(role, h))
     quantized = GGML_TYPES_BY_NAME[base].block_size > 1
     output = "q6_K" if quantized and base != "q8_0" else base
     types[("output", None)] = _fits(output, h)

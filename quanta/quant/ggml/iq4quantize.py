@@ -11,8 +11,9 @@ import functools
 
 import torch
 
-from quanta.quant.ggml.kquantize import f16_bytes
-from quanta.quant.ggml.qsearch import GROUP_MAX_EPS, nearest_int, rdiv, seq_sum, sqrtf
+from quanta.quant.ggml.kquantize import f16_bytes, pack
+from quanta.quant.ggml.qsearch import (GROUP_MAX_EPS, first_absmax, inverse, nearest_int, rdiv, seq_sum,
+                                      sqrtf)
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 NTRY = 7
@@ -40,9 +41,8 @@ def nearest_level(v: torch.Tensor, index: bool = False) -> torch.Tensor:
 
 def _group_scales(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The per-group scale search of quantize_row_iq4_nl_impl: x, w [G, 32] -> d [G] (0 for empty groups)."""
-    ax = x.abs()
-    mx = x.gather(1, ax.argmax(1, keepdim=True)).squeeze(1)          # first of largest |x| (C: `ax > amax`)
-    empty = ax.amax(1) < GROUP_MAX_EPS
+    mx = first_absmax(x, 1)
+    empty = mx.abs() < GROUP_MAX_EPS
     mx = torch.where(empty, 1.0, mx)
 
     def sums(iscale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,18 +71,11 @@ def _weights(x: torch.Tensor, qw: torch.Tensor | None, super_block: int) -> torc
     return qw * sqrtf(sigma2.unsqueeze(1) + x * x)
 
 
-def _nibbles(L: torch.Tensor) -> torch.Tensor:
-    """Levels [nb, 32*m] -> bytes [nb, 16*m]: element j of each 32 low, element j + 16 high."""
-    g = L.to(torch.uint8).view(L.shape[0], -1, 2, 16)
-    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(L.shape[0], -1)
-
-
 def iq4_nl(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     """IQ4_NL: blocks of 32, an fp16 scale and 16 bytes of 4-bit level indices."""
     d = _group_scales(x, _weights(x, qw, 32))
-    inv = torch.where(d == 0, 0.0, 1 / torch.where(d == 0, 1.0, d))
-    L = nearest_level(inv.unsqueeze(1) * x, index=True)
-    return torch.cat([f16_bytes(d), _nibbles(L)], dim=1)
+    L = nearest_level(inverse(d).unsqueeze(1) * x, index=True)
+    return torch.cat([f16_bytes(d), pack(L, 4, 16)], dim=1)       # of each 32: j low, j + 16 high
 
 
 def iq4_xs(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
@@ -90,15 +83,10 @@ def iq4_xs(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     nb = x.shape[0]
     w = _weights(x, qw, 256)
     scales = _group_scales(x.reshape(-1, 32), w.reshape(-1, 32)).view(nb, 8)
-    max_scale = scales.gather(1, scales.abs().argmax(1, keepdim=True)).squeeze(1)
-    d = -max_scale / 32
-    inv = torch.where(d == 0, 0.0, 1 / torch.where(d == 0, 1.0, d))
-    ls = nearest_int(inv.unsqueeze(1) * scales).clamp(-32, 31)
+    d = -first_absmax(scales, 1) / 32
+    ls = nearest_int(inverse(d).unsqueeze(1) * scales).clamp(-32, 31)
     dl = d.unsqueeze(1) * ls.float()
-    idl = torch.where(dl == 0, 0.0, 1 / torch.where(dl == 0, 1.0, dl))
-    L = nearest_level(idl.unsqueeze(2) * x.view(nb, 8, 32), index=True).view(nb, 256)
+    L = nearest_level(inverse(dl).unsqueeze(2) * x.view(nb, 8, 32), index=True).view(nb, 256)
     ls = ls + 32
-    scales_l = ((ls[:, 0::2] & 0xF) | ((ls[:, 1::2] & 0xF) << 4)).to(torch.uint8)
-    scales_h = ((ls >> 4) << (2 * torch.arange(8, device=x.device, dtype=torch.int32))).sum(1, dtype=torch.int32)
-    scales_h = torch.stack([scales_h & 0xFF, scales_h >> 8], 1).to(torch.uint8)
-    return torch.cat([f16_bytes(d), scales_h, scales_l, _nibbles(L)], dim=1)
+    # scales_h: a little-endian u16 of the eight high 2-bit parts; scales_l: the low nibbles, two a byte
+    return torch.cat([f16_bytes(d), pack(ls >> 4, 2, 1), pack(ls & 0xF, 4, 1), pack(L, 4, 16)], dim=1)

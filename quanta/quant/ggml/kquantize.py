@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.quant.ggml.qsearch import (make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants,
+from quanta.quant.ggml.qsearch import (first_absmax, make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants,
                                       nearest_int, rdiv, seq_sum, sqrtf)
 
 
@@ -118,7 +118,7 @@ def q3_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     if qw is None:
         scales, L = make_q3_quants(xg, 4)
         scales = scales.view(nb, 16)
-        smax = scales.gather(1, scales.abs().argmax(1, keepdim=True)).squeeze(1)
+        smax = first_absmax(scales, 1)
         nz = smax != 0
         iscale = torch.where(nz, rdiv(-32.0, torch.where(nz, smax, 1.0)), 0.0)
         ls = (nearest_int(iscale.unsqueeze(1) * scales).to(torch.int8).clamp(-32, 31) + 32).to(torch.int32)
@@ -140,7 +140,7 @@ def q6_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     nb = x.shape[0]
     scales, L = make_qx_quants(x.reshape(-1, 16), 32, None if qw is None else qw.reshape(-1, 16))
     scales = scales.view(nb, 16)
-    smax = scales.gather(1, scales.abs().argmax(1, keepdim=True)).squeeze(1)
+    smax = first_absmax(scales, 1)
     live = smax.abs() >= 1e-15
     iscale = rdiv(-128.0, torch.where(live, smax, 1.0))
     d = torch.where(live, 1 / iscale, 0.0)

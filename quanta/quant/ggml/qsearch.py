@@ -78,9 +78,14 @@ def rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, c) / t
 
 
-def _first_absmax(x: torch.Tensor) -> torch.Tensor:
-    """The signed value of the first element of largest |x| per column (C: `if (ax > amax)`)."""
-    return x.gather(0, x.abs().argmax(0, keepdim=True)).squeeze(0)
+def first_absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The signed value of the first element of largest |x| along `dim`, which goes (C: `if (ax > amax)`)."""
+    return x.gather(dim, x.abs().argmax(dim, keepdim=True)).squeeze(dim)
+
+
+def inverse(d: torch.Tensor) -> torch.Tensor:
+    """C `d ? 1.0f/d : 0.0f`."""
+    return torch.where(d == 0, 0.0, 1 / torch.where(d == 0, 1.0, d))
 
 
 def _safe(d: torch.Tensor) -> torch.Tensor:
@@ -95,7 +100,7 @@ def make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None = None) -
     x = columns(x)
     w = x * x if qw is None else columns(qw)
     wx = w * x
-    mx = _first_absmax(x)
+    mx = first_absmax(x, 0)
     zero = mx.abs() < GROUP_MAX_EPS
     mx = _safe(torch.where(zero, 0.0, mx))
     # the C's first pass (is = 0), then its loop; no trial reads another's result, so all are one axis
@@ -130,7 +135,7 @@ def make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tens
     time (up to five passes) as the C loop does; L in [0, 2*nmax)."""
     g, n = x.shape
     x = columns(x)
-    mx = _first_absmax(x)
+    mx = first_absmax(x, 0)
     zero = mx.abs() < GROUP_MAX_EPS
     mx = _safe(torch.where(zero, 0.0, mx))
     w = x * x

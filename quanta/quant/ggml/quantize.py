@@ -19,7 +19,7 @@ from quanta.quant.ggml import iq4quantize as iq4
 from quanta.quant.ggml import kquantize as kq
 from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes
-from quanta.quant.ggml.qsearch import make_qkx_quants, make_qx_quants, seq_sum, sqrtf
+from quanta.quant.ggml.qsearch import first_absmax, inverse, make_qkx_quants, make_qx_quants, seq_sum, sqrtf
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf
@@ -32,15 +32,6 @@ _CHUNK = 1 << 18
 
 
 # --- legacy 32-element types ----------------------------------------------------------------------
-def _first_absmax(x: torch.Tensor) -> torch.Tensor:
-    return x.gather(1, x.abs().argmax(1, keepdim=True))
-
-
-def _inverse(d: torch.Tensor) -> torch.Tensor:
-    """C `d ? 1.0f/d : 0.0f`."""
-    return torch.where(d == 0, 0.0, 1 / torch.where(d == 0, 1.0, d))
-
-
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
     """32 codes -> 16 bytes: element j in the low nibble of byte j, element j+16 in the high one."""
     q = q.to(torch.uint8)
@@ -71,8 +62,8 @@ def q4_0(x, qw=None, row_blocks=1):
     if qw is not None:
         d, q = make_qx_quants(x, 8, _weights(x, qw, row_blocks))
         return torch.cat([f16_bytes(d), _nibbles(q)], dim=1)
-    d = _first_absmax(x) / -8
-    q = torch.trunc(x * _inverse(d) + 8.5).to(torch.int32).clamp(max=15)
+    d = first_absmax(x, 1).unsqueeze(1) / -8
+    q = torch.trunc(x * inverse(d) + 8.5).to(torch.int32).clamp(max=15)
     return torch.cat([f16_bytes(d.squeeze(1)), _nibbles(q)], dim=1)
 
 
@@ -81,8 +72,8 @@ def q5_0(x, qw=None, row_blocks=1):
     if qw is not None:
         d, q = make_qx_quants(x, 16, _weights(x, qw, row_blocks))
         return torch.cat([f16_bytes(d), _qh(q), _nibbles(q)], dim=1)
-    d = _first_absmax(x) / -16
-    q = torch.trunc(x * _inverse(d) + 16.5).clamp_(max=31).to(torch.uint8)   # x / d lies in [-16, 16]
+    d = first_absmax(x, 1).unsqueeze(1) / -16
+    q = torch.trunc(x * inverse(d) + 16.5).clamp_(max=31).to(torch.uint8)   # x / d lies in [-16, 16]
     return torch.cat([f16_bytes(d.squeeze(1)), _qh(q), _nibbles(q)], dim=1)
 
 
@@ -93,7 +84,7 @@ def _min_scale(x, qw, row_blocks, nmax):
         return d, -the_min, q
     mn, mx = x.min(1, keepdim=True).values, x.max(1, keepdim=True).values
     d = (mx - mn) / nmax
-    q = torch.trunc((x - mn) * _inverse(d) + 0.5).to(torch.int32)
+    q = torch.trunc((x - mn) * inverse(d) + 0.5).to(torch.int32)
     return d.squeeze(1), mn.squeeze(1), q
 
 
@@ -113,7 +104,7 @@ def q5_1(x, qw=None, row_blocks=1):
 def q8_0(x, qw=None, row_blocks=1):
     """q * d with d = absmax / 127, q = roundf(x / d) (half away from zero). No imatrix path."""
     d = x.abs().max(1, keepdim=True).values / 127
-    v = x * _inverse(d)
+    v = x * inverse(d)
     a = v.abs()
     q = torch.sign(v) * (torch.floor(a) + torch.floor(2 * (a - torch.floor(a))))
     return torch.cat([f16_bytes(d.squeeze(1)), q.to(torch.int8).view(torch.uint8)], dim=1)
