@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# LoRA over a quantized base on one GPU, in one call: the -m gpu LoRA tests (slot kernels inside CUDA graphs),
-# then lora_throughput.py (synthetic Llama-3-8B W4 g128; 8 rank-16 adapters over a batch of 64 against no LoRA;
-# batch-1 decode with one adapter against none). No network. JSON in $OUT (default ./gpu_lora_out); table last.
+# LoRA over a quantized base on one GPU, in one call: the LoRA kernel tests (slot kernels inside CUDA graphs, the
+# GEMV epilogue), then lora_throughput.py (synthetic Llama-3-8B W4 g128; 8 rank-16 adapters over a batch of 64
+# against no LoRA; batch-1 decode with one adapter against none). No network. JSON in $OUT (default ./gpu_lora_out); table last.
 #   bash benchmarks/gpu_lora.sh
 #   STAGES=bench ADAPTERS=8 BATCH=64 bash benchmarks/gpu_lora.sh
 set -uo pipefail
@@ -13,8 +13,9 @@ export PYTHONPATH="$PWD:$PWD/tests:$PWD/benchmarks:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 if [[ $STAGES == *tests* ]]; then
   echo "== tests"
-  timeout ${TEST_TIMEOUT:-240} python -m pytest -q -m gpu -p no:cacheprovider tests/test_lora_gpu.py \
-      tests/test_lora_kernel.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+  timeout ${TEST_TIMEOUT:-240} python -m pytest -q -p no:cacheprovider tests/test_lora_epilogue.py \
+      tests/test_lora_gpu.py tests/test_lora_kernel.py -k "not engine_gpu_path" > "$OUT/tests.txt" 2>&1
+  tail -8 "$OUT/tests.txt"
 fi
 if [[ $STAGES == *bench* ]]; then
   echo "== throughput and decode"

@@ -28,7 +28,8 @@ DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stri
 #          lowest target): one case per distinct code path (dtype, bits, special features)
 _P16 = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", perm_ptr="*i32", lut_ptr="*fp32", bias_ptr="*fp16",
             y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32", pos_ptr="*i64", freq_ptr="*fp32", k_cache_ptr="*u8",
-            v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+            v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32", lora_part_ptr="*fp32",
+            lora_b_ptr="*fp16", lora_scale_ptr="*fp32", lora_slot_ptr="*i32")
 _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
@@ -76,6 +77,13 @@ CASES = {
     "affine_gemv_w4_h2_glu": ("affine.gemv", "_affine_gemv_kernel", _P16,
                               dict(_AFF, BITS=4, RS=8, BLOCK_N=128, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True,
                                    H2=True, H2_SCALE=16.0, GLU=True), 2, 1, 75),
+    "affine_gemv_w4_h2_glu_lora": ("affine.gemv", "_affine_gemv_kernel", _P16,
+                                   dict(_AFF, BITS=4, RS=8, BLOCK_N=128, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True,
+                                        H2=True, H2_SCALE=16.0, GLU=True, LORA=True, LORA_P=2, LORA_R=16,
+                                        LORA_PIECES_PAD=16, PDL=True), 2, 1, 90),
+    "lora_shrink_rows": ("lora_epilogue", "_shrink_rows_kernel",
+                         dict(x_ptr="*fp16", a_ptr="*fp16", slot_ptr="*i32", part_ptr="*fp32"),
+                         dict(J_PAD=64, BLOCK_K=256, PDL=True), 4, 1, 90),
     "affine_gemv_w8_h2_zb_perm": ("affine.gemv", "_affine_gemv_kernel", _P16,
                                   dict(_AFF, BITS=8, RS=4, ZERO=128, BLOCK_N=256, HAS_ZB=True, HAS_PERM=True,
                                        HAS_BIAS=True, SPLIT_K=2, TILE_SCALE=True, EVEN_K=False, H2=True,

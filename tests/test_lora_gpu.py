@@ -44,3 +44,19 @@ def test_graphs_equal_eager_and_peft(adapters):
     exact, _ = run(path, requests, "float32", False, ps)
     by_id = {r.lora_int_id: m for r, m in zip(requests, peft_models)}
     assert exact == [oracle(by_id[c.lora_int_id] if c else model, p, 12) for p, c in zip(ps, choice)]
+
+
+def test_w4_base_epilogue_equals_the_unfused_path(adapters, tmp_path, monkeypatch):
+    """Over an AWQ base in fp16 a decode step's GEMVs add the adapters' products in their epilogues (SwiGLU and
+    rotary + KV store kept fused): with graphs, the same greedy tokens as the GEMVs followed by the slot kernels."""
+    import quanta
+    from quanta.kernels import affine
+    from test_lora_engine import prompts
+    path, _, _, requests = adapters
+    base = tmp_path / "awq"
+    quanta.convert(path, "awq", base, validate=False, quiet=True)
+    ps = prompts(8, seed=11)
+    fused, _ = run(base, requests, "float16", False, ps)
+    monkeypatch.setattr(affine, "lora_fuses", lambda state, m: False)
+    unfused, _ = run(base, requests, "float16", False, ps)
+    assert fused == unfused

@@ -49,6 +49,17 @@ class Cut:
         return b[self.start:self.stop]
 
 
+def lora_epilogue(kernel, state, slots, step, x: torch.Tensor):
+    """The step's adapter products for x's rows as the kernel's epilogue (quanta.lora.slots.LayerSlots.epilogue:
+    the shrink runs now, the kernel adds the expand to its output), or None where the kernel's path for these rows
+    takes none (its `lora_fuses`); the caller then adds them after the kernel (LayerSlots.add)."""
+    fuses = getattr(kernel, "lora_fuses", None)
+    rows = x.numel() // x.shape[-1]
+    if fuses is None or not slots.stacked or not fuses(state, rows):
+        return None
+    return slots.epilogue(x.reshape(rows, x.shape[-1]), step)
+
+
 class QuantLinear(nn.Module):
     """y = x @ W.T + b for W a plain tensor or any QTensor; the kernel is picked once at load. Under
     tensor parallelism `cut` says which piece of the checkpoint's weight this rank holds (in/out_features
@@ -91,8 +102,12 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad != (0, 0):
             x = F.pad(x, self.pad)
-        y = self.kernel.apply(x, self.state, self.bias)
-        return self.lora.add(x, y, self.lora_step) if self.lora is not None and self.lora_step.active else y
+        if self.lora is None or not self.lora_step.active:
+            return self.kernel.apply(x, self.state, self.bias)
+        epilogue = lora_epilogue(self.kernel, self.state, self.lora, self.lora_step, x)
+        if epilogue is not None:
+            return self.kernel.apply(x, self.state, self.bias, lora=epilogue)
+        return self.lora.add(x, self.kernel.apply(x, self.state, self.bias), self.lora_step)
 
     def attach_lora(self, slots, step) -> None:
         """Add each token's adapter products (quanta.lora.slots.LayerSlots, read by `step`) to the output."""
@@ -158,6 +173,9 @@ class MergedQuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., K] -> [..., sum of the parts' N], the parts in order (plus the tokens' adapter products)."""
+        epilogue = self._epilogue(x)
+        if epilogue is not None:
+            return self.fused.kernel.apply(x, self.fused.state, self.fused.bias, lora=epilogue)
         y = self.fused(x) if self.fused is not None else torch.cat([layer(x) for layer in self.separate], dim=-1)
         return self.lora.add(x, y, self.lora_step) if self._adapted() else y
 
@@ -169,11 +187,23 @@ class MergedQuantLinear(nn.Module):
     def _adapted(self) -> bool:
         return self.lora is not None and self.lora_step.active
 
+    def _epilogue(self, x: torch.Tensor):
+        """The adapter products as the stacked GEMM's epilogue for x's rows (lora_epilogue), None where this step
+        has none or the GEMM's path for these rows cannot add them."""
+        if not self._adapted() or self.fused is None:
+            return None
+        return lora_epilogue(self.fused.kernel, self.fused.state, self.lora, self.lora_step, x)
+
     def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
-        """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can."""
+        """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can (adapter
+        products too, where its epilogue adds them)."""
         fused_glu = getattr(self.fused.kernel, "apply_glu", None) if self.fused is not None else None
-        if fused_glu is not None and not self._adapted():
-            return fused_glu(x, self.fused.state, self.fused.bias)
+        if fused_glu is not None:
+            if not self._adapted():
+                return fused_glu(x, self.fused.state, self.fused.bias)
+            epilogue = self._epilogue(x)
+            if epilogue is not None:
+                return fused_glu(x, self.fused.state, self.fused.bias, lora=epilogue)
         return silu_and_mul(self.forward(x), self.triton)
 
     def forward_rope_store(self, x: torch.Tensor, rope) -> torch.Tensor | None:
@@ -181,8 +211,12 @@ class MergedQuantLinear(nn.Module):
         epilogue (rotary.RopeStore): [..., sum of N] whose q columns hold the rotated q. None where its kernel
         cannot for this input; the caller then runs self(x) and the rotary kernel."""
         fused = getattr(self.fused.kernel, "apply_rope_store", None) if self.fused is not None else None
-        return fused(x, self.fused.state, self.fused.bias, rope) if fused is not None and not self._adapted() \
-            else None
+        if fused is None:
+            return None
+        if not self._adapted():
+            return fused(x, self.fused.state, self.fused.bias, rope)
+        epilogue = self._epilogue(x)
+        return fused(x, self.fused.state, self.fused.bias, rope, lora=epilogue) if epilogue is not None else None
 
     def take_input_order(self) -> torch.Tensor | None:
         """QuantLinear.take_input_order of the stacked GEMM; None for parts loaded separately."""

@@ -11,6 +11,7 @@ from quanta.kernels.affine import plan
 from quanta.kernels.affine.layout import LUT, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import device_caps
+from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.triton_support import why_not_device
 from quanta.quant.kinds.codebook import Codebook
 
@@ -44,12 +45,18 @@ def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> Affin
     return pack(w.codes, 4, group, absmax, dtype, mode=LUT, lut=w.table)
 
 
-def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None,
+          lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """y = x @ W.T + bias by the affine plan's path for M: the GEMV at M = 1 (M <= 2 off sm90 where the
     byte-permute lookup runs, fp16), on sm90 the MMA kernel up to M = 512, from M = 1 for bf16 where the GEMV
     would gather, else dequantize + cuBLAS, where the split-K kernel's gathers would make the fused GEMM slower
-    than a separate decode."""
-    return plan.matmul(x, state, bias)
+    than a separate decode. `lora`: adapter products the GEMV's epilogue adds (lora_fuses)."""
+    return plan.matmul(x, state, bias, lora=lora)
+
+
+def lora_fuses(state: AffineState, m: int) -> bool:
+    """Whether m rows run on the GEMV, whose epilogue adds LoRA products (plan.lora_fuses)."""
+    return plan.lora_fuses(state, m)
 
 
 def path(state: AffineState, m: int) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from quanta.kernels.affine import layout, plan
 from quanta.kernels.affine.layout import AffineState
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle of every path)
 from quanta.kernels.device_caps import device_caps
+from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import why_not_device
 
@@ -33,21 +34,29 @@ def prepare(weight, device: torch.device, dtype: torch.dtype) -> AffineState:
     return layout.prepare(weight, device, dtype)
 
 
-def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W.T + bias by the path the plan gives x's rows."""
-    return plan.matmul(x, state, bias)
+def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None,
+          lora: LoRAEpilogue | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias by the path the plan gives x's rows; `lora`: adapter products the GEMV's epilogue adds
+    (where lora_fuses says it runs)."""
+    return plan.matmul(x, state, bias, lora=lora)
 
 
-def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+def lora_fuses(state: AffineState, m: int) -> bool:
+    """Whether m rows run on a path whose epilogue adds LoRA products (the GEMV; plan.lora_fuses)."""
+    return plan.lora_fuses(state, m)
+
+
+def apply_glu(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None,
+              lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """silu(gate) * up for a weight stacking [gate; up], fused into the GEMV's epilogue where the GEMV runs."""
-    return plan.matmul_glu(x, state, bias)
+    return plan.matmul_glu(x, state, bias, lora)
 
 
 def apply_rope_store(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None,
-                     rope: RopeStore) -> torch.Tensor | None:
+                     rope: RopeStore, lora: LoRAEpilogue | None = None) -> torch.Tensor | None:
     """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
     epilogue; None where the planned path is not such a GEMV (plan.matmul_rope)."""
-    return plan.matmul_rope(x, state, bias, rope)
+    return plan.matmul_rope(x, state, bias, rope, lora)
 
 
 def take_input_order(state: AffineState) -> tuple[torch.Tensor | None, AffineState]:

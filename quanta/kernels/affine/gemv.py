@@ -20,6 +20,7 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
 from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
+from quanta.kernels.lora_epilogue import LoRAEpilogue, lora_delta, no_lora_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import (
@@ -170,6 +171,8 @@ def _affine_gemv_kernel(
     # pointers
     x_ptr, w_ptr, sz_ptr, perm_ptr, lut_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,      # ROPE only
+    lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, LORA_J, LORA_PIECES, LORA_B1, LORA_B2,   # LORA only
+    lora_stride_bs,
     # sizes
     N, K, GS, tiles_per_split, num_tiles, magic, Q_SIZE, KV_SIZE,
     # strides
@@ -182,6 +185,7 @@ def _affine_gemv_kernel(
     ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
+    LORA: tl.constexpr = False, LORA_P: tl.constexpr = 1, LORA_R: tl.constexpr = 16, LORA_PIECES_PAD: tl.constexpr = 1,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles), a step of which
     covers RS word rows by BLOCK_N columns.
@@ -211,6 +215,8 @@ def _affine_gemv_kernel(
     ROPE: W stacks [q; k; v] of one attention layer (Q_SIZE, KV_SIZE columns) and the epilogue finishes the
     rows as rotary.rotary_and_store would (rotary.rope_store_epilogue): y keeps only q, rotated; k and v go
     into the paged caches (the rotary launch of a decode layer saved).
+    LORA: K split 0 adds the row's adapter products (lora_epilogue.lora_delta) before the epilogue, so an adapted
+    layer keeps GLU and ROPE.
     STAGES > 1: the K-tile loop is software-pipelined (Triton copies the next tiles' words and scales into shared
     memory while this one is computed), so a program with several tiles keeps loads in flight.
     """
@@ -305,6 +311,11 @@ def _affine_gemv_kernel(
     # --- epilogue: reduce the RS rows, add bias once, store or accumulate
     pdl_wait(PDL)
     y = tl.sum(acc, axis=0) + acc_n
+    if LORA:
+        if pid_k == 0:
+            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, pid_m, tl.num_programs(0),
+                            LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
+                            LORA_PIECES_PAD)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
                  v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
@@ -379,11 +390,12 @@ def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:
 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None, h2: bool | None = None, glu: bool = False,
-           rope: RopeStore | None = None) -> torch.Tensor:
+           rope: RopeStore | None = None, lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias), one program row per activation row (M small). `glu`: W stacks
     [gate; up] and y[M, N/2] = silu(gate) * up, made in the epilogue (the MLP's gate_up without a second
     kernel). `rope`: W stacks an attention layer's [q; k; v], and the epilogue rotates q and k and stores k and v
     in the paged caches (rope_applies must hold); y's q columns hold the rotated q, its k and v columns nothing.
+    `lora`: each row's adapter products (lora_epilogue.shrink_rows of these rows) are added before all that.
 
     `config` (GemvConfig's fields) and `h2` override the defaults (tests, benchmark sweeps); `caps` defaults to
     the device's.
@@ -408,12 +420,14 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
         st.lut_arg(table_h2), bias if bias is not None else x2,
         y, ws, locks, *(rope.kernel_args() if rope is not None else (x2,) * 7),
+        *(lora.kernel_args() if lora is not None else no_lora_args(x2)),
         st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000, *((rope.q_size, rope.kv_size) if rope else (0, 0)),
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
         H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128, **fp8_write_constexprs(rope.fmt if rope else None),
+        **(lora.constexprs() if lora is not None else {}),
         num_warps=warps,
         **({"maxnreg": max_registers} if max_registers else {}), **pdl_launch(caps))
     return y

@@ -15,6 +15,8 @@ from quanta.kernels import activation
 from quanta.kernels.affine import cublas, gemv, mma, splitk, wgmma
 from quanta.kernels.affine.layout import LUT, AffineState
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.lora_epilogue import MAX_ROWS as LORA_MAX_ROWS
+from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.path_table import Choice, Path, PathTable
 from quanta.kernels.rotary import RopeStore
 
@@ -164,32 +166,45 @@ def _planned(x: torch.Tensor, st: AffineState) -> tuple[torch.Tensor, DeviceCaps
 
 
 def matmul(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, path: str | None = None,
-           caps: DeviceCaps | None = None) -> torch.Tensor:
+           caps: DeviceCaps | None = None, lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """y = x @ W.T + bias for x [..., K] by the planned path; `path` forces one (tests, benchmarks), `caps` plans
-    for other caps than the device's (tests)."""
+    for other caps than the device's (tests). `lora`: adapter products the GEMV adds (lora_fuses must hold)."""
     x2 = _rows(x, st)
     caps = caps or device_caps(x2.device)
     choice = TABLE.pick(st, caps, x2.shape[0], path)
-    y = choice.path.run(x2, st, bias, choice.config, caps=caps)
+    if lora is not None:
+        assert choice.path.name == "gemv", "only the GEMV takes a LoRA epilogue (lora_fuses)"
+        y = gemv.matmul(x2, st, bias, choice.config, caps=caps, lora=lora)
+    else:
+        y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)
 
 
-def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None) -> torch.Tensor:
+def lora_fuses(st: AffineState, m: int) -> bool:
+    """Whether the planned path for m rows takes a LoRA epilogue (lora_epilogue.py): the GEMV's."""
+    return m <= LORA_MAX_ROWS and choose(st, device_caps(st.packed.device), m).path.name == "gemv"
+
+
+def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None,
+               lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: on the GEMV path its
-    epilogue makes it (one launch fewer a decode layer); else the planned path, then activation.silu_and_mul."""
+    epilogue makes it (one launch fewer a decode layer); else the planned path, then activation.silu_and_mul.
+    `lora`: as matmul's."""
     x2, caps, choice = _planned(x, st)
     if choice.path.name == "gemv":
-        y = gemv.matmul(x2, st, bias, choice.config, caps=caps, glu=True)
+        y = gemv.matmul(x2, st, bias, choice.config, caps=caps, glu=True, lora=lora)
     else:
+        assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
     return y.reshape(*x.shape[:-1], st.n // 2)
 
 
-def matmul_rope(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
+def matmul_rope(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None, rope: RopeStore,
+                lora: LoRAEpilogue | None = None) -> torch.Tensor | None:
     """x @ W.T + bias for W stacking [q; k; v], finished by the GEMV's rotary + KV-store epilogue: [..., N] whose
     q columns hold the rotated q (k and v are in the caches). None where the plan's path for x's rows is not a
-    GEMV that can (the caller then runs the GEMM, then the rotary kernel)."""
+    GEMV that can (the caller then runs the GEMM, then the rotary kernel). `lora`: as matmul's."""
     x2, caps, choice = _planned(x, st)
     if choice.path.name != "gemv" or not gemv.rope_applies(st, rope, choice.config):
         return None
-    return gemv.matmul(x2, st, bias, choice.config, caps=caps, rope=rope).reshape(*x.shape[:-1], st.n)
+    return gemv.matmul(x2, st, bias, choice.config, caps=caps, rope=rope, lora=lora).reshape(*x.shape[:-1], st.n)

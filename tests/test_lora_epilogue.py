@@ -1,0 +1,134 @@
+"""LoRA products finished in the affine GEMV's epilogue (quanta.kernels.lora_epilogue): the shrink's pieces, and the
+plain, SwiGLU and rotary + KV-store GEMVs with the products added, against float64 references and against the
+unfused path (the GEMV, then quanta.lora.kernels.add_lora)."""
+import pytest
+import torch
+
+from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+from quanta.kernels import activation, affine, rotary
+from quanta.kernels.affine import gemv
+from quanta.kernels.lora_epilogue import PIECE_K, shrink_rows
+from quanta.lora import kernels as lora
+from quanta.quant.kinds.affine import Affine
+
+
+def weight(n: int, k: int, g: torch.Generator):
+    w = Affine(codes=torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8),
+               scales=torch.rand(n, k // 128, generator=g) * 0.02 + 0.002, bits=4, group_size=128, zeros=8)
+    return w, affine.prepare(w.to(DEVICE), DEVICE, torch.float16)
+
+
+def slots_for(sizes: list[int], k: int, rank: int, g: torch.Generator, n_slots: int = 3):
+    """Random stacked slots (A [S, P*R, K], B [S, N, R], scale [S, P]) and the parts' bounds."""
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    p = len(sizes)
+    a = (0.1 * torch.randn(n_slots, p * rank, k, generator=g)).to(DEVICE, torch.float16)
+    b = (0.1 * torch.randn(n_slots, bounds[-1], rank, generator=g)).to(DEVICE, torch.float16)
+    scale = (torch.rand(n_slots, p, generator=g) + 0.5).to(DEVICE)
+    return a, b, scale, bounds
+
+
+def delta64(x, slots, a, b, scale, bounds) -> torch.Tensor:
+    """Each row's adapter products in float64 (zero without a slot)."""
+    out = torch.zeros(x.shape[0], bounds[-1], dtype=torch.float64, device=x.device)
+    rank = b.shape[2]
+    for t, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        s = a[slot].double() @ x[t].double()
+        for p in range(len(bounds) - 1):
+            lo, hi = bounds[p], bounds[p + 1]
+            out[t, lo:hi] = scale[slot, p].double() * (b[slot, lo:hi].double() @ s[p * rank:(p + 1) * rank])
+    return out
+
+
+@pytest.mark.parametrize("k", [256, 640, 300], ids=["one-piece", "three-pieces", "ragged"])
+def test_shrink_pieces_sum_to_a_times_x(k):
+    """The pieces over K sum to A[slot] @ x for each row with an adapter; a row without one is not written."""
+    g = torch.Generator().manual_seed(0)
+    a, b, scale, bounds = slots_for([24, 8], k, 8, g)
+    x = torch.randn(2, k, generator=g).to(DEVICE, torch.float16)
+    slots = torch.tensor([2, -1], dtype=torch.int32, device=DEVICE)
+    ep = shrink_rows(x, slots, a, b, scale, bounds)
+    assert ep.part.shape == (-(-k // PIECE_K), 2, 16)
+    want = a[2].double() @ x[0].double()
+    torch.testing.assert_close(ep.part[:, 0].sum(0).double(), want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("rows,block_n,min_tiles", [(1, 128, 1), (2, 256, 2)], ids=["split-k", "two-rows"])
+@pytest.mark.parametrize("sizes", [[192], [128, 64, 64]], ids=["one-part", "qkv"])
+def test_gemv_adds_the_products_of_each_rows_slot(rows, block_n, min_tiles, sizes):
+    """The GEMV (split-K: only split 0 adds) with the epilogue equals x W^T + each row's products (float64), and
+    the GEMV then add_lora; a row without an adapter gets the plain GEMV's output."""
+    g = torch.Generator().manual_seed(1)
+    n, k = sum(sizes), 512
+    w, st = weight(n, k, g)
+    a, b, scale, bounds = slots_for(sizes, k, 16, g)
+    x = torch.randn(rows, k, generator=g).to(DEVICE, torch.float16)
+    slots = torch.tensor([1, -1][:rows], dtype=torch.int32, device=DEVICE)
+    config = gemv.GemvConfig(block_n, 8, 2, 64.0, min_tiles)
+    fused = gemv.matmul(x, st, config=config, lora=shrink_rows(x, slots, a, b, scale, bounds))
+    plain = gemv.matmul(x, st, config=config)
+    ref = x.double() @ w.dequantize().double().T.to(DEVICE) + delta64(x, slots, a, b, scale, bounds)
+    assert rel_err(fused, ref) < TOL[torch.float16]
+    unfused = lora.add_lora(x, plain.clone(), slots, a, b, scale, bounds)
+    torch.testing.assert_close(fused, unfused, atol=2e-3, rtol=2e-3)
+    assert not torch.allclose(fused[0], plain[0], atol=1e-2)
+    if rows > 1:
+        torch.testing.assert_close(fused[1], plain[1], atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_glu_epilogue_activates_the_adapted_gate_and_up(rows):
+    """apply_glu with the epilogue: silu(gate + its products) * (up + its products)."""
+    g = torch.Generator().manual_seed(2)
+    inter, k = 96, 384
+    w, st = weight(2 * inter, k, g)
+    a, b, scale, bounds = slots_for([inter, inter], k, 8, g)
+    x = torch.randn(rows, k, generator=g).to(DEVICE, torch.float16)
+    slots = torch.tensor([0, 2][:rows], dtype=torch.int32, device=DEVICE)
+    fused = affine.apply_glu(x, st, None, lora=shrink_rows(x, slots, a, b, scale, bounds))
+    gate_up = x.double() @ w.dequantize().double().T.to(DEVICE) + delta64(x, slots, a, b, scale, bounds)
+    assert fused.shape == (rows, inter)
+    assert rel_err(fused, activation.reference(gate_up)) < TOL[torch.float16]
+
+
+def test_rope_epilogue_rotates_and_stores_the_adapted_q_k_v():
+    """The qkv GEMV's rotary + KV-store epilogue over q, k, v with their products added: q and the caches as
+    rotary_and_store leaves them from the float64 sums (rounded to fp16)."""
+    from quanta.kernels import paged_kv  # noqa: F401  (the caches' layout)
+    g = torch.Generator().manual_seed(3)
+    hq, hk, d, k = 3, 2, 64, 512
+    sizes = [hq * d, hk * d, hk * d]
+    w, st = weight(sum(sizes), k, g)
+    a, b, scale, bounds = slots_for(sizes, k, 16, g)
+    x = torch.randn(1, k, generator=g).to(DEVICE, torch.float16)
+    slots = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    pos, slot = torch.tensor([9]).to(DEVICE), torch.tensor([5]).to(DEVICE)
+    inv_freq = 1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)).to(DEVICE)
+
+    def caches():
+        return [torch.zeros(2, 16, hk, d, dtype=torch.float16, device=DEVICE) for _ in range(2)]
+    kc, vc = caches()
+    config = gemv.GemvConfig(128, 8, 2, 64.0, 1)
+    rope = rotary.RopeStore(pos, inv_freq, hq * d, hk * d, d, kc, vc, slot, None, None, None)
+    q = gemv.matmul(x, st, config=config, rope=rope, lora=shrink_rows(x, slots, a, b, scale, bounds))[:, :hq * d]
+    y = (x.double() @ w.dequantize().double().T.to(DEVICE) + delta64(x, slots, a, b, scale, bounds)).half()
+    y = y.view(1, hq + 2 * hk, d)
+    kc2, vc2 = caches()
+    q_ref = rotary.rotary_and_store(y[:, :hq], y[:, hq:hq + hk], y[:, hq + hk:], pos, inv_freq, kc2, vc2, slot,
+                                    None, None, None)
+    torch.testing.assert_close(q.view(1, hq, d), q_ref, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(kc, kc2, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(vc, vc2, atol=3e-3, rtol=3e-3)
+    assert kc.ne(0).any() and vc.ne(0).any()
+
+
+def test_the_plan_fuses_at_the_gemv_rows_only():
+    """lora_fuses holds for the rows the GEMV takes and not above (the caller then adds the products itself)."""
+    g = torch.Generator().manual_seed(4)
+    _, st = weight(64, 256, g)
+    assert affine.lora_fuses(st, 1)
+    assert not affine.lora_fuses(st, 3)
