@@ -87,12 +87,20 @@ def test_imatrix_is_mean_square_per_column():
         m.add(torch.zeros(1, 2))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")], ids=["nan", "inf"])
 @pytest.mark.parametrize("name", ["q4_0", "q4_K", "iq4_xs"])
-def test_non_finite_weights_are_refused(name):
+def test_non_finite_weights_are_refused(name, bad):
     w = torch.randn(4, 256)
-    w[2, 17] = float("nan")
+    w[2, 17] = bad
     with pytest.raises(CorruptFileError, match=r"blk.2.ffn_up \[4, 256\]: holds NaN or infinite values"):
         quantize(w, name, what="blk.2.ffn_up")
+
+
+def test_huge_finite_weights_are_not_taken_for_corrupt():
+    """Values whose squares overflow float32 (the chunk's norm is inf) are finite: quantized, not refused."""
+    w = torch.randn(4, 256)
+    w[1, 3] = 3e38
+    assert quantize(w, "q8_0").data.shape == (4, 272)
 
 
 def test_bad_requests_are_typed():

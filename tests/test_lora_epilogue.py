@@ -98,7 +98,6 @@ def test_glu_epilogue_activates_the_adapted_gate_and_up(rows):
 def test_rope_epilogue_rotates_and_stores_the_adapted_q_k_v():
     """The qkv GEMV's rotary + KV-store epilogue over q, k, v with their products added: q and the caches as
     rotary_and_store leaves them from the float64 sums (rounded to fp16)."""
-    from quanta.kernels import paged_kv  # noqa: F401  (the caches' layout)
     g = torch.Generator().manual_seed(3)
     hq, hk, d, k = 3, 2, 64, 512
     sizes = [hq * d, hk * d, hk * d]

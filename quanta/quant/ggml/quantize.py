@@ -155,14 +155,15 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
     for start in range(0, n, rows):
         x = w[start:start + rows].float().reshape(-1, t.block_size)     # float32 a chunk at a time
-        if not bool(torch.isfinite(x).all()):     # a chunk's mask, not the whole weight's: memory stays bounded
+        norm = torch.linalg.vector_norm(x)
+        if not bool(torch.isfinite(norm)) and not bool(torch.isfinite(x).all()):   # the norm is one read of x; a
             raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML "
-                                   f"blocks cannot represent them")
+                                   f"blocks cannot represent them")                 # huge finite x overflows it
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])
         if measure:
-            sums += torch.stack([torch.dist(t.decode(blocks), x), torch.linalg.vector_norm(x)]).double() ** 2
+            sums += torch.stack([torch.dist(t.decode(blocks), x), norm]).double() ** 2
     error = float(sums[0].sqrt() / sums[1].sqrt().clamp(min=1e-12)) if measure else None
     return Gguf(data=out, ggml_type=t.id, shape=(n, k)), error
 
