@@ -12,7 +12,7 @@ import torch
 import quanta
 from quanta.cli.quantize import register
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
-from quanta.loaders.gguf.imatrix import read_imatrix
+from quanta.loaders.gguf.imatrix import load_imatrix, read_imatrix, write_imatrix
 
 
 def gguf_imatrix(path, entries: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -57,6 +57,25 @@ def test_legacy_layout_divides_by_ncall(tmp_path):
         w = read_imatrix(tmp_path / "m.dat")
         assert torch.equal(w["blk.0.attn_q.weight"], torch.from_numpy(a / np.float32(10)))
         assert torch.equal(w["output.weight"], torch.from_numpy(b))
+
+
+def test_datasets_and_chunks_become_llama_quantizes_metadata(tmp_path):
+    """The legacy trailer (last call, dataset name) and the GGUF layout's imatrix.datasets / chunk_count give the
+    quantize.imatrix.* entries llama-quantize writes; strings are cut at 127 bytes as its 128-byte buffers cut."""
+    entries = {"blk.0.attn_q.weight": (4, np.ones(64, np.float32)), "output.weight": (2, np.ones(8, np.float32))}
+    legacy_imatrix(tmp_path / "m.dat", entries, trailer=True)
+    found = load_imatrix(tmp_path / "m.dat")
+    assert (found.datasets, found.chunk_count) == (["wiki.train.raw"], 100)
+    long = "d/" * 80 + "m.dat"
+    assert found.quantize_metadata(long) == {"quantize.imatrix.file": long[:127],
+                                             "quantize.imatrix.dataset": "wiki.train.raw",
+                                             "quantize.imatrix.entries_count": 2, "quantize.imatrix.chunks_count": 100}
+    legacy_imatrix(tmp_path / "bare.dat", entries, trailer=False)
+    assert load_imatrix(tmp_path / "bare.dat").quantize_metadata("bare.dat") == {
+        "quantize.imatrix.file": "bare.dat", "quantize.imatrix.entries_count": 2}
+    write_imatrix(tmp_path / "m.gguf", {"blk.0.attn_q.weight": (torch.ones(64), 3)}, ["a.txt", "b.txt"], 7, 512)
+    found = load_imatrix(tmp_path / "m.gguf")
+    assert (found.datasets, found.chunk_count) == (["a.txt", "b.txt"], 7)
 
 
 @pytest.mark.parametrize("damage, match", [

@@ -126,6 +126,28 @@ def test_the_collected_imatrix_is_saved_as_llama_imatrix_writes_it(tiny, tmp_pat
     with pytest.raises(ConfigError, match="save_imatrix writes the importance matrix collected"):
         quanta.quantize(path, tmp_path / "r.gguf", "gguf", type="Q8_0", save_imatrix=tmp_path / "x", quiet=True)
     assert not (tmp_path / "r.gguf").exists() and not (tmp_path / "x").exists()
+    # the models say what importance matrix made them, as llama-quantize's quantize.imatrix.* entries (uint32 counts)
+    collected = _imatrix_fields(tmp_path / "q.gguf")
+    from quanta.quant.calibration import DEFAULT_TEXT
+    assert collected == {"quantize.imatrix.dataset": DEFAULT_TEXT.name, "quantize.imatrix.entries_count": 14,
+                         "quantize.imatrix.chunks_count": CALIB["n_samples"]}
+    quanta.quantize(path, tmp_path / "f.gguf", "gguf", type="Q8_0", imatrix=saved, quiet=True)
+    assert _imatrix_fields(tmp_path / "f.gguf") == {"quantize.imatrix.file": str(saved)} | collected
+    quanta.quantize(path, tmp_path / "n.gguf", "gguf", type="Q8_0", quiet=True)
+    assert _imatrix_fields(tmp_path / "n.gguf") == {}
+
+
+def _imatrix_fields(path) -> dict:
+    """The file's quantize.imatrix.* entries read with the gguf package (strings, and counts that must be UINT32)."""
+    import gguf
+    out = {}
+    for name, field in gguf.GGUFReader(path).fields.items():
+        if name.startswith("quantize.imatrix."):
+            kind = field.types[0]
+            assert kind in (gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32), (name, kind)
+            value = field.parts[-1]
+            out[name] = bytes(value).decode() if kind == gguf.GGUFValueType.STRING else int(value[0])
+    return out
 
 
 def test_rtn_error_is_at_most_half_a_step(tiny, tmp_path):

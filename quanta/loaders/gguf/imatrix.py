@@ -2,6 +2,7 @@
 the per-column weights llama-quantize hands each tensor's quantizer, and written from quanta's own collection.
 
     weights = read_imatrix("imatrix.gguf")        # {"blk.0.attn_q.weight": float32 [in_features], ...}
+    load_imatrix(path).quantize_metadata(str(path))   # the quantize.imatrix.* entries llama-quantize writes
     write_imatrix("imatrix.gguf", {"blk.0.attn_q.weight": (sums, rows), ...}, datasets=["calibration.txt"],
                   chunk_count=32, chunk_size=512)  # llama-imatrix's GGUF layout, which llama-quantize reads
 
@@ -16,6 +17,7 @@ import os
 import struct
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,24 +27,54 @@ from quanta.quant.errors import ConfigError, CorruptFileError
 _I32 = struct.Struct("<i")
 
 
+class ImatrixFile(NamedTuple):
+    """An imatrix file's weights (read_imatrix's), its datasets and the chunks it was collected over (0: not
+    recorded)."""
+    weights: dict[str, torch.Tensor]
+    datasets: list[str]
+    chunk_count: int
+
+    def quantize_metadata(self, file: str) -> dict[str, str | int]:
+        """The entries llama-quantize adds to a model quantized with this file, named `file` as on its command
+        line: quantize.imatrix.file, .dataset (the first), .entries_count and .chunks_count (when recorded);
+        strings cut at 127 bytes and counts as uint32, as its key-value overrides store them."""
+        meta: dict[str, str | int] = {"quantize.imatrix.file": _c_string(file)}
+        if self.datasets:
+            meta["quantize.imatrix.dataset"] = _c_string(self.datasets[0])
+        meta["quantize.imatrix.entries_count"] = len(self.weights)
+        if self.chunk_count > 0:
+            meta["quantize.imatrix.chunks_count"] = self.chunk_count
+        return meta
+
+
+def _c_string(s: str) -> str:
+    """`s` as a 128-byte C buffer holds it (strncpy of 127 bytes)."""
+    return s.encode("utf-8")[:127].decode("utf-8", "ignore")
+
+
 def read_imatrix(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensor name -> float32 weights [values], as llama-quantize normalizes them; CorruptFileError naming the
     entry for a damaged file or non-finite values, ConfigError for a file that cannot be read."""
+    return load_imatrix(path).weights
+
+
+def load_imatrix(path: str | Path) -> ImatrixFile:
+    """The file's weights (read_imatrix), datasets and chunk count, errors as read_imatrix's."""
     path = Path(path)
     try:
         head = path.open("rb").read(4)
     except OSError as e:
         raise ConfigError(f"imatrix {path}: cannot read the file ({e.strerror or e})") from e
-    weights = _read_gguf(path) if head == b"GGUF" else _read_legacy(path)
-    if not weights:
+    found = _read_gguf(path) if head == b"GGUF" else _read_legacy(path)
+    if not found.weights:
         raise CorruptFileError(f"imatrix {path}: no entries")
-    for name, w in weights.items():
+    for name, w in found.weights.items():
         if not torch.isfinite(w).all():
             raise CorruptFileError(f"imatrix {path}: entry {name!r} holds values that are not finite")
-    return weights
+    return found
 
 
-def _read_gguf(path: Path) -> dict[str, torch.Tensor]:
+def _read_gguf(path: Path) -> ImatrixFile:
     from quanta.loaders.gguf.file import read_gguf
 
     f = read_gguf(path)
@@ -65,10 +97,13 @@ def _read_gguf(path: Path) -> dict[str, torch.Tensor]:
         per = sums.reshape(counts.size, -1)
         out = np.where(counts[:, None] > 0, per / np.where(counts > 0, counts, 1)[:, None], np.float32(1))
         weights[name] = torch.from_numpy(out.astype(np.float32).reshape(-1))
-    return weights
+    datasets = f.metadata.get("imatrix.datasets", [])
+    chunks = f.metadata.get("imatrix.chunk_count", 0)
+    return ImatrixFile(weights, [str(d) for d in datasets] if isinstance(datasets, list) else [str(datasets)],
+                       int(chunks) if isinstance(chunks, int) else 0)
 
 
-def _read_legacy(path: Path) -> dict[str, torch.Tensor]:
+def _read_legacy(path: Path) -> ImatrixFile:
     data = path.read_bytes()
     pos = 0
 
@@ -92,7 +127,12 @@ def _read_legacy(path: Path) -> dict[str, torch.Tensor]:
         if ncall > 0:
             values = values / np.float32(ncall)
         weights[name] = torch.from_numpy(values.astype(np.float32))
-    return weights
+    chunks, datasets = 0, []
+    if len(data) - pos >= 8:            # newer llama-imatrix appends the last call and the dataset's name
+        chunks, size = struct.unpack("<ii", take(8, "the trailer"))
+        if 0 <= size <= len(data) - pos:
+            datasets = [take(size, "the dataset name").decode("utf-8", "replace")]
+    return ImatrixFile(weights, datasets, max(chunks, 0))
 
 
 def write_imatrix(path: str | Path, entries: dict[str, tuple[torch.Tensor, int]], datasets: list[str],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,14 @@ def gguf_name(hf: str) -> str:
 def write_gguf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, torch.Tensor | QTensor]] | None = None,
                *, ggml_type: str | None = None, overwrite: bool = False, float_type: str = "f16",
                imatrix: dict[str, torch.Tensor] | None = None, with_imatrix: bool = False,
-               name: str | None = None) -> Path:
+               name: str | None = None, extra_metadata: Callable[[], dict[str, Any]] | None = None) -> Path:
     """Write `ckpt` (tensors from `tensors`, default ckpt.tensors.items(), read once) as GGUF file `dst`.
 
     ggml_type: None (keep quantized weights, floats as `float_type`), a GGML type ("Q8_0", "Q4_K") or
     a llama-quantize mix ("Q4_K_M", "Q5_K_M"). imatrix: per-input-column importance by HF weight name
     (quant.ggml.quantize.Imatrix), used where a weight is quantized; with_imatrix: the tensors were quantized
-    with one (`imatrix` or upstream), which changes a few of the types llama-quantize picks. Refuses an
+    with one (`imatrix` or upstream), which changes a few of the types llama-quantize picks. `extra_metadata`:
+    entries known once the tensors are written (a stream's, say the imatrix it used), added last. Refuses an
     existing dst unless `overwrite`; on any error nothing is left at dst or beside it.
     """
     dst = Path(dst)
@@ -95,6 +96,8 @@ def write_gguf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, t
                                     float_type, None))
             if not any(i[0] == "token_embd.weight" for i in infos):
                 raise ConfigError("GGUF writer: the tensors hold no model.embed_tokens.weight")
+            if extra_metadata is not None:
+                metadata |= extra_metadata()
             _assemble(tmp, arch, metadata, infos, spill)
         os.replace(tmp, dst)
     except BaseException:

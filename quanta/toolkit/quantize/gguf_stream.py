@@ -32,27 +32,45 @@ INPUT_OF = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_at
 class GgufStream:
     """Iterate for (canonical name, Gguf or float tensor); `report` fills as it runs."""
 
-    def __init__(self, ckpt, ggml_type: str, calibration=None, quiet: bool = False, imatrix_file=None):
-        self.ckpt, self.calibration, self.quiet = ckpt, calibration, quiet
+    def __init__(self, ckpt, ggml_type: str, calibration=None, quiet: bool = False, imatrix_file=None,
+                 dataset: str | None = None):
+        self.ckpt, self.calibration, self.quiet, self.dataset = ckpt, calibration, quiet, dataset
         self.types = assign(ggml_type, ckpt.config, imatrix=calibration is not None or imatrix_file is not None)
         self.report: list[ReportRow] = []
         self.names = sorted(ckpt.tensors, key=model_order)
-        self.file_weights = None if imatrix_file is None else self._file_weights(imatrix_file)
+        self.imatrix_file = imatrix_file
+        self.file = None if imatrix_file is None else self._read_file(imatrix_file)
+        self.file_weights = None if self.file is None else self.file.weights
         self.collected: dict[str, Imatrix] = {}      # GGUF name -> the Imatrix collected for it, as it runs
 
-    def _file_weights(self, path) -> dict[str, torch.Tensor]:
-        """llama-imatrix's entries by GGUF name, checked against the weights' columns before any work (entries
-        for tensors this model lacks are ignored, as llama-quantize ignores them)."""
+    def _read_file(self, path):
+        """llama-imatrix's file, its entries by GGUF name checked against the weights' columns before any work
+        (entries for tensors this model lacks are ignored, as llama-quantize ignores them)."""
         from quanta.quant.errors import ShapeError
-        from quanta.loaders.gguf.imatrix import read_imatrix
+        from quanta.loaders.gguf.imatrix import load_imatrix
 
-        entries = read_imatrix(path)
+        found = load_imatrix(path)
+        entries = found.weights
         for name in self.names:
             key = gguf_name(name)
             if key in entries and entries[key].numel() != self.ckpt.tensors[name].shape[-1]:
                 raise ShapeError(f"imatrix {path}: entry {key!r} has {entries[key].numel()} values but the weight "
                                  f"has {self.ckpt.tensors[name].shape[-1]} columns (an imatrix of another model?)")
-        return entries
+        return found
+
+    def imatrix_metadata(self) -> dict[str, str | int]:
+        """The quantize.imatrix.* entries of the written file, once the stream has run: llama-quantize's for a file
+        (its name, first dataset, entries and chunks); for one collected here the same less the file (the
+        calibration text's name, the linears collected, the calibration windows); none without an imatrix."""
+        if self.file is not None:
+            return self.file.quantize_metadata(str(self.imatrix_file))
+        if not self.collected:
+            return {}
+        meta: dict[str, str | int] = {"quantize.imatrix.entries_count": len(self.collected),
+                                      "quantize.imatrix.chunks_count": int(self.calibration.tokens.shape[0])}
+        if self.dataset:
+            meta = {"quantize.imatrix.dataset": self.dataset} | meta
+        return meta
 
     def _weights_of(self, name: str, collected: torch.Tensor | None) -> torch.Tensor | None:
         """The importance weights for tensor `name`: the file's entry when a file was given (llama-quantize looks

@@ -70,8 +70,10 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
         from quanta.loaders.gguf.writer import write_gguf
         from quanta.toolkit.quantize.gguf_stream import GgufStream
         run = GgufStream(ckpt, opts.type, data, quiet, imatrix_file=opts.imatrix
-                         if isinstance(opts.imatrix, Path) else None)
-        write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite, with_imatrix=bool(opts.imatrix))
+                         if isinstance(opts.imatrix, Path) else None,
+                         dataset=opts.calibration.name if opts.calibration is not None else None)
+        write_gguf(out, ckpt, run, ggml_type=opts.type, overwrite=overwrite, with_imatrix=bool(opts.imatrix),
+                   extra_metadata=run.imatrix_metadata)
         if save_imatrix is not None:
             from quanta.loaders.gguf.imatrix import write_imatrix
             write_imatrix(save_imatrix, {name: (m.sums, m.count) for name, m in run.collected.items()},
