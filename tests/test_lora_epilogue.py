@@ -131,3 +131,22 @@ def test_the_plan_fuses_at_the_gemv_rows_only():
     _, st = weight(64, 256, g)
     assert affine.lora_fuses(st, 1)
     assert not affine.lora_fuses(st, 3)
+
+
+@pytest.mark.parametrize("glu,config", [(False, (16, 256, 4, 64.0, 1)), (True, None)], ids=["split-k", "glu"])
+def test_fp8_gemv_adds_the_products_too(glu, config):
+    """The FP8 GEMV (W8A8 weights at one row) with the epilogue: plain with split-K, and SwiGLU."""
+    from quanta.kernels import fp8_gemm, fp8_gemv
+    from test_fp8_gemm import make_fp8
+    g = torch.Generator().manual_seed(5)
+    n, k = 128, 1024
+    w = make_fp8(n, k, "e4m3", "channel", seed=5)
+    a, b, scale, bounds = slots_for([n // 2, n // 2] if glu else [n], k, 16, g)
+    x = torch.randn(1, k, generator=g).to(DEVICE, torch.float16)
+    slots = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    ep = shrink_rows(x, slots, a, b, scale, bounds)
+    y = fp8_gemv.matmul(x, w.data, w.scale.float(), None, config, hw_fp8=False, glu=glu, lora=ep)
+    ref = x.double() @ w.dequantize().double().T.to(DEVICE) + delta64(x, slots, a, b, scale, bounds)
+    assert rel_err(y, activation.reference(ref) if glu else ref) < TOL[torch.float16]
+    st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), n, k, torch.float16)
+    assert fp8_gemm.lora_fuses(st, 1) and not fp8_gemm.lora_fuses(st, 2)

@@ -19,6 +19,8 @@ from quanta.kernels.affine import plan
 from quanta.kernels.affine.layout import FP8_E4M3, FP8_E5M2, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.lora_epilogue import MAX_ROWS as LORA_MAX_ROWS
+from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import tl, triton, why_not_device
 from quanta.quant.kinds.fp8 import Fp8
@@ -150,39 +152,51 @@ def _gemv(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None, **epilogue
     return fp8_gemv.matmul(x2, st.w_t.t(), st.w_scale.reshape(-1), bias, **epilogue)
 
 
-def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above."""
+def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None, lora: LoRAEpilogue | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above.
+    `lora`: adapter products the GEMV's epilogue adds (where lora_fuses says it runs)."""
     if isinstance(state, AffineState):
-        return plan.matmul(x, state, bias)
+        return plan.matmul(x, state, bias, lora=lora)
     x2 = x.reshape(-1, state.k).contiguous()
     if x2.shape[0] <= fp8_gemv.MAX_ROWS:
-        y = _gemv(x2, state, bias)
+        y = _gemv(x2, state, bias, lora=lora)
     else:
+        assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
         y = w8a8(x2, state, bias)
     return y.reshape(*x.shape[:-1], state.n)
 
 
-def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None) -> torch.Tensor:
+def lora_fuses(state, m: int) -> bool:
+    """Whether m rows run on a GEMV whose epilogue adds LoRA products (the fp8 or the affine GEMV)."""
+    if isinstance(state, AffineState):
+        return plan.lora_fuses(state, m)
+    return m <= min(fp8_gemv.MAX_ROWS, LORA_MAX_ROWS)
+
+
+def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None,
+              lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """silu(gate) * up for a weight stacking [gate; up]: made in the GEMV's epilogue at one row."""
     if isinstance(state, AffineState):
-        return plan.matmul_glu(x, state, bias)
+        return plan.matmul_glu(x, state, bias, lora)
     x2 = x.reshape(-1, state.k).contiguous()
     if x2.shape[0] <= fp8_gemv.MAX_ROWS:
-        y = _gemv(x2, state, bias, glu=True)
+        y = _gemv(x2, state, bias, glu=True, lora=lora)
     else:
+        assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
         y = activation.silu_and_mul(w8a8(x2, state, bias))
     return y.reshape(*x.shape[:-1], state.n // 2)
 
 
-def apply_rope_store(x: torch.Tensor, state, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
+def apply_rope_store(x: torch.Tensor, state, bias: torch.Tensor | None, rope: RopeStore,
+                     lora: LoRAEpilogue | None = None) -> torch.Tensor | None:
     """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
     epilogue at one row; None where no GEMV with that epilogue runs (the caller then runs the rotary kernel)."""
     if isinstance(state, AffineState):
-        return plan.matmul_rope(x, state, bias, rope)
+        return plan.matmul_rope(x, state, bias, rope, lora)
     x2 = x.reshape(-1, state.k)
     if x2.shape[0] > fp8_gemv.MAX_ROWS or not fp8_gemv.rope_applies(state.n, rope):
         return None
-    y = _gemv(x2.contiguous(), state, bias, rope=rope)
+    y = _gemv(x2.contiguous(), state, bias, rope=rope, lora=lora)
     return y.reshape(*x.shape[:-1], state.n)
 
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from quanta.kernels.affine.gemv_out import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
+from quanta.kernels.lora_epilogue import LoRAEpilogue, lora_delta, no_lora_args
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
@@ -47,6 +48,8 @@ def _fp8_gemv_kernel(
     # pointers
     x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,      # ROPE only
+    lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, LORA_J, LORA_PIECES, LORA_B1, LORA_B2,   # LORA only
+    lora_stride_bs,
     # sizes
     N, K, steps_per_split, num_steps, Q_SIZE, KV_SIZE,
     # strides
@@ -57,11 +60,13 @@ def _fp8_gemv_kernel(
     ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
+    LORA: tl.constexpr = False, LORA_P: tl.constexpr = 1, LORA_R: tl.constexpr = 16, LORA_PIECES_PAD: tl.constexpr = 1,
 ):
     """y[m, n] = scale[n] * sum_k x[m, k] * W[n, k] (+ bias[n]); program (row m, BLOCK_N rows of W, split of K).
     Output columns and epilogues are the affine GEMV's (gemv_out.py): GLU, W = [gate;
     up] and y = silu(gate) * up, a program's columns being BLOCK_N / 2 gate columns and the same up columns; ROPE,
-    W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format)."""
+    W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format);
+    LORA, K split 0 adds the row's adapter products first (lora_epilogue.lora_delta)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -86,6 +91,11 @@ def _fp8_gemv_kernel(
     y = tl.sum(acc, axis=1) * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     if not HW_FP8:
         y = y * 256.0
+    if LORA:
+        if pid_k == 0:
+            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, pid_m, tl.num_programs(0),
+                            LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
+                            LORA_PIECES_PAD)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
                  v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
@@ -120,11 +130,12 @@ def rope_applies(n: int, rope: RopeStore, config: tuple | None = None) -> bool:
 
 def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            config: tuple | None = None, *, caps: DeviceCaps | None = None, hw_fp8: bool | None = None,
-           glu: bool = False, rope: RopeStore | None = None) -> torch.Tensor:
+           glu: bool = False, rope: RopeStore | None = None, lora: LoRAEpilogue | None = None) -> torch.Tensor:
     """y[M, N] = (x2[M, K] @ fp8(w).T) * scale (+ bias), w the e4m3 bytes [N, K] row-major (uint8 or
     float8_e4m3fn), scale float32 with N values (per channel). `glu`: W stacks [gate; up] and y [M, N/2] =
     silu(gate) * up. `rope`: W stacks [q; k; v] (rope_applies must hold) and y's q columns hold the rotated q, k
-    and v being stored in the caches. `hw_fp8` forces the conversion (tests)."""
+    and v being stored in the caches. `lora`: each row's adapter products (lora_epilogue.shrink_rows of these rows)
+    are added before all that. `hw_fp8` forces the conversion (tests)."""
     m, k = x2.shape
     n = w.shape[0]
     assert w.shape == (n, k) and w.stride() == (k, 1) and x2.stride(1) == 1 and scale.numel() == n
@@ -142,8 +153,10 @@ def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     _fp8_gemv_kernel[(m, column_blocks, splits)](
         x2, w.view(torch.uint8), scale, bias if bias is not None else x2, y, ws, locks,
         *(rope.kernel_args() if rope is not None else (x2,) * 7),
+        *(lora.kernel_args() if lora is not None else no_lora_args(x2)),
         n, k, per, steps, *((rope.q_size, rope.kv_size) if rope else (0, 0)), x2.stride(0), y.stride(0),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None, SPLIT_K=splits, HW_FP8=hw,
         GLU=glu, ROPE=rope is not None, HEAD_D=rope.head_dim if rope is not None else 128,
-        **fp8_write_constexprs(rope.fmt if rope else None), num_warps=warps, **pdl_launch(caps))
+        **fp8_write_constexprs(rope.fmt if rope else None), **(lora.constexprs() if lora is not None else {}),
+        num_warps=warps, **pdl_launch(caps))
     return y

@@ -99,12 +99,12 @@ def lora_delta(part_ptr, b_ptr, scale_ptr, slot_ptr, m, T, J, PIECES, B1, B2, st
         offs_r = tl.arange(0, R)
         offs_p = tl.arange(0, PIECES_PAD)
         b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * R + offs_r[None, :],
-                    mask=mask_n[:, None], other=0.0).to(tl.float32)
+                    mask=mask_n[:, None], other=0.0)                  # kept 16-bit: half the registers
         for p in tl.static_range(P):
             s = tl.load(part_ptr + (offs_p[:, None] * T + m) * J + p * R + offs_r[None, :],
                         mask=(offs_p < PIECES)[:, None], other=0.0)
             s = tl.sum(s, axis=0) * tl.load(scale_ptr + slot * P + p)
-            c = tl.sum(b * s[None, :], axis=1)
+            c = tl.sum(b.to(tl.float32) * s[None, :], axis=1)
             lo = 0 if p == 0 else (B1 if p == 1 else B2)
             hi = B1 if p == 0 else (B2 if p == 1 else 1 << 30)      # B1 = N with one part, B2 = N with two
             delta = tl.where((offs_n >= lo) & (offs_n < hi), c, delta)
