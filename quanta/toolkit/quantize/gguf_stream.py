@@ -84,7 +84,7 @@ class GgufStream:
         want = self.types.of_tensor(gguf_name(name))
         if want not in QUANTIZERS:              # norms, biases (no type assigned) and float-kept weights
             return t if not isinstance(t, QTensor) else t.dequantize(self.ckpt.config.torch_dtype)
-        w = as_float(t)
+        w = as_float(t) if isinstance(t, QTensor) else t     # float weights go to float32 a chunk at a time
         imatrix = self._weights_of(name, imatrix)
         q, err = quantize_with_error(w, want, imatrix, what=name)
         self.report.append(ReportRow(name, want.upper() + (" imatrix" if imatrix is not None else ""), err, None))
