@@ -150,3 +150,36 @@ def test_fp8_gemv_adds_the_products_too(glu, config):
     assert rel_err(y, activation.reference(ref) if glu else ref) < TOL[torch.float16]
     st = fp8_gemm.W8A8State(w.data.t(), w.scale.float().reshape(1, -1), n, k, torch.float16)
     assert fp8_gemm.lora_fuses(st, 1) and not fp8_gemm.lora_fuses(st, 2)
+
+
+def test_merged_layer_routes_decode_rows_through_the_epilogue(monkeypatch):
+    """MergedQuantLinear over a real affine state and stacked slots (the engine's GPU path, interpreted): a decode
+    row's gate/up keeps the fused SwiGLU with the adapter's products in the GEMV (one shrink, no add_lora), rows
+    beyond the GEMV's take the GEMM and add_lora; both equal W x + scaling B A x (float64)."""
+    from pathlib import Path
+    from quanta.engine.layers import MergedQuantLinear
+    from quanta.lora.adapter import Adapter, LoRAWeights
+    from quanta.lora.slots import LayerSlots, LoRAStep
+    g = torch.Generator().manual_seed(6)
+    inter, k, rank = 64, 256, 8
+    w, st = weight(2 * inter, k, g)
+    layer = MergedQuantLinear(k, {"gate_proj": inter, "up_proj": inter}, triton=True)
+    layer.fused.kernel, layer.fused.state = affine, st
+    slots = LayerSlots(["m.gate_proj", "m.up_proj"], [inter, inter], k, 2, rank, torch.device(DEVICE),
+                       torch.float16, stacked=True, input_order=None)
+    pair = [LoRAWeights(0.1 * torch.randn(rank, k, generator=g), 0.1 * torch.randn(inter, rank, generator=g), 0.5)
+            for _ in range(2)]
+    slots.fill(1, Adapter(Path("a"), rank, {"m.gate_proj": pair[0], "m.up_proj": pair[1]}))
+    step = LoRAStep(8, 2, torch.device(DEVICE), triton=True)
+    layer.attach_lora(slots, step)
+    delta = torch.cat([p.scaling * p.b.double() @ p.a.double() for p in pair])          # [2I, K]
+    calls = {"add": 0}
+    add = LayerSlots.add
+    monkeypatch.setattr(LayerSlots, "add", lambda *a: calls.__setitem__("add", calls["add"] + 1) or add(*a))
+    for rows in (1, 3):
+        step.set([(1, rows)])
+        x = torch.randn(rows, k, generator=g).to(DEVICE, torch.float16)
+        y = layer.forward_glu(x)
+        ref = activation.reference(x.double() @ (w.dequantize().double().to(DEVICE) + delta.to(DEVICE)).T)
+        assert rel_err(y, ref) < TOL[torch.float16], rows
+        assert calls["add"] == (0 if rows == 1 else 1)
