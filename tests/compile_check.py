@@ -83,7 +83,7 @@ CASES = {
                                         LORA_PIECES_PAD=16, PDL=True), 2, 1, 90),
     "lora_shrink_rows": ("lora_epilogue", "_shrink_rows_kernel",
                          dict(x_ptr="*fp16", a_ptr="*fp16", slot_ptr="*i32", part_ptr="*fp32"),
-                         dict(J_PAD=64, BLOCK_K=256, PDL=True), 4, 1, 90),
+                         dict(BLOCK_J=32, BLOCK_K=256, PDL=True), 4, 1, 90),
     "affine_gemv_w8_h2_zb_perm": ("affine.gemv", "_affine_gemv_kernel", _P16,
                                   dict(_AFF, BITS=8, RS=4, ZERO=128, BLOCK_N=256, HAS_ZB=True, HAS_PERM=True,
                                        HAS_BIAS=True, SPLIT_K=2, TILE_SCALE=True, EVEN_K=False, H2=True,

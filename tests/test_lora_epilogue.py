@@ -58,14 +58,16 @@ def test_shrink_pieces_sum_to_a_times_x(k):
 
 
 @pytest.mark.parametrize("rows,block_n,min_tiles", [(1, 128, 1), (2, 256, 2)], ids=["split-k", "two-rows"])
-@pytest.mark.parametrize("sizes", [[192], [128, 64, 64]], ids=["one-part", "qkv"])
-def test_gemv_adds_the_products_of_each_rows_slot(rows, block_n, min_tiles, sizes):
+@pytest.mark.parametrize("sizes,rank", [([192], 16), ([128, 64, 64], 16), ([128, 64, 64], 64)],
+                         ids=["one-part", "qkv", "qkv-rank-64"])
+def test_gemv_adds_the_products_of_each_rows_slot(rows, block_n, min_tiles, sizes, rank):
     """The GEMV (split-K: only split 0 adds) with the epilogue equals x W^T + each row's products (float64), and
-    the GEMV then add_lora; a row without an adapter gets the plain GEMV's output."""
+    the GEMV then add_lora; a row without an adapter gets the plain GEMV's output. Rank 64 over three parts: the
+    shrink's rank columns in several blocks."""
     g = torch.Generator().manual_seed(1)
     n, k = sum(sizes), 512
     w, st = weight(n, k, g)
-    a, b, scale, bounds = slots_for(sizes, k, 16, g)
+    a, b, scale, bounds = slots_for(sizes, k, rank, g)
     x = torch.randn(rows, k, generator=g).to(DEVICE, torch.float16)
     slots = torch.tensor([1, -1][:rows], dtype=torch.int32, device=DEVICE)
     config = gemv.GemvConfig(block_n, 8, 2, 64.0, min_tiles)

@@ -18,6 +18,7 @@ from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 PIECE_K = 256           # input columns a shrink program reduces: many programs, one load round each
+BLOCK_J = 32            # rank columns a shrink program makes (a 32 x 256 tile of A: 64 values a thread)
 MAX_ROWS = 2            # the rows a fused epilogue takes (the GEMV's)
 
 
@@ -52,16 +53,17 @@ def no_lora_args(filler: torch.Tensor) -> tuple:
 
 @triton.jit
 def _shrink_rows_kernel(x_ptr, a_ptr, slot_ptr, part_ptr, T, K, J, stride_x, stride_as,
-                        J_PAD: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row m, piece of BLOCK_K input columns): part[piece, m, j] = sum_k A[slot, j, k] x[m, k] over the
-    piece, float32; nothing for a row without an adapter. A is read before waiting for the kernel that wrote x."""
+                        BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row m, piece of BLOCK_K input columns, block of BLOCK_J rank columns): part[piece, m, j] =
+    sum_k A[slot, j, k] x[m, k] over the piece, float32; nothing for a row without an adapter. A is read before
+    waiting for the kernel that wrote x."""
     pdl_launch_dependents(PDL)
     m = tl.program_id(0)
     piece = tl.program_id(1)
     slot = tl.load(slot_ptr + m)
     if slot >= 0:
         offs_k = piece * BLOCK_K + tl.arange(0, BLOCK_K)
-        offs_j = tl.arange(0, J_PAD)
+        offs_j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
         mask_k, mask_j = offs_k < K, offs_j < J
         a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * K + offs_k[None, :],
                     mask=mask_j[:, None] & mask_k[None, :], other=0.0)
@@ -82,9 +84,9 @@ def shrink_rows(x: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.
     assert t <= MAX_ROWS and x.stride(1) == 1 and a.is_contiguous() and b.is_contiguous()
     pieces = cdiv(k, PIECE_K)
     part = torch.empty(pieces, t, j, device=x.device, dtype=torch.float32)
-    _shrink_rows_kernel[(t, pieces)](x, a, slots, part, t, k, j, x.stride(0), a.stride(0),
-                                     J_PAD=triton.next_power_of_2(j), BLOCK_K=PIECE_K, num_warps=4,
-                                     **pdl_launch(device_caps(x.device)))
+    _shrink_rows_kernel[(t, pieces, cdiv(j, BLOCK_J))](x, a, slots, part, t, k, j, x.stride(0), a.stride(0),
+                                                       BLOCK_J=BLOCK_J, BLOCK_K=PIECE_K, num_warps=4,
+                                                       **pdl_launch(device_caps(x.device)))
     return LoRAEpilogue(part, b, scale, slots, tuple(bounds))
 
 
