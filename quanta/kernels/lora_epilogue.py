@@ -93,21 +93,23 @@ def shrink_rows(x: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.
 @triton.jit
 def lora_delta(part_ptr, b_ptr, scale_ptr, slot_ptr, m, T, J, PIECES, B1, B2, stride_bs, offs_n, mask_n,
                P: tl.constexpr, R: tl.constexpr, PIECES_PAD: tl.constexpr):
-    """Row m's adapter products at output columns offs_n (float32, zero without an adapter): the shrink's pieces
-    summed, scaled by the column's part, times B's rows."""
+    """Row m's adapter products at output columns offs_n (float32, zero without an adapter): 16 rank columns of B
+    at a time (a large rank keeps a small tile), times each part's shrink (its pieces summed, scaled), kept for
+    the part's columns."""
     delta = tl.zeros(offs_n.shape, dtype=tl.float32)
     slot = tl.load(slot_ptr + m)
     if slot >= 0:
-        offs_r = tl.arange(0, R)
         offs_p = tl.arange(0, PIECES_PAD)
-        b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * R + offs_r[None, :],
-                    mask=mask_n[:, None], other=0.0)                  # kept 16-bit: half the registers
-        for p in tl.static_range(P):
-            s = tl.load(part_ptr + (offs_p[:, None] * T + m) * J + p * R + offs_r[None, :],
-                        mask=(offs_p < PIECES)[:, None], other=0.0)
-            s = tl.sum(s, axis=0) * tl.load(scale_ptr + slot * P + p)
-            c = tl.sum(b.to(tl.float32) * s[None, :], axis=1)
-            lo = 0 if p == 0 else (B1 if p == 1 else B2)
-            hi = B1 if p == 0 else (B2 if p == 1 else 1 << 30)      # B1 = N with one part, B2 = N with two
-            delta = tl.where((offs_n >= lo) & (offs_n < hi), c, delta)
+        for r0 in range(0, R, 16):                 # a loop, not unrolled: one chunk live at a time
+            offs_r = r0 + tl.arange(0, 16)
+            b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * R + offs_r[None, :],
+                        mask=mask_n[:, None] & (offs_r < R)[None, :], other=0.0)      # kept 16-bit: registers
+            for p in tl.static_range(P):
+                s = tl.load(part_ptr + (offs_p[:, None] * T + m) * J + p * R + offs_r[None, :],
+                            mask=(offs_p < PIECES)[:, None] & (offs_r < R)[None, :], other=0.0)
+                s = tl.sum(s, axis=0) * tl.load(scale_ptr + slot * P + p)
+                lo = 0 if p == 0 else (B1 if p == 1 else B2)
+                hi = B1 if p == 0 else (B2 if p == 1 else 1 << 30)      # B1 = N with one part, B2 = N with two
+                c = tl.sum(b.to(tl.float32) * s[None, :], axis=1)
+                delta += tl.where((offs_n >= lo) & (offs_n < hi), c, 0.0)
     return delta
