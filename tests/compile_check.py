@@ -81,7 +81,7 @@ CASES = {
                                    dict(_AFF, BITS=4, RS=8, BLOCK_N=128, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True,
                                         H2=True, H2_SCALE=16.0, GLU=True, LORA=True, LORA_P=2, LORA_R=16,
                                         LORA_PIECES_PAD=16, PDL=True), 2, 1, 90),
-    "lora_shrink_rows": ("lora_epilogue", "_shrink_rows_kernel",
+    "lora_shrink_rows": ("quanta.lora.kernels", "_shrink_rows_kernel",
                          dict(x_ptr="*fp16", a_ptr="*fp16", slot_ptr="*i32", part_ptr="*fp32"),
                          dict(BLOCK_J=32, BLOCK_K=256, PDL=True), 4, 1, 90),
     "affine_gemv_w8_h2_zb_perm": ("affine.gemv", "_affine_gemv_kernel", _P16,
@@ -267,7 +267,8 @@ def compile_case(name: str, cc: int):
     import triton
     from triton.backends.compiler import GPUTarget
     module, kernel, types, constexprs, warps, stages, _ = CASES[name]
-    fn = getattr(importlib.import_module(f"quanta.kernels.{module}"), kernel)
+    fn = getattr(importlib.import_module(module if module.startswith("quanta.") else f"quanta.kernels.{module}"),
+                 kernel)
     # constexprs a launcher leaves at their defaults (H2, PDL, ...) compile at those defaults, not as arguments
     constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
     if "WARPS" in fn.arg_names:                  # a kernel's WARPS is its launch's num_warps

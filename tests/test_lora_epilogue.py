@@ -7,7 +7,7 @@ import torch
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 from quanta.kernels import activation, affine, rotary
 from quanta.kernels.affine import gemv
-from quanta.kernels.lora_epilogue import PIECE_K, shrink_rows
+from quanta.lora.kernels import PIECE_K, shrink_rows
 from quanta.lora import kernels as lora
 from quanta.quant.kinds.affine import Affine
 

@@ -134,8 +134,8 @@ def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     """y[M, N] = (x2[M, K] @ fp8(w).T) * scale (+ bias), w the e4m3 bytes [N, K] row-major (uint8 or
     float8_e4m3fn), scale float32 with N values (per channel). `glu`: W stacks [gate; up] and y [M, N/2] =
     silu(gate) * up. `rope`: W stacks [q; k; v] (rope_applies must hold) and y's q columns hold the rotated q, k
-    and v being stored in the caches. `lora`: each row's adapter products (lora_epilogue.shrink_rows of these rows)
-    are added before all that. `hw_fp8` forces the conversion (tests)."""
+    and v being stored in the caches. `lora`: each row's adapter products (quanta.lora.kernels.shrink_rows of
+    these rows) are added before all that. `hw_fp8` forces the conversion (tests)."""
     m, k = x2.shape
     n = w.shape[0]
     assert w.shape == (n, k) and w.stride() == (k, 1) and x2.stride(1) == 1 and scale.numel() == n

@@ -9,12 +9,15 @@ A merged q/k/v or gate/up layer has P parts: its output columns [bounds[p], boun
 [p*R, (p+1)*R). Slots hold every adapter at R, the padded largest rank; the zero padding adds nothing. A
 few rows (decode) split the shrink's K over programs and the expand sums the pieces, since one program walking
 all of K would wait on memory; a step's launches are the same whatever the slots hold (CUDA graphs replay them).
+At a GEMV's rows `shrink_rows` runs the shrink alone and the GEMV adds the expand (quanta.kernels.lora_epilogue).
 """
 from __future__ import annotations
 
 import torch
 
-from quanta.kernels.triton_support import cdiv, tl, triton
+from quanta.kernels.device_caps import device_caps
+from quanta.kernels.lora_epilogue import MAX_ROWS, LoRAEpilogue
+from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 NAME = "triton_lora"
 
@@ -160,3 +163,47 @@ def add_lora(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Ten
         part, b, scale, y, order, starts, t, n, j, b1, b2, y.stride(0), b.stride(0), SPLITS=splits, P=parts,
         R=rank, R_PAD=max(16, rank), BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee, num_warps=4)
     return y
+
+
+# --- decode rows: the shrink alone; the GEMV's epilogue adds the expand (quanta.kernels.lora_epilogue) ----
+PIECE_K = 256           # input columns a shrink program reduces: many programs, one load round each
+BLOCK_J = 32            # rank columns a shrink program makes (a 32 x 256 tile of A: 64 values a thread)
+
+
+@triton.jit
+def _shrink_rows_kernel(x_ptr, a_ptr, slot_ptr, part_ptr, T, K, J, stride_x, stride_as,
+                        BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row m, piece of BLOCK_K input columns, block of BLOCK_J rank columns): part[piece, m, j] =
+    sum_k A[slot, j, k] x[m, k] over the piece, float32; nothing for a row without an adapter. A is read before
+    waiting for the kernel that wrote x."""
+    pdl_launch_dependents(PDL)
+    m = tl.program_id(0)
+    piece = tl.program_id(1)
+    slot = tl.load(slot_ptr + m)
+    if slot >= 0:
+        offs_k = piece * BLOCK_K + tl.arange(0, BLOCK_K)
+        offs_j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+        mask_k, mask_j = offs_k < K, offs_j < J
+        a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * K + offs_k[None, :],
+                    mask=mask_j[:, None] & mask_k[None, :], other=0.0)
+        pdl_wait(PDL)
+        x = tl.load(x_ptr + m * stride_x + offs_k, mask=mask_k, other=0.0)
+        s = tl.sum(a.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        tl.store(part_ptr + (piece * T + m) * J + offs_j, s, mask=mask_j)
+    else:
+        pdl_wait(PDL)
+
+
+def shrink_rows(x: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor,
+                bounds: list[int]) -> LoRAEpilogue:
+    """The shrink of x [T, K] (T <= MAX_ROWS, unit column stride) by each row's slot of a [S, P*R, K]; returns the
+    epilogue a GEMV finishes (LoRAEpilogue)."""
+    t, k = x.shape
+    j = a.shape[1]
+    assert t <= MAX_ROWS and x.stride(1) == 1 and a.is_contiguous() and b.is_contiguous()
+    pieces = cdiv(k, PIECE_K)
+    part = torch.empty(pieces, t, j, device=x.device, dtype=torch.float32)
+    _shrink_rows_kernel[(t, pieces, cdiv(j, BLOCK_J))](x, a, slots, part, t, k, j, x.stride(0), a.stride(0),
+                                                       BLOCK_J=BLOCK_J, BLOCK_K=PIECE_K, num_warps=4,
+                                                       **pdl_launch(device_caps(x.device)))
+    return LoRAEpilogue(part, b, scale, slots, tuple(bounds))

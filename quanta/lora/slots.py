@@ -17,7 +17,7 @@ import torch
 
 from quanta.lora import kernels as lora_kernel
 from quanta.kernels.cpu import matmul as cpu_matmul
-from quanta.kernels.lora_epilogue import LoRAEpilogue, shrink_rows
+from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.lora.adapter import Adapter, load_adapter
 from quanta.lora.request import LoRARequest
 from quanta.quant.errors import ConfigError
@@ -122,8 +122,8 @@ class LayerSlots:
     def epilogue(self, x: torch.Tensor, step: LoRAStep) -> LoRAEpilogue:
         """The products for x [T, K] (a GEMV's rows) left for the GEMV's epilogue to finish: the shrink runs
         now (quanta.kernels.lora_epilogue)."""
-        return shrink_rows(x if x.stride(-1) == 1 else x.contiguous(), step.slots, self.a, self.b, self.scale,
-                           self.bounds)
+        return lora_kernel.shrink_rows(x if x.stride(-1) == 1 else x.contiguous(), step.slots, self.a, self.b,
+                                       self.scale, self.bounds)
 
     def add(self, x: torch.Tensor, y: torch.Tensor, step: LoRAStep) -> torch.Tensor:
         """y (this layer's base output for input x) plus each token's adapter products, in place."""

@@ -395,7 +395,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     [gate; up] and y[M, N/2] = silu(gate) * up, made in the epilogue (the MLP's gate_up without a second
     kernel). `rope`: W stacks an attention layer's [q; k; v], and the epilogue rotates q and k and stores k and v
     in the paged caches (rope_applies must hold); y's q columns hold the rotated q, its k and v columns nothing.
-    `lora`: each row's adapter products (lora_epilogue.shrink_rows of these rows) are added before all that.
+    `lora`: each row's adapter products (quanta.lora.kernels.shrink_rows of these rows) are added before all that.
 
     `config` (GemvConfig's fields) and `h2` override the defaults (tests, benchmark sweeps); `caps` defaults to
     the device's.
