@@ -185,3 +185,67 @@ def test_merged_layer_routes_decode_rows_through_the_epilogue(monkeypatch):
         ref = activation.reference(x.double() @ (w.dequantize().double().to(DEVICE) + delta.to(DEVICE)).T)
         assert rel_err(y, ref) < TOL[torch.float16], rows
         assert calls["add"] == (0 if rows == 1 else 1)
+
+
+@pytest.mark.parametrize("d,residual", [(576, True), (256, False), (64, True)], ids=["576-residual", "256", "64"])
+def test_norm_shrink_is_the_norm_and_the_shrink_in_one_launch(d, residual):
+    """norm_shrink leaves y (and h) exactly as fused_norm.rms_norm does, and its pieces sum to A[slot] @ y as stored
+    (the GEMV's input), for a row with an adapter; nothing for a row without (D not a power of two: pieces of 256
+    in a 1024-wide register row; D = 64: one piece of 64)."""
+    from quanta.kernels import fused_norm
+    from quanta.lora.kernels import norm_shrink
+    g = torch.Generator().manual_seed(7)
+    a, b, scale, bounds = slots_for([48, 16, 16], d, 8, g)
+    x = torch.randn(2, d, generator=g).to(DEVICE, torch.float16)
+    r = torch.randn(2, d, generator=g).to(DEVICE, torch.float16) if residual else None
+    w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, torch.float16)
+    slots = torch.tensor([2, -1], dtype=torch.int32, device=DEVICE)
+    out, ep = norm_shrink(x, w, 1e-5, r, slots, a, b, scale, bounds)
+    want = fused_norm.rms_norm(x, w, 1e-5, r)
+    for got, ref in zip(out if residual else [out], want if residual else [want]):
+        assert torch.equal(got, ref)
+    y = out[0] if residual else out
+    torch.testing.assert_close(ep.part[:, 0].sum(0).double(), a[2].double() @ y[0].double(), atol=1e-3, rtol=1e-3)
+    assert ep.part.shape == (-(-d // min(256, 1 << (d - 1).bit_length())), 2, 24)
+
+
+def test_a_norm_feeding_an_adapted_layer_makes_its_shrink(monkeypatch):
+    """RMSNorm linked to the MergedQuantLinear it feeds (LoRASlots links them): at a decode row the norm's launch
+    makes the layer's shrink (no shrink_rows launch) and the layer's output equals the unlinked path's."""
+    from pathlib import Path
+    from quanta.engine.layers import MergedQuantLinear, RMSNorm
+    from quanta.lora import kernels as lora_kernels
+    from quanta.lora.adapter import Adapter, LoRAWeights
+    from quanta.lora.slots import LayerSlots, LoRAStep
+    g = torch.Generator().manual_seed(8)
+    inter, k, rank = 64, 256, 8
+    _, st = weight(2 * inter, k, g)
+    layer = MergedQuantLinear(k, {"gate_proj": inter, "up_proj": inter}, triton=True)
+    layer.fused.kernel, layer.fused.state = affine, st
+    slots = LayerSlots(["m.gate_proj", "m.up_proj"], [inter, inter], k, 2, rank, torch.device(DEVICE),
+                       torch.float16, stacked=True, input_order=None)
+    pair = [LoRAWeights(0.1 * torch.randn(rank, k, generator=g), 0.1 * torch.randn(inter, rank, generator=g), 0.5)
+            for _ in range(2)]
+    slots.fill(0, Adapter(Path("a"), rank, {"m.gate_proj": pair[0], "m.up_proj": pair[1]}))
+    step = LoRAStep(8, 2, torch.device(DEVICE), triton=True)
+    layer.attach_lora(slots, step)
+    step.set([(0, 1)])
+    norm = RMSNorm(k, 1e-5, triton=True)
+    norm.weight.data = (torch.rand(k, generator=g) + 0.5).to(DEVICE, torch.float16)
+    x, r = (torch.randn(1, k, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+    shrinks = {"n": 0}
+    shrink = lora_kernels.shrink_rows
+    monkeypatch.setattr(lora_kernels, "shrink_rows",
+                        lambda *a: shrinks.__setitem__("n", shrinks["n"] + 1) or shrink(*a))
+    y0, h0 = norm(x, r)
+    out0 = layer.forward_glu(y0)
+    assert shrinks["n"] == 1
+    norm.feeds = layer
+    y1, h1 = norm(x, r)
+    out1 = layer.forward_glu(y1)
+    assert shrinks["n"] == 1 and layer.pending is None
+    assert torch.equal(y1, y0) and torch.equal(h1, h0)
+    torch.testing.assert_close(out1, out0, atol=2e-3, rtol=2e-3)
+    y2, _ = norm(x, r)
+    layer.forward_glu(y2.clone())                # not the norm's output: the layer makes its own shrink
+    assert shrinks["n"] == 2 and layer.pending is None

@@ -145,6 +145,7 @@ class MergedQuantLinear(nn.Module):
         self.separate: nn.ModuleList | None = None
         self.input_order: torch.Tensor | None = None     # the order its input arrives in (take_input_order)
         self.lora = self.lora_step = None
+        self.pending = None          # (the norm's output, its LoRAEpilogue) when the norm feeding this made the shrink
 
     def load(self, weights: list, biases: list, device: torch.device, dtype: torch.dtype,
              names: list[str], force_kernel: str | None = None) -> None:
@@ -189,10 +190,25 @@ class MergedQuantLinear(nn.Module):
 
     def _epilogue(self, x: torch.Tensor):
         """The adapter products as the stacked GEMM's epilogue for x's rows (lora_epilogue), None where this step
-        has none or the GEMM's path for these rows cannot add them."""
+        has none or the GEMM's path for these rows cannot add them; the one the norm made with x, if it did."""
+        pending, self.pending = self.pending, None
         if not self._adapted() or self.fused is None:
             return None
+        if pending is not None and pending[0] is x:
+            return pending[1]
         return lora_epilogue(self.fused.kernel, self.fused.state, self.lora, self.lora_step, x)
+
+    def norm_shrink(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
+        """The Triton norm's output (y, or (y, h)) made by the launch that also makes this GEMM's LoRA shrink (kept
+        for its epilogue), where this step's rows take a LoRA epilogue; else None (the caller runs the norm)."""
+        if not self._adapted() or self.fused is None or not self.lora.stacked:
+            return None
+        fuses = getattr(self.fused.kernel, "lora_fuses", None)
+        if fuses is None or not fuses(self.fused.state, x.numel() // x.shape[-1]):
+            return None
+        out, epilogue = self.lora.norm_shrink(x, weight, eps, residual, self.lora_step)
+        self.pending = (out if residual is None else out[0], epilogue)
+        return out
 
     def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can (adapter
@@ -247,6 +263,7 @@ class RMSNorm(nn.Module):
         self.eps, self.triton = eps, triton
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.order: torch.Tensor | None = None      # int32 [dim]: the feature output column k holds
+        self.feeds = None        # the MergedQuantLinear that reads the output, when it may take its LoRA shrink here
 
     def write_in_order(self, order: torch.Tensor) -> None:
         """From now on write the normed output's column k as feature order[k] (a QuantLinear's
@@ -255,6 +272,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.triton and x.stride(-1) == 1:
+            if self.feeds is not None and self.order is None:
+                out = self.feeds.norm_shrink(x, self.weight, self.eps, residual)
+                if out is not None:
+                    return out
             return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.order)
         return fused_norm.reference(x, self.weight, self.eps, residual, self.order)
 

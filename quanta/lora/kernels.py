@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import device_caps
+from quanta.kernels.fused_norm import add_rms_norm, row_and_weight
 from quanta.kernels.lora_epilogue import MAX_ROWS, LoRAEpilogue
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
@@ -207,3 +208,58 @@ def shrink_rows(x: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.
                                                        BLOCK_J=BLOCK_J, BLOCK_K=PIECE_K, num_warps=4,
                                                        **pdl_launch(device_caps(x.device)))
     return LoRAEpilogue(part, b, scale, slots, tuple(bounds))
+
+
+@triton.jit
+def _norm_shrink_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, a_ptr, slot_ptr, part_ptr, T, D, J, eps,
+                        stride_x, stride_r, stride_y, stride_h, stride_as,
+                        BLOCK_D: tl.constexpr, PK: tl.constexpr, BLOCK_J: tl.constexpr, JB: tl.constexpr,
+                        HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row, 0): the fused norm (fused_norm's kernel: h = x + residual, y). Program (row, 1 + piece * JB +
+    jb): the row's norm again, in registers, and the shrink of its PK columns of y as stored (rounded to y's dtype)
+    by A[slot]'s rank columns jb * BLOCK_J..: part[piece, row, j], float32; nothing for a row without an adapter."""
+    row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
+    h, y = add_rms_norm(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0), r_ptr + row * stride_r + offs,
+                        w, mask, D, eps, HAS_RESIDUAL)
+    task = tl.program_id(1)
+    if task == 0:
+        if HAS_RESIDUAL:
+            tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
+        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        slot = tl.load(slot_ptr + row)
+        if slot >= 0:
+            piece = (task - 1) // JB
+            offs_j = ((task - 1) % JB) * BLOCK_J + tl.arange(0, BLOCK_J)
+            NP: tl.constexpr = BLOCK_D // PK
+            stored = tl.reshape(y.to(y_ptr.dtype.element_ty).to(tl.float32), (NP, PK))
+            ys = tl.sum(tl.where((tl.arange(0, NP) == piece)[:, None], stored, 0.0), axis=0)    # the piece
+            offs_k = piece * PK + tl.arange(0, PK)
+            a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * D + offs_k[None, :],
+                        mask=(offs_j < J)[:, None] & (offs_k < D)[None, :], other=0.0)
+            s = tl.sum(a.to(tl.float32) * ys[None, :], axis=1)
+            tl.store(part_ptr + (piece * T + row) * J + offs_j, s, mask=offs_j < J)
+
+
+def norm_shrink(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bounds: list[int]):
+    """fused_norm.rms_norm(x, weight, eps, residual) (y, or (y, h)) for the rows of a GEMV whose adapters' shrink
+    the same launch makes (the GEMV's LoRAEpilogue, second): a launch fewer than the norm, then shrink_rows."""
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    r2 = residual.reshape(-1, d) if residual is not None else x2
+    t, j = x2.shape[0], a.shape[1]
+    assert t <= MAX_ROWS and x2.stride(-1) == 1 and r2.stride(-1) == 1 and a.shape[2] == d and a.is_contiguous()
+    y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
+    h = torch.empty_like(x2) if residual is not None else y
+    block = triton.next_power_of_2(d)
+    pk = min(PIECE_K, block)
+    pieces, jb = cdiv(d, pk), cdiv(j, BLOCK_J)
+    part = torch.empty(pieces, t, j, device=x.device, dtype=torch.float32)
+    _norm_shrink_kernel[(t, 1 + pieces * jb)](
+        x2, r2, weight, y, h, a, slots, part, t, d, j, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
+        a.stride(0), BLOCK_D=block, PK=pk, BLOCK_J=BLOCK_J, JB=jb, HAS_RESIDUAL=residual is not None,
+        num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
+    y = y.reshape(x.shape)
+    out = y if residual is None else (y, h.reshape(x.shape))
+    return out, LoRAEpilogue(part, b, scale, slots, tuple(bounds))

@@ -24,6 +24,7 @@ from quanta.quant.errors import ConfigError
 
 NO_SLOT = -1
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+NORM_BEFORE = {"self_attn.qkv_proj": "input_layernorm", "mlp.gate_up_proj": "post_attention_layernorm"}
 
 
 class LoRAStep:
@@ -125,6 +126,13 @@ class LayerSlots:
         return lora_kernel.shrink_rows(x if x.stride(-1) == 1 else x.contiguous(), step.slots, self.a, self.b,
                                        self.scale, self.bounds)
 
+    def norm_shrink(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                    step: LoRAStep):
+        """The norm of x (and residual) that feeds this layer, and the products' epilogue, from one launch
+        (quanta.lora.kernels.norm_shrink): (y or (y, h), LoRAEpilogue)."""
+        return lora_kernel.norm_shrink(x, weight, eps, residual, step.slots, self.a, self.b, self.scale,
+                                       self.bounds)
+
     def add(self, x: torch.Tensor, y: torch.Tensor, step: LoRAStep) -> torch.Tensor:
         """y (this layer's base output for input x) plus each token's adapter products, in place."""
         if step.triton:
@@ -168,6 +176,8 @@ class LoRASlots:
                                    module.in_features, max_loras, rank, device, dtype, stacked=triton,
                                    input_order=getattr(module, "input_order", None))
                 module.attach_lora(slots, self.step)
+                if triton and target in NORM_BEFORE:        # the norm before it may make its shrink too
+                    getattr(layer, NORM_BEFORE[target]).feeds = module
                 self.layers.append(slots)
         self.resident: OrderedDict[int, int] = OrderedDict()        # adapter id -> slot, least recent first
         self.read: OrderedDict[int, Adapter] = OrderedDict()        # adapter id -> adapter read, on the host
