@@ -158,23 +158,10 @@ def test_merged_layer_routes_decode_rows_through_the_epilogue(monkeypatch):
     """MergedQuantLinear over a real affine state and stacked slots (the engine's GPU path, interpreted): a decode
     row's gate/up keeps the fused SwiGLU with the adapter's products in the GEMV (one shrink, no add_lora), rows
     beyond the GEMV's take the GEMM and add_lora; both equal W x + scaling B A x (float64)."""
-    from pathlib import Path
-    from quanta.engine.layers import MergedQuantLinear
-    from quanta.lora.adapter import Adapter, LoRAWeights
-    from quanta.lora.slots import LayerSlots, LoRAStep
+    from quanta.lora.slots import LayerSlots
     g = torch.Generator().manual_seed(6)
-    inter, k, rank = 64, 256, 8
-    w, st = weight(2 * inter, k, g)
-    layer = MergedQuantLinear(k, {"gate_proj": inter, "up_proj": inter}, triton=True)
-    layer.fused.kernel, layer.fused.state = affine, st
-    slots = LayerSlots(["m.gate_proj", "m.up_proj"], [inter, inter], k, 2, rank, torch.device(DEVICE),
-                       torch.float16, stacked=True, input_order=None)
-    pair = [LoRAWeights(0.1 * torch.randn(rank, k, generator=g), 0.1 * torch.randn(inter, rank, generator=g), 0.5)
-            for _ in range(2)]
-    slots.fill(1, Adapter(Path("a"), rank, {"m.gate_proj": pair[0], "m.up_proj": pair[1]}))
-    step = LoRAStep(8, 2, torch.device(DEVICE), triton=True)
-    layer.attach_lora(slots, step)
-    delta = torch.cat([p.scaling * p.b.double() @ p.a.double() for p in pair])          # [2I, K]
+    k = 256
+    w, layer, step, delta = adapted_gate_up(g, 64, k, 8, slot=1)
     calls = {"add": 0}
     add = LayerSlots.add
     monkeypatch.setattr(LayerSlots, "add", lambda *a: calls.__setitem__("add", calls["add"] + 1) or add(*a))
@@ -212,23 +199,11 @@ def test_norm_shrink_is_the_norm_and_the_shrink_in_one_launch(d, residual):
 def test_a_norm_feeding_an_adapted_layer_makes_its_shrink(monkeypatch):
     """RMSNorm linked to the MergedQuantLinear it feeds (LoRASlots links them): at a decode row the norm's launch
     makes the layer's shrink (no shrink_rows launch) and the layer's output equals the unlinked path's."""
-    from pathlib import Path
-    from quanta.engine.layers import MergedQuantLinear, RMSNorm
+    from quanta.engine.layers import RMSNorm
     from quanta.lora import kernels as lora_kernels
-    from quanta.lora.adapter import Adapter, LoRAWeights
-    from quanta.lora.slots import LayerSlots, LoRAStep
     g = torch.Generator().manual_seed(8)
-    inter, k, rank = 64, 256, 8
-    _, st = weight(2 * inter, k, g)
-    layer = MergedQuantLinear(k, {"gate_proj": inter, "up_proj": inter}, triton=True)
-    layer.fused.kernel, layer.fused.state = affine, st
-    slots = LayerSlots(["m.gate_proj", "m.up_proj"], [inter, inter], k, 2, rank, torch.device(DEVICE),
-                       torch.float16, stacked=True, input_order=None)
-    pair = [LoRAWeights(0.1 * torch.randn(rank, k, generator=g), 0.1 * torch.randn(inter, rank, generator=g), 0.5)
-            for _ in range(2)]
-    slots.fill(0, Adapter(Path("a"), rank, {"m.gate_proj": pair[0], "m.up_proj": pair[1]}))
-    step = LoRAStep(8, 2, torch.device(DEVICE), triton=True)
-    layer.attach_lora(slots, step)
+    k = 256
+    _, layer, step, _ = adapted_gate_up(g, 64, k, 8, slot=0)
     step.set([(0, 1)])
     norm = RMSNorm(k, 1e-5, triton=True)
     norm.weight.data = (torch.rand(k, generator=g) + 0.5).to(DEVICE, torch.float16)
@@ -249,3 +224,23 @@ def test_a_norm_feeding_an_adapted_layer_makes_its_shrink(monkeypatch):
     y2, _ = norm(x, r)
     layer.forward_glu(y2.clone())                # not the norm's output: the layer makes its own shrink
     assert shrinks["n"] == 2 and layer.pending is None
+
+
+def adapted_gate_up(g: torch.Generator, inter: int, k: int, rank: int, slot: int):
+    """A gate/up MergedQuantLinear over a real affine state with an adapter in stacked slot `slot` (the engine's GPU
+    path, interpreted on the CPU): (the Affine weight, the layer, its LoRAStep, the adapter's delta W [2I, K])."""
+    from pathlib import Path
+    from quanta.engine.layers import MergedQuantLinear
+    from quanta.lora.adapter import Adapter, LoRAWeights
+    from quanta.lora.slots import LayerSlots, LoRAStep
+    w, st = weight(2 * inter, k, g)
+    layer = MergedQuantLinear(k, {"gate_proj": inter, "up_proj": inter}, triton=True)
+    layer.fused.kernel, layer.fused.state = affine, st
+    slots = LayerSlots(["m.gate_proj", "m.up_proj"], [inter, inter], k, 2, rank, torch.device(DEVICE),
+                       torch.float16, stacked=True, input_order=None)
+    pair = [LoRAWeights(0.1 * torch.randn(rank, k, generator=g), 0.1 * torch.randn(inter, rank, generator=g), 0.5)
+            for _ in range(2)]
+    slots.fill(slot, Adapter(Path("a"), rank, {"m.gate_proj": pair[0], "m.up_proj": pair[1]}))
+    step = LoRAStep(8, 2, torch.device(DEVICE), triton=True)
+    layer.attach_lora(slots, step)
+    return w, layer, step, torch.cat([p.scaling * p.b.double() @ p.a.double() for p in pair])
