@@ -215,7 +215,8 @@ def test_a_norm_feeding_an_adapted_layer_makes_its_shrink(monkeypatch):
     y0, h0 = norm(x, r)
     out0 = layer.forward_glu(y0)
     assert shrinks["n"] == 1
-    norm.feeds = layer
+    norm.feed_lora(layer)
+    assert "feeds" not in dict(norm.named_children())
     y1, h1 = norm(x, r)
     out1 = layer.forward_glu(y1)
     assert shrinks["n"] == 1 and layer.pending is None

@@ -265,6 +265,11 @@ class RMSNorm(nn.Module):
         self.order: torch.Tensor | None = None      # int32 [dim]: the feature output column k holds
         self.feeds = None        # the MergedQuantLinear that reads the output, when it may take its LoRA shrink here
 
+    def feed_lora(self, layer) -> None:
+        """Let `layer` (the MergedQuantLinear that reads this norm's output) take its LoRA shrink from this norm's
+        launch. A plain reference, not a submodule: the layer has its own place in the model."""
+        object.__setattr__(self, "feeds", layer)
+
     def write_in_order(self, order: torch.Tensor) -> None:
         """From now on write the normed output's column k as feature order[k] (a QuantLinear's
         take_input_order), for the single layer that reads it."""

@@ -177,7 +177,7 @@ class LoRASlots:
                                    input_order=getattr(module, "input_order", None))
                 module.attach_lora(slots, self.step)
                 if triton and target in NORM_BEFORE:        # the norm before it may make its shrink too
-                    getattr(layer, NORM_BEFORE[target]).feeds = module
+                    getattr(layer, NORM_BEFORE[target]).feed_lora(module)
                 self.layers.append(slots)
         self.resident: OrderedDict[int, int] = OrderedDict()        # adapter id -> slot, least recent first
         self.read: OrderedDict[int, Adapter] = OrderedDict()        # adapter id -> adapter read, on the host
