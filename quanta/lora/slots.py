@@ -81,7 +81,7 @@ class LayerSlots:
         for n in sizes:
             self.bounds.append(self.bounds[-1] + n)
         self.rank, self.input_order = rank, None if input_order is None else input_order.long().cpu()
-        self.own: list[list[tuple[torch.Tensor, torch.Tensor, float] | None] | None] = [None] * max_loras
+        self.own: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * max_loras   # CPU path
         self.stacked = stacked
         if stacked:
             p = len(parts)
@@ -105,7 +105,7 @@ class LayerSlots:
             a = w.a if self.input_order is None else w.a[:, self.input_order]
             own.append((a.to(self.device, self.dtype), w.b.to(self.device, self.dtype), float(w.scaling)))
         if not self.stacked:
-            self.own[slot] = own if any(o is not None for o in own) else None
+            self.own[slot] = self._joined(own) if any(o is not None for o in own) else None
             return
         r = self.rank
         self.a[slot].zero_()
@@ -119,6 +119,23 @@ class LayerSlots:
                 self.b[slot, self.bounds[p]:self.bounds[p + 1], :rank] = b
                 self.scale[slot, p] = scaling
         self.own[slot] = None                   # the kernels read the stacked copy only
+
+    def _joined(self, own: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The parts' own-rank pairs as one product for the CPU path: A stacked [sum of ranks, K], B block-diagonal
+        [N, sum of ranks] (each part's rows read its own rank columns only) and each output column's scaling [N]
+        (0 for a part the adapter leaves alone), so a merged layer costs two matmuls, not two a part."""
+        ranks = [0 if part is None else part[0].shape[0] for part in own]
+        a = torch.zeros(sum(ranks), self.in_features, device=self.device, dtype=self.dtype)
+        b = torch.zeros(self.bounds[-1], sum(ranks), device=self.device, dtype=self.dtype)
+        scaling = torch.zeros(self.bounds[-1], device=self.device, dtype=torch.float32)
+        at = 0
+        for p, part in enumerate(own):
+            if part is not None:
+                lo, hi, r = self.bounds[p], self.bounds[p + 1], ranks[p]
+                a[at:at + r], b[lo:hi, at:at + r] = part[0], part[1]
+                scaling[lo:hi] = part[2]
+                at += r
+        return a, b, scaling
 
     def epilogue(self, x: torch.Tensor, step: LoRAStep) -> LoRAEpilogue:
         """The products for x [T, K] (a GEMV's rows) left for the GEMV's epilogue to finish: the shrink runs
@@ -142,14 +159,8 @@ class LayerSlots:
             own = self.own[slot]
             if own is None:
                 continue
-            xs = x[rows]
-            for p, part in enumerate(own):
-                if part is None:
-                    continue
-                a, b, scaling = part
-                lo, hi = self.bounds[p], self.bounds[p + 1]
-                delta = cpu_matmul.linear(cpu_matmul.linear(xs, a), b) * scaling
-                y[rows, lo:hi] += delta.to(y.dtype)
+            a, b, scaling = own
+            y[rows] += (cpu_matmul.linear(cpu_matmul.linear(x[rows], a), b) * scaling).to(y.dtype)
         return y
 
 
