@@ -1,6 +1,6 @@
 """LoRA products finished inside a GEMV's epilogue: for a decode step's one or two rows, the adapter's shrink runs
-as one small launch before the GEMV (quanta.lora.kernels.shrink_rows) and its expand is added to the GEMV's
-float32 output columns here, so the adapted layer keeps its fused epilogue (SwiGLU, rotary + KV store).
+before the GEMV (quanta.lora.kernels: shrink_rows, or norm_shrink in the launch of the norm that feeds it) and its
+expand is added to the GEMV's float32 output here, so the layer keeps its fused epilogue (SwiGLU, rotary + KV store).
 
     part[piece, m, :] = A[slot(m), :, piece's K columns] @ x[m, piece's K columns]        shrink_rows, float32
     y[m, n] += scale[slot(m), p(n)] * sum_r (sum_piece part[piece, m, p(n) R + r]) B[slot(m), n, r]  lora_delta
