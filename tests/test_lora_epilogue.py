@@ -84,14 +84,14 @@ def test_gemv_adds_the_products_of_each_rows_slot(rows, block_n, min_tiles, size
 
 @pytest.mark.parametrize("rows", [1, 2])
 def test_glu_epilogue_activates_the_adapted_gate_and_up(rows):
-    """apply_glu with the epilogue: silu(gate + its products) * (up + its products)."""
+    """The GEMV's SwiGLU epilogue with the products: silu(gate + its products) * (up + its products)."""
     g = torch.Generator().manual_seed(2)
     inter, k = 96, 384
     w, st = weight(2 * inter, k, g)
     a, b, scale, bounds = slots_for([inter, inter], k, 8, g)
     x = torch.randn(rows, k, generator=g).to(DEVICE, torch.float16)
     slots = torch.tensor([0, 2][:rows], dtype=torch.int32, device=DEVICE)
-    fused = affine.apply_glu(x, st, None, lora=shrink_rows(x, slots, a, b, scale, bounds))
+    fused = gemv.matmul(x, st, glu=True, lora=shrink_rows(x, slots, a, b, scale, bounds))   # the GEMV at any M <= 2
     gate_up = x.double() @ w.dequantize().double().T.to(DEVICE) + delta64(x, slots, a, b, scale, bounds)
     assert fused.shape == (rows, inter)
     assert rel_err(fused, activation.reference(gate_up)) < TOL[torch.float16]
