@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LoRA over a quantized base on one GPU, in one call: the LoRA kernel tests (slot kernels inside CUDA graphs, the
 # GEMV epilogue), then lora_throughput.py (synthetic Llama-3-8B W4 g128; 8 rank-16 adapters over a batch of 64
-# against no LoRA; batch-1 decode with one adapter against none). No network. JSON in $OUT (default ./gpu_lora_out); table last.
+# against no LoRA; batch-1 decode with one adapter against none). No network. JSON in $OUT (default
+# ./gpu_lora_out); table last.
 #   bash benchmarks/gpu_lora.sh
 #   STAGES=bench ADAPTERS=8 BATCH=64 bash benchmarks/gpu_lora.sh
 set -uo pipefail

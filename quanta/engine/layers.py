@@ -49,15 +49,20 @@ class Cut:
         return b[self.start:self.stop]
 
 
+def lora_fuses(kernel, state, slots, x: torch.Tensor) -> bool:
+    """Whether the kernel's path for x's rows adds adapter products in its epilogue (its `lora_fuses`), for slots
+    the Triton kernels read."""
+    fuses = getattr(kernel, "lora_fuses", None)
+    return fuses is not None and slots.stacked and fuses(state, x.numel() // x.shape[-1])
+
+
 def lora_epilogue(kernel, state, slots, step, x: torch.Tensor):
     """The step's adapter products for x's rows as the kernel's epilogue (quanta.lora.slots.LayerSlots.epilogue:
     the shrink runs now, the kernel adds the expand to its output), or None where the kernel's path for these rows
-    takes none (its `lora_fuses`); the caller then adds them after the kernel (LayerSlots.add)."""
-    fuses = getattr(kernel, "lora_fuses", None)
-    rows = x.numel() // x.shape[-1]
-    if fuses is None or not slots.stacked or not fuses(state, rows):
+    takes none (lora_fuses); the caller then adds them after the kernel (LayerSlots.add)."""
+    if not lora_fuses(kernel, state, slots, x):
         return None
-    return slots.epilogue(x.reshape(rows, x.shape[-1]), step)
+    return slots.epilogue(x.reshape(-1, x.shape[-1]), step)
 
 
 class QuantLinear(nn.Module):
@@ -201,10 +206,8 @@ class MergedQuantLinear(nn.Module):
     def norm_shrink(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
         """The Triton norm's output (y, or (y, h)) made by the launch that also makes this GEMM's LoRA shrink (kept
         for its epilogue), where this step's rows take a LoRA epilogue; else None (the caller runs the norm)."""
-        if not self._adapted() or self.fused is None or not self.lora.stacked:
-            return None
-        fuses = getattr(self.fused.kernel, "lora_fuses", None)
-        if fuses is None or not fuses(self.fused.state, x.numel() // x.shape[-1]):
+        if not self._adapted() or self.fused is None or not lora_fuses(self.fused.kernel, self.fused.state,
+                                                                        self.lora, x):
             return None
         out, epilogue = self.lora.norm_shrink(x, weight, eps, residual, self.lora_step)
         self.pending = (out if residual is None else out[0], epilogue)

@@ -93,17 +93,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     d = x.shape[-1]
     assert weight.shape == (d,) and (residual is None or residual.shape == x.shape)
     assert order is None or (order.shape == (d,) and order.dtype == torch.int32)
-    x2 = x.reshape(-1, d)
-    r2 = residual.reshape(-1, d) if residual is not None else x2
-    assert x2.stride(-1) == 1 and r2.stride(-1) == 1
-    y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
-    h = torch.empty_like(x2) if residual is not None else y
+    x2, r2, y, h = norm_rows(x, weight, residual)
     block = triton.next_power_of_2(d)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, weight if order is None else order, d, eps,
         x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
         BLOCK_D=block, HAS_RESIDUAL=residual is not None, HAS_ORDER=order is not None,
-        num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
+        num_warps=norm_warps(block), **pdl_launch(device_caps(x.device)))
+    return norm_outputs(x, y, h, residual)
+
+
+def norm_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None):
+    """A norm launch's rows (x, residual as [rows, D], unit column stride) and its outputs y and h (h is y without a
+    residual), y in the promoted dtype of x and the weight."""
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    r2 = residual.reshape(-1, d) if residual is not None else x2
+    assert x2.stride(-1) == 1 and r2.stride(-1) == 1
+    y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
+    return x2, r2, y, torch.empty_like(x2) if residual is not None else y
+
+
+def norm_warps(block: int) -> int:
+    """Warps for a row of `block` features held in registers."""
+    return min(16, max(1, block // 256))
+
+
+def norm_outputs(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
+    """y, or (y, h) with a residual, in x's shape."""
     y = y.reshape(x.shape)
     return y if residual is None else (y, h.reshape(x.shape))
 

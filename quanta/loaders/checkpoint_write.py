@@ -154,6 +154,20 @@ def check_destination(dst: str | Path, overwrite: bool) -> Path:
 
 
 @contextmanager
+def atomic_file(dst: Path) -> Iterator[Path]:
+    """Yield a temporary file path beside `dst` that is renamed onto `dst` when the block completes; on any
+    exception it is removed and `dst` is untouched (the caller checks `dst` first: check_destination)."""
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
 def atomic_directory(dst: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside `dst` that replaces `dst` when the block completes.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import device_caps
-from quanta.kernels.fused_norm import add_rms_norm, row_and_weight
+from quanta.kernels.fused_norm import add_rms_norm, norm_outputs, norm_rows, norm_warps, row_and_weight
 from quanta.kernels.lora_epilogue import MAX_ROWS, LoRAEpilogue
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
@@ -184,15 +184,26 @@ def _shrink_rows_kernel(x_ptr, a_ptr, slot_ptr, part_ptr, T, K, J, stride_x, str
     if slot >= 0:
         offs_k = piece * BLOCK_K + tl.arange(0, BLOCK_K)
         offs_j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
-        mask_k, mask_j = offs_k < K, offs_j < J
-        a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * K + offs_k[None, :],
-                    mask=mask_j[:, None] & mask_k[None, :], other=0.0)
+        a = _a_tile(a_ptr, slot, stride_as, offs_j, offs_k, J, K)
         pdl_wait(PDL)
-        x = tl.load(x_ptr + m * stride_x + offs_k, mask=mask_k, other=0.0)
-        s = tl.sum(a.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-        tl.store(part_ptr + (piece * T + m) * J + offs_j, s, mask=mask_j)
+        x = tl.load(x_ptr + m * stride_x + offs_k, mask=offs_k < K, other=0.0)
+        _store_piece(part_ptr, a, x, piece, T, m, J, offs_j)
     else:
         pdl_wait(PDL)
+
+
+@triton.jit
+def _a_tile(a_ptr, slot, stride_as, offs_j, offs_k, J, K):
+    """A[slot]'s rank columns offs_j at input columns offs_k (zero outside [0, J) x [0, K))."""
+    return tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * K + offs_k[None, :],
+                   mask=(offs_j < J)[:, None] & (offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_piece(part_ptr, a, x, piece, T, m, J, offs_j):
+    """part[piece, m, offs_j] = a [BLOCK_J, columns] @ x [columns], in float32."""
+    s = tl.sum(a.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    tl.store(part_ptr + (piece * T + m) * J + offs_j, s, mask=offs_j < J)
 
 
 def shrink_rows(x: torch.Tensor, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor,
@@ -234,11 +245,8 @@ def _norm_shrink_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, a_ptr, slot_ptr, part
             NP: tl.constexpr = BLOCK_D // PK
             stored = tl.reshape(y.to(y_ptr.dtype.element_ty).to(tl.float32), (NP, PK))
             ys = tl.sum(tl.where((tl.arange(0, NP) == piece)[:, None], stored, 0.0), axis=0)    # the piece
-            offs_k = piece * PK + tl.arange(0, PK)
-            a = tl.load(a_ptr + slot.to(tl.int64) * stride_as + offs_j[:, None] * D + offs_k[None, :],
-                        mask=(offs_j < J)[:, None] & (offs_k < D)[None, :], other=0.0)
-            s = tl.sum(a.to(tl.float32) * ys[None, :], axis=1)
-            tl.store(part_ptr + (piece * T + row) * J + offs_j, s, mask=offs_j < J)
+            a = _a_tile(a_ptr, slot, stride_as, offs_j, piece * PK + tl.arange(0, PK), J, D)
+            _store_piece(part_ptr, a, ys, piece, T, row, J, offs_j)
 
 
 def norm_shrink(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
@@ -246,12 +254,9 @@ def norm_shrink(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: tor
     """fused_norm.rms_norm(x, weight, eps, residual) (y, or (y, h)) for the rows of a GEMV whose adapters' shrink
     the same launch makes (the GEMV's LoRAEpilogue, second): a launch fewer than the norm, then shrink_rows."""
     d = x.shape[-1]
-    x2 = x.reshape(-1, d)
-    r2 = residual.reshape(-1, d) if residual is not None else x2
+    x2, r2, y, h = norm_rows(x, weight, residual)
     t, j = x2.shape[0], a.shape[1]
-    assert t <= MAX_ROWS and x2.stride(-1) == 1 and r2.stride(-1) == 1 and a.shape[2] == d and a.is_contiguous()
-    y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
-    h = torch.empty_like(x2) if residual is not None else y
+    assert t <= MAX_ROWS and a.shape[2] == d and a.is_contiguous()
     block = triton.next_power_of_2(d)
     pk = min(PIECE_K, block)
     pieces, jb = cdiv(d, pk), cdiv(j, BLOCK_J)
@@ -259,7 +264,5 @@ def norm_shrink(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: tor
     _norm_shrink_kernel[(t, 1 + pieces * jb)](
         x2, r2, weight, y, h, a, slots, part, t, d, j, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
         a.stride(0), BLOCK_D=block, PK=pk, BLOCK_J=BLOCK_J, JB=jb, HAS_RESIDUAL=residual is not None,
-        num_warps=min(16, max(1, block // 256)), **pdl_launch(device_caps(x.device)))
-    y = y.reshape(x.shape)
-    out = y if residual is None else (y, h.reshape(x.shape))
-    return out, LoRAEpilogue(part, b, scale, slots, tuple(bounds))
+        num_warps=norm_warps(block), **pdl_launch(device_caps(x.device)))
+    return norm_outputs(x, y, h, residual), LoRAEpilogue(part, b, scale, slots, tuple(bounds))

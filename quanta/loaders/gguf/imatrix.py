@@ -13,9 +13,7 @@ int32 nval and nval float32 values already scaled by ncall; weights value / ncal
 """
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -140,6 +138,7 @@ def write_imatrix(path: str | Path, entries: dict[str, tuple[torch.Tensor, int]]
     """Write llama-imatrix's GGUF layout: per tensor `<name>.in_sum2` (the sums of x^2 per input column, F32) and
     `<name>.counts` (the rows summed, F32 [1]), with the datasets and the chunk count and size; built beside `path`
     and renamed into place."""
+    from quanta.loaders.checkpoint_write import atomic_file
     from quanta.loaders.gguf.encode import encode_header, pad
     from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 
@@ -154,13 +153,7 @@ def write_imatrix(path: str | Path, entries: dict[str, tuple[torch.Tensor, int]]
     metadata = {"general.type": "imatrix", "imatrix.datasets": list(datasets), "imatrix.chunk_count": chunk_count,
                 "imatrix.chunk_size": chunk_size}
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(encode_header(metadata, infos))
-            out.writelines(blobs)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, tmp.open("wb") as out:
+        out.write(encode_header(metadata, infos))
+        out.writelines(blobs)
     return path

@@ -25,6 +25,7 @@ import torch
 
 from quanta.loaders.gguf import reader
 from quanta.loaders.checkpoint import Checkpoint, ModelConfig
+from quanta.loaders.checkpoint_write import atomic_file
 from quanta.loaders.gguf.encode import encode_header, pad
 from quanta.loaders.gguf.file import GgufFile, read_gguf
 from quanta.loaders.gguf.mix import GgufTypes, assign
@@ -84,25 +85,17 @@ def write_gguf(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, t
         raise UnsupportedError(f"GGUF writer: {ggml_type} needs a GGML type quanta cannot quantize to")
     metadata = _metadata(ckpt, arch, ggml_type, name)
     items = ckpt.tensors.items() if tensors is None else tensors
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with tempfile.TemporaryFile(dir=dst.parent) as spill:
-            infos = [_spill(spill, gguf_name(hf), hf, t, config, arch, types, float_type, imatrix)
-                     for hf, t in items]
-            freqs = _rope_freqs(config)
-            if freqs is not None:
-                infos.append(_spill(spill, "rope_freqs.weight", "rope_freqs", freqs, config, arch, None,
-                                    float_type, None))
-            if not any(i[0] == "token_embd.weight" for i in infos):
-                raise ConfigError("GGUF writer: the tensors hold no model.embed_tokens.weight")
-            if extra_metadata is not None:
-                metadata |= extra_metadata()
-            _assemble(tmp, arch, metadata, infos, spill)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(dst) as tmp, tempfile.TemporaryFile(dir=dst.parent) as spill:
+        infos = [_spill(spill, gguf_name(hf), hf, t, config, arch, types, float_type, imatrix) for hf, t in items]
+        freqs = _rope_freqs(config)
+        if freqs is not None:
+            infos.append(_spill(spill, "rope_freqs.weight", "rope_freqs", freqs, config, arch, None, float_type,
+                                None))
+        if not any(i[0] == "token_embd.weight" for i in infos):
+            raise ConfigError("GGUF writer: the tensors hold no model.embed_tokens.weight")
+        if extra_metadata is not None:
+            metadata |= extra_metadata()
+        _assemble(tmp, arch, metadata, infos, spill)
     return dst
 
 

@@ -155,10 +155,12 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
     for start in range(0, n, rows):
         x = w[start:start + rows].float().reshape(-1, t.block_size)     # float32 a chunk at a time
+        # NaN / infinity show in the norm (one read of x, wanted for the error anyway); the element-wise check
+        # runs only then, since a huge finite x overflows the norm too
         norm = torch.linalg.vector_norm(x)
-        if not bool(torch.isfinite(norm)) and not bool(torch.isfinite(x).all()):   # the norm is one read of x; a
+        if not bool(torch.isfinite(norm)) and not bool(torch.isfinite(x).all()):
             raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML "
-                                   f"blocks cannot represent them")                 # huge finite x overflows it
+                                   f"blocks cannot represent them")
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])

@@ -40,7 +40,6 @@ class GgufStream:
         self.names = sorted(ckpt.tensors, key=model_order)
         self.imatrix_file = imatrix_file
         self.file = None if imatrix_file is None else self._read_file(imatrix_file)
-        self.file_weights = None if self.file is None else self.file.weights
         self.collected: dict[str, Imatrix] = {}      # GGUF name -> the Imatrix collected for it, as it runs
 
     def _read_file(self, path):
@@ -75,8 +74,8 @@ class GgufStream:
     def _weights_of(self, name: str, collected: torch.Tensor | None) -> torch.Tensor | None:
         """The importance weights for tensor `name`: the file's entry when a file was given (llama-quantize looks
         every tensor up by name), else the ones collected from the calibration text."""
-        if self.file_weights is not None:
-            return self.file_weights.get(gguf_name(name))
+        if self.file is not None:
+            return self.file.weights.get(gguf_name(name))
         return collected
 
     def _quantized(self, name: str, t, imatrix: torch.Tensor | None):
