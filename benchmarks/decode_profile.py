@@ -33,14 +33,14 @@ def _exclusive_us(intervals: list[tuple[float, float, str]]) -> dict[str, float]
     return out
 
 
-def decode_profile(llm, tokens: int = 64, top: int = 14) -> dict:
+def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None) -> dict:
     prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(32)]}
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompt, params, use_tqdm=False)                   # warm-up outside the trace
+    llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)      # warm-up outside the trace
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        llm.generate(prompt, params, use_tqdm=False)
+        llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -4,7 +4,7 @@
 # against no LoRA; batch-1 decode with one adapter against none). No network. JSON in $OUT (default
 # ./gpu_lora_out); table last.
 #   bash benchmarks/gpu_lora.sh
-#   STAGES=bench ADAPTERS=8 BATCH=64 bash benchmarks/gpu_lora.sh
+#   STAGES=bench ADAPTERS=8 BATCH=64 PROFILE=1 bash benchmarks/gpu_lora.sh    (PROFILE: where a batch-1 token goes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_lora_out}"; mkdir -p "$OUT"
@@ -21,7 +21,8 @@ fi
 if [[ $STAGES == *bench* ]]; then
   echo "== throughput and decode"
   timeout ${BENCH_TIMEOUT:-420} python benchmarks/lora_throughput.py --model "$MODEL" --adapters "${ADAPTERS:-8}" \
-      --rank "${RANK:-16}" --batch "${BATCH:-64}" --out "$OUT/lora.json" 2>&1 | tail -3
+      --rank "${RANK:-16}" --batch "${BATCH:-64}" ${PROFILE:+--profile} --out "$OUT/lora.json" > "$OUT/bench.txt" 2>&1
+  grep -E "^(==|per token)" "$OUT/bench.txt"; tail -2 "$OUT/bench.txt" | cut -c1-300
 fi
 python - "$OUT" <<'PY'
 import json, pathlib, sys

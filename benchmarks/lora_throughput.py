@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from bench_io import emit
+from decode_profile import decode_profile, print_profile
 from throughput import model_shape
 
 from quanta.engine import LLM, SamplingParams
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--decode-len", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="also where a batch-1 token's time goes (decode_profile)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     shape = model_shape(args.model)
@@ -109,6 +111,14 @@ def main() -> None:
         whole = timed(llm, prompts[:1], decode, None if one is None else [one], args.runs)
         prefill = timed(llm, prompts[:1], first, None if one is None else [one], args.runs)
         result[f"{name}_decode_tok_s"] = (args.decode_len - 1) / (whole - prefill)
+        if args.profile:
+            result[f"{name}_profile"] = decode_profile(llm, top=24, lora_request=one)
+            print(f"== {name}, batch 1" + ("" if one is None else ", one adapter"))
+            print_profile(result[f"{name}_profile"])
+            if one is not None:
+                result[f"{name}_no_adapter_profile"] = decode_profile(llm, top=24)
+                print(f"== {name}, batch 1, no adapter")
+                print_profile(result[f"{name}_no_adapter_profile"])
         if name == "lora":
             result["lora_slot_bytes"] = llm.memory()["lora_slots"]
             unadapted = timed(llm, prompts, batch, None, args.runs)

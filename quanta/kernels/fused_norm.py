@@ -59,11 +59,24 @@ def add_rms_norm(h, r_ptrs, w, mask, D, eps, HAS_RESIDUAL: tl.constexpr):
     weight w: (h + residual in h's dtype, y in float32). Arithmetic in fp32, rounded where the reference rounds: a
     16-bit sum or product rounded once is the same number as the native 16-bit operation; the norm is taken in
     fp32, rounded to the dtype, then scaled (the reference's order)."""
+    h = add_residual(h, r_ptrs, mask, HAS_RESIDUAL)
+    inv = inverse_rms(h, D, eps)
+    return h, w * (h.to(tl.float32) * inv).to(h.dtype).to(tl.float32)
+
+
+@triton.jit
+def add_residual(h, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
+    """h + the residual at r_ptrs, summed in fp32 and rounded to h's dtype (h itself without a residual)."""
     if HAS_RESIDUAL:
         h = (h.to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)).to(h.dtype)
+    return h
+
+
+@triton.jit
+def inverse_rms(h, D, eps):
+    """1 / sqrt(mean(h**2) + eps) of a whole row h, in fp32."""
     hf = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    return h, w * (hf * inv).to(h.dtype).to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
 
 
 @triton.jit

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.device_caps import device_caps
-from quanta.kernels.fused_norm import add_rms_norm, norm_outputs, norm_rows, norm_warps, row_and_weight
+from quanta.kernels.fused_norm import (add_residual, add_rms_norm, inverse_rms, norm_outputs, norm_rows, norm_warps,
+                                       row_and_weight)
 from quanta.kernels.lora_epilogue import MAX_ROWS, LoRAEpilogue
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
@@ -227,26 +228,40 @@ def _norm_shrink_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, a_ptr, slot_ptr, part
                         BLOCK_D: tl.constexpr, PK: tl.constexpr, BLOCK_J: tl.constexpr, JB: tl.constexpr,
                         HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, 0): the fused norm (fused_norm's kernel: h = x + residual, y). Program (row, 1 + piece * JB +
-    jb): the row's norm again, in registers, and the shrink of its PK columns of y as stored (rounded to y's dtype)
-    by A[slot]'s rank columns jb * BLOCK_J..: part[piece, row, j], float32; nothing for a row without an adapter."""
-    row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
-    h, y = add_rms_norm(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0), r_ptr + row * stride_r + offs,
-                        w, mask, D, eps, HAS_RESIDUAL)
+    jb): the shrink of the row's PK columns of y as stored (rounded to y's dtype) by A[slot]'s rank columns
+    jb * BLOCK_J..: part[piece, row, j], float32; nothing for a row without an adapter. A shrink program takes the
+    row's inverse RMS as program 0 does (the same reduction of the same registers) and makes only its piece of y,
+    loaded in the layout of A's tile; it reads A before waiting for the kernel that wrote x."""
     task = tl.program_id(1)
     if task == 0:
+        row, offs, mask, w = row_and_weight(w_ptr, D, BLOCK_D, PDL)
+        h, y = add_rms_norm(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0),
+                            r_ptr + row * stride_r + offs, w, mask, D, eps, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
         tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
+        pdl_launch_dependents(PDL)
+        row = tl.program_id(0)
         slot = tl.load(slot_ptr + row)
         if slot >= 0:
             piece = (task - 1) // JB
             offs_j = ((task - 1) % JB) * BLOCK_J + tl.arange(0, BLOCK_J)
-            NP: tl.constexpr = BLOCK_D // PK
-            stored = tl.reshape(y.to(y_ptr.dtype.element_ty).to(tl.float32), (NP, PK))
-            ys = tl.sum(tl.where((tl.arange(0, NP) == piece)[:, None], stored, 0.0), axis=0)    # the piece
-            a = _a_tile(a_ptr, slot, stride_as, offs_j, piece * PK + tl.arange(0, PK), J, D)
-            _store_piece(part_ptr, a, ys, piece, T, row, J, offs_j)
+            offs_p = piece * PK + tl.arange(0, PK)
+            mask_p = offs_p < D
+            a = _a_tile(a_ptr, slot, stride_as, offs_j, offs_p, J, D)
+            w = tl.load(w_ptr + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            pdl_wait(PDL)
+            offs = tl.arange(0, BLOCK_D)
+            mask = offs < D
+            inv = inverse_rms(add_residual(tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0),
+                                           r_ptr + row * stride_r + offs, mask, HAS_RESIDUAL), D, eps)
+            hp = add_residual(tl.load(x_ptr + row * stride_x + offs_p, mask=mask_p, other=0.0),
+                              r_ptr + row * stride_r + offs_p, mask_p, HAS_RESIDUAL)
+            yp = w * (hp.to(tl.float32) * inv).to(hp.dtype).to(tl.float32)
+            _store_piece(part_ptr, a, yp.to(y_ptr.dtype.element_ty), piece, T, row, J, offs_j)
+        else:
+            pdl_wait(PDL)
 
 
 def norm_shrink(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
