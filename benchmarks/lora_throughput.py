@@ -24,6 +24,7 @@ from decode_profile import decode_profile, print_profile
 from throughput import model_shape
 
 from quanta.engine import LLM, SamplingParams
+from quanta.kernels import lora_epilogue
 from quanta.lora.request import LoRARequest
 
 TARGETS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -85,9 +86,13 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--decode-len", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rank-chunk", type=int, default=None,
+                   help="B's rank columns a GEMV epilogue step reads (lora_epilogue.RANK_CHUNK; a sweep)")
     p.add_argument("--profile", action="store_true", help="also where a batch-1 token's time goes (decode_profile)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.rank_chunk:
+        lora_epilogue.RANK_CHUNK = args.rank_chunk
     shape = model_shape(args.model)
     scratch = Path(tempfile.mkdtemp(prefix="lora-bench-"))
     loras = []
@@ -101,7 +106,8 @@ def main() -> None:
     spread = [loras[i % len(loras)] for i in range(args.batch)]
     common = dict(max_num_seqs=args.batch, quiet=True)
     result = {"model": args.model, "adapters": args.adapters, "rank": args.rank, "batch": args.batch,
-              "input_len": args.input_len, "output_len": args.output_len, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+              "input_len": args.input_len, "output_len": args.output_len, "rank_chunk": lora_epilogue.RANK_CHUNK,
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     for name, kwargs, batch_loras, one in (
             ("base", {}, None, None),
             ("lora", dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank), spread, loras[0])):

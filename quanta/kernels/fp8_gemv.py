@@ -61,6 +61,7 @@ def _fp8_gemv_kernel(
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
     LORA: tl.constexpr = False, LORA_P: tl.constexpr = 1, LORA_R: tl.constexpr = 16, LORA_PIECES_PAD: tl.constexpr = 1,
+    LORA_CHUNK: tl.constexpr = 2,
 ):
     """y[m, n] = scale[n] * sum_k x[m, k] * W[n, k] (+ bias[n]); program (row m, BLOCK_N rows of W, split of K).
     Output columns and epilogues are the affine GEMV's (gemv_out.py): GLU, W = [gate;
@@ -96,7 +97,7 @@ def _fp8_gemv_kernel(
         if pid_k == 0:
             y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, slot_m, pid_m, tl.num_programs(0),
                             LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
-                            LORA_PIECES_PAD)
+                            LORA_PIECES_PAD, LORA_CHUNK)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
                  v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,

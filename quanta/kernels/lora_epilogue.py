@@ -17,6 +17,9 @@ import torch
 from quanta.kernels.triton_support import tl, triton
 
 MAX_ROWS = 2            # the rows a fused epilogue takes (the GEMV's)
+# B's rank columns an epilogue step reads: few, so the epilogue needs no more registers than the GEMV's loop (more
+# registers a thread would leave fewer programs an SM to stream the weight)
+RANK_CHUNK = 2
 
 
 class LoRAEpilogue(NamedTuple):
@@ -40,7 +43,7 @@ class LoRAEpilogue(NamedTuple):
     def constexprs(self) -> dict:
         """The GEMV kernel's LoRA constexprs: on, the parts, the rank tile, the pieces padded to a power of two."""
         return {"LORA": True, "LORA_P": len(self.bounds) - 1, "LORA_R": self.b.shape[2],
-                "LORA_PIECES_PAD": triton.next_power_of_2(self.part.shape[0])}
+                "LORA_PIECES_PAD": triton.next_power_of_2(self.part.shape[0]), "LORA_CHUNK": RANK_CHUNK}
 
 
 def no_lora_args(filler: torch.Tensor) -> tuple:
@@ -60,15 +63,15 @@ def lora_slot(slot_ptr, m, LORA: tl.constexpr):
 
 @triton.jit
 def lora_delta(part_ptr, b_ptr, scale_ptr, slot, m, T, J, PIECES, B1, B2, stride_bs, offs_n, mask_n,
-               P: tl.constexpr, R: tl.constexpr, PIECES_PAD: tl.constexpr):
-    """Row m's adapter products at output columns offs_n (float32, zero without an adapter, slot < 0): 16 rank
-    columns of B at a time (a large rank keeps a small tile), times each part's shrink (its pieces summed,
-    scaled), kept for the part's columns."""
+               P: tl.constexpr, R: tl.constexpr, PIECES_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """Row m's adapter products at output columns offs_n (float32, zero without an adapter, slot < 0): CHUNK rank
+    columns of B at a time (RANK_CHUNK), times each part's shrink (its pieces summed, scaled), kept for the
+    part's columns."""
     delta = tl.zeros(offs_n.shape, dtype=tl.float32)
     if slot >= 0:
         offs_p = tl.arange(0, PIECES_PAD)
-        for r0 in range(0, R, 16):                 # a loop, not unrolled: one chunk live at a time
-            offs_r = r0 + tl.arange(0, 16)
+        for r0 in range(0, R, CHUNK):              # a loop, not unrolled: one chunk live at a time
+            offs_r = r0 + tl.arange(0, CHUNK)
             b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * R + offs_r[None, :],
                         mask=mask_n[:, None] & (offs_r < R)[None, :], other=0.0)      # kept 16-bit: registers
             for p in tl.static_range(P):
