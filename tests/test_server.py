@@ -490,21 +490,28 @@ def _during_a_huge_prompt(url: str, headers: dict) -> tuple[int, list, float]:
     return result["status"], health, short_s
 
 
+def _answered_at_once(health: list) -> bool:
+    """Every /health answered 200, typically within 100 ms and never after 500 ms: an event loop blocked by the
+    prompt's reading or tokenizing would hold them for seconds, while a busy 2-core machine may delay one poll."""
+    times = sorted(t for t, _ in health)
+    return all(code == 200 for _, code in health) and times[len(times) // 2] < 0.1 and times[-1] < 0.5
+
+
 def test_a_10_mb_prompt_is_refused_at_once_and_holds_nothing_up(server):
     status, health, short_s = _during_a_huge_prompt(server, {"Authorization": f"Bearer {KEY}"})
     assert status == 413                                      # over the body limit the model's context implies
-    assert all(code == 200 for _, code in health) and max(t for t, _ in health) < 0.1, health
+    assert _answered_at_once(health), health
     assert short_s < 2.0
 
 
 def test_a_10_mb_prompt_being_tokenized_holds_nothing_up(default_model_path):
     """With limits raised so that the prompt is read and tokenized (then refused as longer than the context),
-    the event loop still answers /health within 100 ms and a short request completes within 2 s."""
+    the event loop still answers /health at once (_answered_at_once) and a short request completes within 2 s."""
     with _serving(default_model_path, "--max-model-len", "512", "--max-prompt-chars", "20000000",
                   "--max-request-bytes", "30000000") as url:
         status, health, short_s = _during_a_huge_prompt(url, {})
     assert status == 400
-    assert all(code == 200 for _, code in health) and max(t for t, _ in health) < 0.1, health
+    assert _answered_at_once(health), health
     assert short_s < 2.0
 
 
