@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from bench_io import emit
-from decode_profile import decode_profile, print_profile
+from decode_profile import decode_profile, generate_profile, print_profile
 from throughput import model_shape
 
 from quanta.engine import LLM, SamplingParams
@@ -118,6 +118,11 @@ def main() -> None:
         prefill = timed(llm, prompts[:1], first, None if one is None else [one], args.runs)
         result[f"{name}_decode_tok_s"] = (args.decode_len - 1) / (whole - prefill)
         if args.profile:
+            short = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+            result[f"{name}_batch_profile"] = generate_profile(llm, prompts, short, args.batch * 16, top=16,
+                                                               lora_request=batch_loras)
+            print(f"== {name}, batch {args.batch}, 16 tokens each (per output token)")
+            print_profile(result[f"{name}_batch_profile"])
             result[f"{name}_profile"] = decode_profile(llm, top=24, lora_request=one)
             print(f"== {name}, batch 1" + ("" if one is None else ", one adapter"))
             print_profile(result[f"{name}_profile"])

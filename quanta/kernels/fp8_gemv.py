@@ -67,7 +67,7 @@ def _fp8_gemv_kernel(
     Output columns and epilogues are the affine GEMV's (gemv_out.py): GLU, W = [gate;
     up] and y = silu(gate) * up, a program's columns being BLOCK_N / 2 gate columns and the same up columns; ROPE,
     W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format);
-    LORA, K split 0 adds the row's adapter products first (lora_epilogue.lora_delta)."""
+    LORA, one more K split, with an empty K range, adds the row's adapter products (lora_epilogue.lora_delta)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -94,7 +94,7 @@ def _fp8_gemv_kernel(
     if not HW_FP8:
         y = y * 256.0
     if LORA:
-        if pid_k == 0:
+        if pid_k == SPLIT_K - 1:                  # the adapter's own program: its K range is empty
             y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, slot_m, pid_m, tl.num_programs(0),
                             LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
                             LORA_PIECES_PAD, LORA_CHUNK)
@@ -152,12 +152,13 @@ def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
     ws, locks = workspace(x2.device, n, m)
     hw = caps.is_cuda and caps.fp8 if hw_fp8 is None else hw_fp8
-    _fp8_gemv_kernel[(m, column_blocks, splits)](
+    lora_split = int(lora is not None)
+    _fp8_gemv_kernel[(m, column_blocks, splits + lora_split)](
         x2, w.view(torch.uint8), scale, bias if bias is not None else x2, y, ws, locks,
         *(rope.kernel_args() if rope is not None else (x2,) * 7),
         *(lora.kernel_args() if lora is not None else no_lora_args(x2)),
         n, k, per, steps, *((rope.q_size, rope.kv_size) if rope else (0, 0)), x2.stride(0), y.stride(0),
-        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None, SPLIT_K=splits, HW_FP8=hw,
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None, SPLIT_K=splits + lora_split, HW_FP8=hw,
         GLU=glu, ROPE=rope is not None, HEAD_D=rope.head_dim if rope is not None else 128,
         **fp8_write_constexprs(rope.fmt if rope else None), **(lora.constexprs() if lora is not None else {}),
         num_warps=warps, **pdl_launch(caps))

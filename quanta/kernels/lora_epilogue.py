@@ -53,8 +53,7 @@ def no_lora_args(filler: torch.Tensor) -> tuple:
 
 @triton.jit
 def lora_slot(slot_ptr, m, LORA: tl.constexpr):
-    """Row m's slot (negative: none), loaded when the GEMV starts: no kernel before it writes the slots, so the
-    load's latency is not added to the end of split 0, which the epilogue's last program may wait for."""
+    """Row m's slot (negative: none), loaded when the GEMV starts (no kernel before it writes the slots)."""
     slot = -1
     if LORA:
         slot = tl.load(slot_ptr + m)

@@ -216,8 +216,9 @@ def _affine_gemv_kernel(
     ROPE: W stacks [q; k; v] of one attention layer (Q_SIZE, KV_SIZE columns) and the epilogue finishes the
     rows as rotary.rotary_and_store would (rotary.rope_store_epilogue): y keeps only q, rotated; k and v go
     into the paged caches (the rotary launch of a decode layer saved).
-    LORA: K split 0 adds the row's adapter products (lora_epilogue.lora_delta) before the epilogue, so an adapted
-    layer keeps GLU and ROPE.
+    LORA: one more K split, whose K range is empty, adds the row's adapter products (lora_epilogue.lora_delta)
+    through the workspace like any split, so an adapted layer keeps GLU and ROPE and the adapter's loads run beside
+    the weight's stream rather than after it.
     STAGES > 1: the K-tile loop is software-pipelined (Triton copies the next tiles' words and scales into shared
     memory while this one is computed), so a program with several tiles keeps loads in flight.
     """
@@ -314,7 +315,7 @@ def _affine_gemv_kernel(
     pdl_wait(PDL)
     y = tl.sum(acc, axis=0) + acc_n
     if LORA:
-        if pid_k == 0:
+        if pid_k == SPLIT_K - 1:                  # the adapter's own program: its K range is empty
             y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, slot_m, pid_m, tl.num_programs(0),
                             LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
                             LORA_PIECES_PAD, LORA_CHUNK)
@@ -418,14 +419,15 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     splits, per = split_k(m * column_blocks, st.num_tiles, caps.sm_count, waves, min_tiles)
     y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=st.dtype)
     ws, locks = workspace(x2.device, st.n, m)
-    _affine_gemv_kernel[(m, column_blocks, splits)](
+    lora_split = int(lora is not None)
+    _affine_gemv_kernel[(m, column_blocks, splits + lora_split)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,
         st.lut_arg(table_h2), bias if bias is not None else x2,
         y, ws, locks, *(rope.kernel_args() if rope is not None else (x2,) * 7),
         *(lora.kernel_args() if lora is not None else no_lora_args(x2)),
         st.n, st.k, st.group_size, per, st.num_tiles, 0x4B000000, *((rope.q_size, rope.kv_size) if rope else (0, 0)),
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
-        HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits + lora_split,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
         H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128, **fp8_write_constexprs(rope.fmt if rope else None),
