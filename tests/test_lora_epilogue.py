@@ -61,9 +61,9 @@ def test_shrink_pieces_sum_to_a_times_x(k):
 @pytest.mark.parametrize("sizes,rank", [([192], 16), ([128, 64, 64], 16), ([128, 64, 64], 64)],
                          ids=["one-part", "qkv", "qkv-rank-64"])
 def test_gemv_adds_the_products_of_each_rows_slot(rows, block_n, min_tiles, sizes, rank):
-    """The GEMV (split-K: the adapter's own split adds) with the epilogue equals x W^T + each row's products (float64), and
-    the GEMV then add_lora; a row without an adapter gets the plain GEMV's output. Rank 64 over three parts: the
-    shrink's rank columns in several blocks."""
+    """The GEMV (split-K: the adapter's own split adds) with the epilogue equals x W^T + each row's products
+    (float64), and the GEMV then add_lora; a row without an adapter gets the plain GEMV's output. Rank 64 over three
+    parts: the shrink's rank columns in several blocks."""
     g = torch.Generator().manual_seed(1)
     n, k = sum(sizes), 512
     w, st = weight(n, k, g)
