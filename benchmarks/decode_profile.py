@@ -36,16 +36,11 @@ def _exclusive_us(intervals: list[tuple[float, float, str]]) -> dict[str, float]
 def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None) -> dict:
     prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(32)]}
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    return generate_profile(llm, prompt, params, tokens, top, lora_request)
-
-
-def generate_profile(llm, prompts, params, tokens: int, top: int = 14, lora_request=None) -> dict:
-    """decode_profile's figures for any generate call (a batch: `tokens` is its output tokens), after a warm-up."""
-    llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)      # warm-up outside the trace
+    llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)      # warm-up outside the trace
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
+        llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

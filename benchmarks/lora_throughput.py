@@ -63,18 +63,19 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(llm: LLM, prompts, params, loras, runs: int, warm: bool = True) -> float:
-    """Median seconds of one generate call (after a warm-up call unless not `warm`)."""
-    if warm:
-        llm.generate(prompts[:2], params, use_tqdm=False, lora_request=None if loras is None else loras[:2])
-    times = []
-    for _ in range(runs):
-        sync()
-        start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds(llm: LLM, prompts, params, loras) -> float:
+    """Seconds of one generate call."""
+    sync()
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+    sync()
+    return time.perf_counter() - start
+
+
+def timed(llm: LLM, prompts, params, loras, runs: int) -> float:
+    """Median seconds of one generate call (after a warm-up call)."""
+    llm.generate(prompts[:2], params, use_tqdm=False, lora_request=None if loras is None else loras[:2])
+    return statistics.median(seconds(llm, prompts, params, loras) for _ in range(runs))
 
 
 def main() -> None:
@@ -117,10 +118,10 @@ def main() -> None:
                for name, (kwargs, _, _) in configs.items()}
     batch_times = {name: [] for name in engines}
     for name, llm in engines.items():
-        timed(llm, prompts, batch, configs[name][1], 1)          # a whole batch first: adapters read, kernels built
+        seconds(llm, prompts, batch, configs[name][1])          # a whole batch first: adapters read, kernels built
     for _ in range(args.runs):
         for name, llm in engines.items():
-            batch_times[name].append(timed(llm, prompts, batch, configs[name][1], 1, warm=False))
+            batch_times[name].append(seconds(llm, prompts, batch, configs[name][1]))
     for name, llm in engines.items():
         _, batch_loras, one = configs[name]
         result[f"{name}_batch_tok_s"] = args.batch * args.output_len / statistics.median(batch_times[name])

@@ -197,17 +197,21 @@ class MergedQuantLinear(nn.Module):
         """The adapter products as the stacked GEMM's epilogue for x's rows (lora_epilogue), None where this step
         has none or the GEMM's path for these rows cannot add them; the one the norm made with x, if it did."""
         pending, self.pending = self.pending, None
-        if not self._adapted() or self.fused is None:
+        if not self._fuses(x):
             return None
         if pending is not None and pending[0] is x:
             return pending[1]
-        return lora_epilogue(self.fused.kernel, self.fused.state, self.lora, self.lora_step, x)
+        return self.lora.epilogue(x.reshape(-1, x.shape[-1]), self.lora_step)
+
+    def _fuses(self, x: torch.Tensor) -> bool:
+        """Whether this step's adapters reach x's rows in the stacked GEMM's epilogue (lora_fuses)."""
+        return self._adapted() and self.fused is not None and lora_fuses(self.fused.kernel, self.fused.state,
+                                                                          self.lora, x)
 
     def norm_shrink(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
         """The Triton norm's output (y, or (y, h)) made by the launch that also makes this GEMM's LoRA shrink (kept
         for its epilogue), where this step's rows take a LoRA epilogue; else None (the caller runs the norm)."""
-        if not self._adapted() or self.fused is None or not lora_fuses(self.fused.kernel, self.fused.state,
-                                                                        self.lora, x):
+        if not self._fuses(x):
             return None
         out, epilogue = self.lora.norm_shrink(x, weight, eps, residual, self.lora_step)
         self.pending = (out if residual is None else out[0], epilogue)

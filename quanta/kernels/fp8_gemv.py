@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from quanta.kernels.affine.gemv_out import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
-from quanta.kernels.lora_epilogue import LoRAEpilogue, lora_delta, lora_slot, no_lora_args
+from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
@@ -61,7 +61,7 @@ def _fp8_gemv_kernel(
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
     LORA: tl.constexpr = False, LORA_P: tl.constexpr = 1, LORA_R: tl.constexpr = 16, LORA_PIECES_PAD: tl.constexpr = 1,
-    LORA_CHUNK: tl.constexpr = 2,
+    LORA_CHUNK: tl.constexpr = RANK_CHUNK,
 ):
     """y[m, n] = scale[n] * sum_k x[m, k] * W[n, k] (+ bias[n]); program (row m, BLOCK_N rows of W, split of K).
     Output columns and epilogues are the affine GEMV's (gemv_out.py): GLU, W = [gate;
@@ -73,7 +73,6 @@ def _fp8_gemv_kernel(
     pid_k = tl.program_id(2)
     offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
     offs_k = tl.arange(0, BLOCK_K)
-    slot_m = lora_slot(lora_slot_ptr, pid_m, LORA)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
     x_row = x_ptr + pid_m * stride_xm
     s_begin = pid_k * steps_per_split
@@ -95,7 +94,7 @@ def _fp8_gemv_kernel(
         y = y * 256.0
     if LORA:
         if pid_k == SPLIT_K - 1:                  # the adapter's own program: its K range is empty
-            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, slot_m, pid_m, tl.num_programs(0),
+            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, pid_m, tl.num_programs(0),
                             LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
                             LORA_PIECES_PAD, LORA_CHUNK)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,

@@ -60,8 +60,7 @@ def add_rms_norm(h, r_ptrs, w, mask, D, eps, HAS_RESIDUAL: tl.constexpr):
     16-bit sum or product rounded once is the same number as the native 16-bit operation; the norm is taken in
     fp32, rounded to the dtype, then scaled (the reference's order)."""
     h = add_residual(h, r_ptrs, mask, HAS_RESIDUAL)
-    inv = inverse_rms(h, D, eps)
-    return h, w * (h.to(tl.float32) * inv).to(h.dtype).to(tl.float32)
+    return h, normed(h, inverse_rms(h, D, eps), w)
 
 
 @triton.jit
@@ -70,6 +69,12 @@ def add_residual(h, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
     if HAS_RESIDUAL:
         h = (h.to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)).to(h.dtype)
     return h
+
+
+@triton.jit
+def normed(h, inv, w):
+    """w * (h * inv rounded to h's dtype), in fp32: y at h's columns, given the whole row's inverse RMS."""
+    return w * (h.to(tl.float32) * inv).to(h.dtype).to(tl.float32)
 
 
 @triton.jit

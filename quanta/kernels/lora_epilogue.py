@@ -52,21 +52,13 @@ def no_lora_args(filler: torch.Tensor) -> tuple:
 
 
 @triton.jit
-def lora_slot(slot_ptr, m, LORA: tl.constexpr):
-    """Row m's slot (negative: none), loaded when the GEMV starts (no kernel before it writes the slots)."""
-    slot = -1
-    if LORA:
-        slot = tl.load(slot_ptr + m)
-    return slot
-
-
-@triton.jit
-def lora_delta(part_ptr, b_ptr, scale_ptr, slot, m, T, J, PIECES, B1, B2, stride_bs, offs_n, mask_n,
+def lora_delta(part_ptr, b_ptr, scale_ptr, slot_ptr, m, T, J, PIECES, B1, B2, stride_bs, offs_n, mask_n,
                P: tl.constexpr, R: tl.constexpr, PIECES_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """Row m's adapter products at output columns offs_n (float32, zero without an adapter, slot < 0): CHUNK rank
+    """Row m's adapter products at output columns offs_n (float32, zero without an adapter): CHUNK rank
     columns of B at a time (RANK_CHUNK), times each part's shrink (its pieces summed, scaled), kept for the
     part's columns."""
     delta = tl.zeros(offs_n.shape, dtype=tl.float32)
+    slot = tl.load(slot_ptr + m)
     if slot >= 0:
         offs_p = tl.arange(0, PIECES_PAD)
         for r0 in range(0, R, CHUNK):              # a loop, not unrolled: one chunk live at a time

@@ -17,7 +17,7 @@ import torch
 
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.fused_norm import (add_residual, add_rms_norm, inverse_rms, norm_outputs, norm_rows, norm_warps,
-                                       row_and_weight)
+                                       normed, row_and_weight)
 from quanta.kernels.lora_epilogue import MAX_ROWS, LoRAEpilogue
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
@@ -258,8 +258,7 @@ def _norm_shrink_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, a_ptr, slot_ptr, part
                                            r_ptr + row * stride_r + offs, mask, HAS_RESIDUAL), D, eps)
             hp = add_residual(tl.load(x_ptr + row * stride_x + offs_p, mask=mask_p, other=0.0),
                               r_ptr + row * stride_r + offs_p, mask_p, HAS_RESIDUAL)
-            yp = w * (hp.to(tl.float32) * inv).to(hp.dtype).to(tl.float32)
-            _store_piece(part_ptr, a, yp.to(y_ptr.dtype.element_ty), piece, T, row, J, offs_j)
+            _store_piece(part_ptr, a, normed(hp, inv, w).to(y_ptr.dtype.element_ty), piece, T, row, J, offs_j)
         else:
             pdl_wait(PDL)
 

@@ -20,7 +20,7 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
 from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
-from quanta.kernels.lora_epilogue import LoRAEpilogue, lora_delta, lora_slot, no_lora_args
+from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import (
@@ -186,7 +186,7 @@ def _affine_gemv_kernel(
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
     LORA: tl.constexpr = False, LORA_P: tl.constexpr = 1, LORA_R: tl.constexpr = 16, LORA_PIECES_PAD: tl.constexpr = 1,
-    LORA_CHUNK: tl.constexpr = 2,
+    LORA_CHUNK: tl.constexpr = RANK_CHUNK,
 ):
     """y[m, n] = sum_k x[m, k] * W[n, k]; program (row m, BLOCK_N columns, split of K tiles), a step of which
     covers RS word rows by BLOCK_N columns.
@@ -234,7 +234,6 @@ def _affine_gemv_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
-    slot_m = lora_slot(lora_slot_ptr, pid_m, LORA)
     offs_r = tl.arange(0, RS)
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
@@ -316,7 +315,7 @@ def _affine_gemv_kernel(
     y = tl.sum(acc, axis=0) + acc_n
     if LORA:
         if pid_k == SPLIT_K - 1:                  # the adapter's own program: its K range is empty
-            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, slot_m, pid_m, tl.num_programs(0),
+            y += lora_delta(lora_part_ptr, lora_b_ptr, lora_scale_ptr, lora_slot_ptr, pid_m, tl.num_programs(0),
                             LORA_J, LORA_PIECES, LORA_B1, LORA_B2, lora_stride_bs, offs_n, mask_n, LORA_P, LORA_R,
                             LORA_PIECES_PAD, LORA_CHUNK)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
