@@ -117,15 +117,21 @@ def main() -> None:
     engines = {name: LLM(args.model, **common, **kwargs, gpu_memory_utilization=0.45)
                for name, (kwargs, _, _) in configs.items()}
     batch_times = {name: [] for name in engines}
+    prefill_times = {name: [] for name in engines}
     for name, llm in engines.items():
         seconds(llm, prompts, batch, configs[name][1])          # a whole batch first: adapters read, kernels built
     for _ in range(args.runs):
         for name, llm in engines.items():
             batch_times[name].append(seconds(llm, prompts, batch, configs[name][1]))
+            prefill_times[name].append(seconds(llm, prompts, first, configs[name][1]))
     for name, llm in engines.items():
         _, batch_loras, one = configs[name]
         result[f"{name}_batch_tok_s"] = args.batch * args.output_len / statistics.median(batch_times[name])
         result[f"{name}_batch_runs_s"] = batch_times[name]
+        # the batch's prefill (one token each) apart from its decode steps
+        result[f"{name}_batch_prefill_s"] = statistics.median(prefill_times[name])
+        result[f"{name}_batch_decode_step_ms"] = 1e3 * (statistics.median(batch_times[name])
+                                                        - result[f"{name}_batch_prefill_s"]) / (args.output_len - 1)
         whole = timed(llm, prompts[:1], decode, None if one is None else [one], args.runs)
         prefill = timed(llm, prompts[:1], first, None if one is None else [one], args.runs)
         result[f"{name}_decode_tok_s"] = (args.decode_len - 1) / (whole - prefill)
@@ -145,6 +151,8 @@ def main() -> None:
         llm.close()
     result["batch_ratio"] = result["lora_batch_tok_s"] / result["base_batch_tok_s"]
     result["decode_ratio"] = result["lora_decode_tok_s"] / result["base_decode_tok_s"]
+    result["batch_prefill_ratio"] = result["base_batch_prefill_s"] / result["lora_batch_prefill_s"]
+    result["batch_decode_ratio"] = result["base_batch_decode_step_ms"] / result["lora_batch_decode_step_ms"]
     emit(result, args.out)
 
 
