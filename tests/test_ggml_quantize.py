@@ -1,5 +1,8 @@
 """GGML quantizers against foreign oracles: gguf-py's quantizers (legacy types) and golden blocks made
-by llama.cpp's own ggml_quantize_chunk (tests/fixtures/make_gguf_quant_fixtures.py)."""
+by llama.cpp's own ggml_quantize_chunk (tests/fixtures/make_gguf_quant_fixtures.py), on both CPU paths (the
+compiled reference quantizers and the torch ones)."""
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ gguf = pytest.importorskip("gguf")
 
 from quanta.quant import chunks  # noqa: E402
 from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError  # noqa: E402
+from quanta.quant.ggml import native  # noqa: E402
 from quanta.quant.ggml.quantize import Imatrix, affine_to_gguf, quantize  # noqa: E402
 from quanta.quant.kinds.affine import Affine  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
@@ -33,12 +37,28 @@ def goldens():
     return dict(np.load(GOLDENS))
 
 
+@pytest.fixture(params=["native", "torch"])
+def path(request, monkeypatch):
+    """Both quantizer paths on the CPU: the compiled reference quantizers (native.py) and the torch ones."""
+    if request.param == "torch":
+        monkeypatch.setenv("QUANTA_NATIVE", "0")
+    return request.param
+
+
+def _check_path(path, name, imatrix=None):
+    if path == "native" and (imatrix is not None or name not in native.TYPES):
+        pytest.skip("the torch quantizer is the only one for this case")
+    if path == "native" and shutil.which(os.environ.get("CC", "cc")):
+        assert native.quantizer(name) is not None, "a C compiler is here, yet the native quantizers did not build"
+
+
 def _qtype(name):
     return getattr(gguf.GGMLQuantizationType, name.upper())
 
 
 @pytest.mark.parametrize("name", LEGACY)
-def test_legacy_bit_exact_with_gguf_py(goldens, name):
+def test_legacy_bit_exact_with_gguf_py(goldens, name, path):
+    _check_path(path, name)
     x = goldens["x"]
     ours = quantize(torch.from_numpy(x), name)
     assert np.array_equal(ours.data.numpy(), gguf.quants.quantize(x, _qtype(name)))
@@ -46,9 +66,10 @@ def test_legacy_bit_exact_with_gguf_py(goldens, name):
 
 @pytest.mark.parametrize("suffix", ["", "_imatrix"])
 @pytest.mark.parametrize("name", LEGACY + SEARCHED)
-def test_bit_exact_with_llama_cpp(goldens, name, suffix):
+def test_bit_exact_with_llama_cpp(goldens, name, suffix, path):
     x = torch.from_numpy(goldens["x"])
     imatrix = torch.from_numpy(goldens["imatrix"]) if suffix else None
+    _check_path(path, name, imatrix)
     ours = quantize(x, name, imatrix=imatrix)
     want = goldens[name + suffix]
     same_blocks = (ours.data.numpy().reshape(-1, ours.type.type_size)

@@ -4,7 +4,8 @@ One small function per type maps float32 blocks x [nb, block_size] (and optional
 weights qw, same shape) to uint8 blocks [nb, type_size]; QUANTIZERS is the table of them. Without
 weights each follows ggml-quants.c's `quantize_row_*_ref` (what llama-quantize does without an
 imatrix); with weights, the `quantize_row_*_impl` path llama-quantize takes for an imatrix. The
-legacy types Q4_0 .. Q8_0 are here, the K-quants in kquantize.py, IQ4_NL / IQ4_XS in iq4quantize.py.
+legacy types Q4_0 .. Q8_0 are here, the K-quants in kquantize.py, IQ4_NL / IQ4_XS in iq4quantize.py. On the CPU
+without weights the same bytes come from the compiled reference quantizers where they build (native.py).
 
 An importance matrix is, per input column k, the mean of x_k^2 over calibration activations (what
 llama-imatrix collects and llama-quantize reads); `Imatrix` accumulates one from layer inputs.
@@ -17,6 +18,7 @@ import torch
 
 from quanta.quant.ggml import iq4quantize as iq4
 from quanta.quant.ggml import kquantize as kq
+from quanta.quant.ggml import native
 from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes
 from quanta.quant.ggml.qsearch import first_absmax, inverse, make_qkx_quants, make_qx_quants, seq_sum, sqrtf
@@ -150,6 +152,7 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     w = w.detach()                                # stays on its device: CUDA float ops round as the C does
     qw = None if imatrix is None else imatrix.detach().to(w.device, torch.float32).expand(n, k)
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
+    compiled = native.quantizer(type_name) if qw is None and w.device.type == "cpu" else None
     rows = max(1, _CHUNK // k)
     out = torch.empty(n, t.row_bytes(k), dtype=torch.uint8, device=w.device)
     sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
@@ -162,7 +165,10 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
             raise CorruptFileError(f"{what} {[n, k]}: holds NaN or infinite values (a damaged checkpoint?); GGML "
                                    f"blocks cannot represent them")
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
-        blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
+        if compiled is not None:
+            blocks = compiled(x)
+        else:
+            blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])
         if measure:
             sums += torch.stack([torch.dist(t.decode(blocks), x), norm]).double() ** 2

@@ -1,0 +1,403 @@
+/* ggml's reference quantizers (ggml-quants.c quantize_row_*_ref: what llama-quantize does without an imatrix) in
+ * plain C, for quanta.quant.ggml.native: the same float32 operations in the same order as the torch quantizers in
+ * quantize.py / kquantize.py / qsearch.py, one block at a time. Built with -ffp-contract=off and without fast-math,
+ * so every product and sum rounds on its own as the C reference's do; the tests hold the two paths byte-identical.
+ *
+ * Entry points: quanta_quantize_<type>(const float *x, uint8_t *out, int64_t nblocks): x holds nblocks blocks of
+ * the type's block size back to back, out receives nblocks blocks of its type size. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GROUP_MAX_EPS 1e-15f
+#define QK_K 256
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* float32 -> float16 bits, round to nearest even (GGML_FP32_TO_FP16), overflow to infinity */
+static uint16_t to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00;                  /* NaN */
+    if (x >= 0x477ff000u) return sign | 0x7c00;                 /* >= 65520 rounds to infinity */
+    if (x < 0x38800000u) {                                      /* below 2^-14: a subnormal half or zero */
+        if (x < 0x33000000u) return sign;
+        uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift = 126 - e;
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return sign | (uint16_t)r;
+    }
+    uint32_t r = x - 0x38000000u, res = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (res & 1))) res++;  /* a carry moves into the exponent */
+    return sign | (uint16_t)res;
+}
+
+/* float16 bits -> float32 (exact) */
+static float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-8f;            /* m * 2^-24, exact */
+        return sign ? -v : v;
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+
+static inline void put_f16(uint8_t *p, float f) { uint16_t h = to_f16(f); memcpy(p, &h, 2); }
+static inline float f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return from_f16(h); }
+
+/* ggml nearest_int: round half to even through the 1.5 * 2^23 magic number (|v| < 2^22) */
+static inline int nearest_int(float v) {
+    float val = v + 12582912.f;
+    int i; memcpy(&i, &val, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* --- scale searches ------------------------------------------------------------------------------------------ */
+/* The searches run on a super-block's groups at once, each group's arithmetic exactly the reference's for one group
+ * (every sum in element order): the groups are the lanes of [element][group] arrays, so the compiler's vectors and
+ * the processor's pipelines work on independent groups instead of waiting on one group's running sums. */
+
+/* make_qx_quants, rmse_type 1, no importance weights, on 16 groups of 16: x [16 groups][16], symmetric levels
+ * L [16][16] in [0, 2*nmax), scales [16] */
+static void make_qx_quants_16x16(int nmax, const float *x, int8_t *L, float *scales) {
+    float xt[16][16], max[16], amax[16], iscale[16], best_iscale[16], sumlx[16], suml2[16], scale[16], best[16];
+    for (int i = 0; i < 16; ++i)
+        for (int g = 0; g < 16; ++g) xt[i][g] = x[16 * g + i];
+    for (int g = 0; g < 16; ++g) { max[g] = 0; amax[g] = 0; }
+    for (int i = 0; i < 16; ++i)
+        for (int g = 0; g < 16; ++g) {
+            float ax = fabsf(xt[i][g]);
+            if (ax > amax[g]) { amax[g] = ax; max[g] = xt[i][g]; }
+        }
+    for (int is = 0; is <= 18; ++is) {            /* the first pass (nmax), then the trials -9 .. 9 without 0 */
+        const int step = is == 0 ? 0 : (is <= 9 ? is - 10 : is - 9);
+        for (int g = 0; g < 16; ++g) {
+            iscale[g] = is == 0 ? -nmax / max[g] : -(nmax + 0.1f * step) / max[g];
+            sumlx[g] = 0;
+            suml2[g] = 0;
+        }
+        for (int i = 0; i < 16; ++i)
+            for (int g = 0; g < 16; ++g) {
+                int l = nearest_int(iscale[g] * xt[i][g]);
+                l = MAX(-nmax, MIN(nmax - 1, l));
+                float w = xt[i][g] * xt[i][g];
+                sumlx[g] += w * xt[i][g] * l;
+                suml2[g] += w * l * l;
+            }
+        for (int g = 0; g < 16; ++g) {
+            if (is == 0) {
+                scale[g] = suml2[g] ? sumlx[g] / suml2[g] : 0.0f;
+                best[g] = scale[g] * sumlx[g];
+                best_iscale[g] = iscale[g];
+            } else if (suml2[g] > 0 && sumlx[g] * sumlx[g] > best[g] * suml2[g]) {
+                scale[g] = sumlx[g] / suml2[g];
+                best[g] = scale[g] * sumlx[g];
+                best_iscale[g] = iscale[g];
+            }
+        }
+    }
+    for (int g = 0; g < 16; ++g) {
+        const int zero = amax[g] < GROUP_MAX_EPS;
+        scales[g] = zero ? 0.f : scale[g];
+        for (int i = 0; i < 16; ++i) {
+            int l = nearest_int(best_iscale[g] * xt[i][g]);
+            L[16 * g + i] = zero ? 0 : (int8_t)(nmax + MAX(-nmax, MIN(nmax - 1, l)));
+        }
+    }
+}
+
+/* make_qkx2_quants on 8 groups of 32: x, weights [8 groups][32]; asymmetric levels L [8][32] in [0, nmax], value
+ * L * scale - the_min */
+static void make_qkx2_quants_8x32(int nmax, const float *x, const float *weights, uint8_t *L, float *scales,
+                                  float *the_mins, float rmin, float rdelta, int nstep) {
+    float xt[32][8], wt[32][8], lt[32][8], best_l[32][8];
+    float min[8], max[8], sum_w[8], sum_x[8], scale[8], best_error[8], iscale[8], start_min[8];
+    float sum_l[8], sum_l2[8], sum_xl[8], D[8], this_scale[8], this_min[8], err[8];
+    for (int i = 0; i < 32; ++i)
+        for (int g = 0; g < 8; ++g) { xt[i][g] = x[32 * g + i]; wt[i][g] = weights[32 * g + i]; }
+    for (int g = 0; g < 8; ++g) {
+        min[g] = max[g] = xt[0][g];
+        sum_w[g] = wt[0][g];
+        sum_x[g] = sum_w[g] * xt[0][g];
+    }
+    for (int i = 1; i < 32; ++i)
+        for (int g = 0; g < 8; ++g) {
+            if (xt[i][g] < min[g]) min[g] = xt[i][g];
+            if (xt[i][g] > max[g]) max[g] = xt[i][g];
+            sum_w[g] += wt[i][g];
+            sum_x[g] += wt[i][g] * xt[i][g];
+        }
+    for (int g = 0; g < 8; ++g) {
+        if (min[g] > 0) min[g] = 0;
+        start_min[g] = min[g];
+        iscale[g] = nmax / (max[g] - min[g]);      /* a flat group (max == min) is settled at the end */
+        scale[g] = 1 / iscale[g];
+        best_error[g] = 0;
+    }
+    for (int i = 0; i < 32; ++i)
+        for (int g = 0; g < 8; ++g) {
+            int l = nearest_int(iscale[g] * (xt[i][g] - min[g]));
+            best_l[i][g] = (float)MAX(0, MIN(nmax, l));
+            float diff = scale[g] * best_l[i][g] + min[g] - xt[i][g];
+            best_error[g] += wt[i][g] * (diff * diff);
+        }
+    for (int is = 0; is <= nstep; ++is) {
+        for (int g = 0; g < 8; ++g) {
+            iscale[g] = (rmin + rdelta * is + nmax) / (max[g] - min[g]);
+            sum_l[g] = sum_l2[g] = sum_xl[g] = 0;
+        }
+        for (int i = 0; i < 32; ++i)
+            for (int g = 0; g < 8; ++g) {
+                int l = nearest_int(iscale[g] * (xt[i][g] - min[g]));
+                lt[i][g] = (float)MAX(0, MIN(nmax, l));
+                float w = wt[i][g];
+                sum_l[g] += w * lt[i][g];
+                sum_l2[g] += w * lt[i][g] * lt[i][g];
+                sum_xl[g] += w * lt[i][g] * xt[i][g];
+            }
+        for (int g = 0; g < 8; ++g) {
+            D[g] = sum_w[g] * sum_l2[g] - sum_l[g] * sum_l[g];
+            this_scale[g] = (sum_w[g] * sum_xl[g] - sum_x[g] * sum_l[g]) / D[g];
+            this_min[g] = (sum_l2[g] * sum_x[g] - sum_l[g] * sum_xl[g]) / D[g];
+            if (this_min[g] > 0) {
+                this_min[g] = 0;
+                this_scale[g] = sum_xl[g] / sum_l2[g];
+            }
+            err[g] = 0;
+        }
+        for (int i = 0; i < 32; ++i)
+            for (int g = 0; g < 8; ++g) {
+                float diff = this_scale[g] * lt[i][g] + this_min[g] - xt[i][g];
+                err[g] += wt[i][g] * (diff * diff);
+            }
+        for (int g = 0; g < 8; ++g) {
+            if (D[g] > 0 && err[g] < best_error[g]) {
+                for (int i = 0; i < 32; ++i) best_l[i][g] = lt[i][g];
+                best_error[g] = err[g];
+                scale[g] = this_scale[g];
+                min[g] = this_min[g];
+            }
+        }
+    }
+    for (int g = 0; g < 8; ++g) {
+        const int flat = max[g] == start_min[g];
+        scales[g] = flat ? 0.f : scale[g];
+        the_mins[g] = -(flat ? start_min[g] : min[g]);
+        for (int i = 0; i < 32; ++i) L[32 * g + i] = flat ? 0 : (uint8_t)best_l[i][g];
+    }
+}
+
+/* --- legacy 32-element types --------------------------------------------------------------------------------- */
+/* the signed value of the first element of largest magnitude (the reference's `if (amax < fabsf(v))`) */
+static inline float signed_absmax(const float *restrict x) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+        const float v = x[j], a = fabsf(v);
+        if (amax < a) { amax = a; max = v; }
+    }
+    return max;
+}
+
+/* Q4_0 / Q5_0 codes of one block: MIN(top, (int8_t)(x * id + offset)) */
+static inline void symmetric_codes(const float *restrict x, float id, float offset, int top, uint8_t *restrict q) {
+    for (int j = 0; j < 32; ++j) q[j] = (uint8_t)MIN(top, (int8_t)(x[j] * id + offset));
+}
+
+void quanta_quantize_q4_0(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 18) {
+        const float d = signed_absmax(x) / -8, id = d ? 1.0f / d : 0.0f;
+        put_f16(out, d);
+        symmetric_codes(x, id, 8.5f, 15, q);
+        for (int j = 0; j < 16; ++j) out[2 + j] = q[j] | (uint8_t)(q[16 + j] << 4);
+    }
+}
+
+void quanta_quantize_q5_0(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 22) {
+        const float d = signed_absmax(x) / -16, id = d ? 1.0f / d : 0.0f;
+        put_f16(out, d);
+        symmetric_codes(x, id, 16.5f, 31, q);
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; ++j) qh |= (uint32_t)((q[j] >> 4) & 1) << j;
+        for (int j = 0; j < 16; ++j) out[6 + j] = (q[j] & 0x0F) | (uint8_t)((q[16 + j] & 0x0F) << 4);
+        memcpy(out + 2, &qh, 4);
+    }
+}
+
+static void min_max_block(const float *x, float *min, float *max) {
+    *min = INFINITY; *max = -INFINITY;
+    for (int j = 0; j < 32; ++j) {
+        if (x[j] < *min) *min = x[j];
+        if (x[j] > *max) *max = x[j];
+    }
+}
+
+void quanta_quantize_q4_1(const float *x, uint8_t *out, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 20) {
+        float min, max;
+        min_max_block(x, &min, &max);
+        const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
+        put_f16(out, d);
+        put_f16(out + 2, min);
+        for (int j = 0; j < 16; ++j) {
+            const uint8_t a = (uint8_t)MIN(15, (int8_t)((x[j] - min) * id + 0.5f));
+            const uint8_t b = (uint8_t)MIN(15, (int8_t)((x[16 + j] - min) * id + 0.5f));
+            out[4 + j] = a | (uint8_t)(b << 4);
+        }
+    }
+}
+
+void quanta_quantize_q5_1(const float *x, uint8_t *out, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 24) {
+        float min, max;
+        min_max_block(x, &min, &max);
+        const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
+        put_f16(out, d);
+        put_f16(out + 2, min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const uint8_t a = (uint8_t)((x[j] - min) * id + 0.5f);
+            const uint8_t b = (uint8_t)((x[16 + j] - min) * id + 0.5f);
+            out[8 + j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
+            qh |= ((a & 0x10u) >> 4) << j;
+            qh |= ((b & 0x10u) >> 4) << (j + 16);
+        }
+        memcpy(out + 4, &qh, 4);
+    }
+}
+
+void quanta_quantize_q8_0(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = MAX(amax, fabsf(x[j]));
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        put_f16(out, d);
+        for (int j = 0; j < 32; ++j) {                      /* roundf: half away from zero */
+            const float v = x[j] * id;
+            int q = (int)v;                                 /* |v| <= 127: the cast truncates, v - q is exact */
+            const float frac = v - (float)q;
+            q += (frac >= 0.5f) - (frac <= -0.5f);
+            out[2 + j] = (uint8_t)(int8_t)q;
+        }
+    }
+}
+
+/* --- K-quants ------------------------------------------------------------------------------------------------ */
+/* Q4_K / Q5_K: eight sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes; L gets the final levels */
+static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float rmin, int nstep) {
+    float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < QK_K / 32; ++j) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; ++l) weights[32 * j + l] = av_x + fabsf(x[32 * j + l]);
+    }
+    make_qkx2_quants_8x32(nmax, x, weights, L, scales, mins, rmin, 0.1f, nstep);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t *sc = head + 4, ls[8], lm[8];
+    memset(sc, 0, 12);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        ls[j] = MIN(63, (uint8_t)nearest_int(inv_scale * scales[j]));
+        lm[j] = MIN(63, (uint8_t)nearest_int(inv_min * mins[j]));
+        if (j < 4) {
+            sc[j] = ls[j];
+            sc[j + 4] = lm[j];
+        } else {
+            sc[j + 4] = (ls[j] & 0xF) | (uint8_t)((lm[j] & 0xF) << 4);
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    put_f16(head, max_scale / 63.f);
+    put_f16(head + 2, max_min / 63.f);
+    const float dd = f16_at(head), dmin = f16_at(head + 2);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        const float d = dd * ls[j];
+        if (!d) continue;
+        const float dm = dmin * lm[j];
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)MAX(0, MIN(nmax, l));
+        }
+    }
+}
+
+void quanta_quantize_q4_K(const float *x, uint8_t *out, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 144) {
+        affine_k(x, out, L, 15, -1.f, 20);
+        uint8_t *q = out + 16;
+        for (int j = 0; j < QK_K; j += 64, q += 32)
+            for (int l = 0; l < 32; ++l) q[l] = L[j + l] | (uint8_t)(L[j + l + 32] << 4);
+    }
+}
+
+void quanta_quantize_q5_K(const float *x, uint8_t *out, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 176) {
+        affine_k(x, out, L, 31, -0.5f, 15);
+        uint8_t *qh = out + 16, *ql = out + 48, m1 = 1, m2 = 2;
+        memset(qh, 0, QK_K / 8);
+        for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
+            for (int j = 0; j < 32; ++j) {
+                int l1 = L[n + j], l2 = L[n + j + 32];
+                if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+                if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+                ql[j] = (uint8_t)(l1 | (l2 << 4));
+            }
+        }
+    }
+}
+
+void quanta_quantize_q6_K(const float *x, uint8_t *out, int64_t nb) {
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 210) {
+        float max_scale = 0, max_abs_scale = 0;
+        make_qx_quants_16x16(32, x, L, scales);
+        for (int ib = 0; ib < QK_K / 16; ++ib) {
+            const float abs_scale = fabsf(scales[ib]);
+            if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scales[ib]; }
+        }
+        memset(out, 0, 210);
+        if (max_abs_scale < GROUP_MAX_EPS) continue;
+        int8_t *sc = (int8_t *)(out + 192);
+        float iscale = -128.f / max_scale;
+        put_f16(out + 208, 1 / iscale);
+        const float dd = f16_at(out + 208);
+        for (int ib = 0; ib < QK_K / 16; ++ib) sc[ib] = (int8_t)MIN(127, nearest_int(iscale * scales[ib]));
+        for (int j = 0; j < QK_K / 16; ++j) {
+            const float d = dd * sc[j];
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                int l = nearest_int(x[16 * j + ii] / d);
+                L[16 * j + ii] = (int8_t)(MAX(-32, MIN(31, l)) + 32);
+            }
+        }
+        uint8_t *ql = out, *qh = out + 128;
+        for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; ++l) {
+                const uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF;
+                const uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+                ql[l] = q1 | (uint8_t)(q3 << 4);
+                ql[l + 32] = q2 | (uint8_t)(q4 << 4);
+                qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4)
+                                  | ((L[j + l + 96] >> 4) << 6));
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+"""ggml's reference quantizers compiled from native.c: the same bytes as the torch quantizers without an importance
+matrix (tests hold them equal), a block at a time in C instead of a tensor op at a time over a chunk.
+
+The library is built on first use with the system C compiler (the one Triton's launchers need too) into
+$QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the source's hash, and loaded with ctypes. Where no
+compiler works, or QUANTA_NATIVE=0, `quantizer` returns None and the torch quantizers run. Rows are split over
+torch's thread count: ctypes lets go of the GIL during a call, so the pieces run at once.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")
+# -ffp-contract=off: no fused multiply-adds, each float operation rounds on its own as the reference's do
+FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c11")
+PIECE_BLOCKS = 64           # blocks a thread takes at a time at least
+
+
+def quantizer(type_name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """float32 blocks x [nb, block_size] (CPU) -> uint8 blocks [nb, type_size] by the compiled reference
+    quantizer of `type_name`, or None when there is none (type not here, no compiler, QUANTA_NATIVE=0)."""
+    if type_name not in TYPES or os.environ.get("QUANTA_NATIVE", "1") == "0":
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    fn = getattr(lib, f"quanta_quantize_{type_name}")
+    return functools.partial(_run, fn, GGML_TYPES_BY_NAME[type_name].type_size)
+
+
+def _run(fn, type_size: int, x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    nb = x.shape[0]
+    out = torch.empty(nb, type_size, dtype=torch.uint8)
+    threads = max(1, min(torch.get_num_threads(), nb // PIECE_BLOCKS))
+    bounds = [nb * t // threads for t in range(threads + 1)]
+    block = x.shape[1] * 4
+
+    def piece(t: int) -> None:
+        lo, hi = bounds[t], bounds[t + 1]
+        fn(ctypes.c_void_p(x.data_ptr() + lo * block), ctypes.c_void_p(out.data_ptr() + lo * type_size),
+           ctypes.c_int64(hi - lo))
+
+    if threads == 1:
+        piece(0)
+    else:
+        list(_pool(threads).map(piece, range(threads)))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="quanta-ggml")
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
+    directory = Path(root or tempfile.gettempdir()) / "native"
+    path = directory / f"ggml_quantize_{key}.so"
+    try:
+        if not path.is_file():
+            _build(path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("the native ggml quantizers are not available (%s); the torch ones run", e)
+        return None
+    for name in TYPES:
+        getattr(lib, f"quanta_quantize_{name}").restype = None
+    return lib
+
+
+def _build(path: Path) -> None:
+    """Compile native.c into `path`, under a temporary name renamed into place (two processes at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so")
+    os.close(fd)
+    try:
+        compiler = os.environ.get("CC", "cc")
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True,
+                       timeout=120)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
