@@ -55,8 +55,10 @@ class GgufFile:
     _map: mmap.mmap
 
     def read(self, t: TensorInfo) -> np.ndarray:
-        """The bytes of tensor `t` as a writable uint8 array (a copy: the map stays read-only)."""
-        return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.start).copy()
+        """The bytes of tensor `t` as a writable uint8 array over the map, not a copy: the map is private
+        (copy-on-write), so a write lands in this process's own page and never in the file, and pages never
+        written stay the file's (droppable, shared with the page cache) instead of a second copy in memory."""
+        return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.start)
 
 
 def read_gguf(path: str | Path, vocabularies: bool = True) -> GgufFile:
@@ -85,7 +87,7 @@ def read_gguf(path: str | Path, vocabularies: bool = True) -> GgufFile:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise CorruptFileError(f"{path}: the file is empty (0 bytes), not a GGUF file")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the file ({e.strerror or e})") from e
     magic = buf[:4]
