@@ -401,3 +401,93 @@ void quanta_quantize_q6_K(const float *x, uint8_t *out, int64_t nb) {
         }
     }
 }
+
+/* --- IQ4_NL / IQ4_XS: the 16 non-uniform levels ----------------------------------------------------------- */
+static const int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* ABOVE[floor(v) + 128]: the index of the first level above floor(v), clamped to [1, 15]; the levels are integers,
+ * so the two levels around v depend on floor(v) alone */
+static uint8_t ABOVE[256];
+
+__attribute__((constructor)) static void make_above(void) {
+    for (int f = -128; f < 128; ++f) {
+        int above = 0;
+        while (above < 16 && KVALUES[above] <= f) ++above;
+        ABOVE[f + 128] = (uint8_t)MAX(1, MIN(15, above));
+    }
+}
+
+/* ggml best_index_int8: the index of the level nearest v (the lower one only when strictly nearer), clamped to the
+ * ends */
+static inline int nearest_level(float v) {
+    if (v <= KVALUES[0]) return 0;
+    if (v >= KVALUES[15]) return 15;
+    int f = (int)v;                                     /* floor: the cast truncates toward zero */
+    f -= (float)f > v;
+    const int hi = ABOVE[f + 128];
+    return v - KVALUES[hi - 1] < KVALUES[hi] - v ? hi - 1 : hi;
+}
+
+/* one group of 32's scale by the 15-trial weighted least squares (weights x^2), 0 for an empty group */
+static float iq4_group_scale(const float *x) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+        const float ax = fabsf(x[j]);
+        if (ax > amax) { amax = ax; max = x[j]; }
+    }
+    if (amax < GROUP_MAX_EPS) return 0.f;
+    float d = -max / KVALUES[0], best = 0;
+    for (int itry = -8; itry <= 7; ++itry) {               /* -8: the first pass at 1/d; then -7 .. 7 */
+        const float id = itry == -8 ? 1 / d : (itry + KVALUES[0]) / max;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; ++j) {
+            const float q = KVALUES[nearest_level(id * x[j])], w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        if (itry == -8) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        } else if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    return d;
+}
+
+void quanta_quantize_iq4_nl(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32, out += 18) {
+        const float d = iq4_group_scale(x), id = d ? 1 / d : 0.f;
+        put_f16(out, d);
+        for (int j = 0; j < 16; ++j)
+            out[2 + j] = (uint8_t)(nearest_level(id * x[j]) | (nearest_level(id * x[16 + j]) << 4));
+    }
+}
+
+void quanta_quantize_iq4_xs(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    float scales[8];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 136) {
+        float max_scale = 0, amax_scale = 0;
+        for (int ib = 0; ib < 8; ++ib) {
+            scales[ib] = iq4_group_scale(x + 32 * ib);
+            if (fabsf(scales[ib]) > amax_scale) { amax_scale = fabsf(scales[ib]); max_scale = scales[ib]; }
+        }
+        const float d = -max_scale / 32, id = d ? 1 / d : 0.f;
+        put_f16(out, d);
+        uint16_t scales_h = 0;
+        uint8_t *scales_l = out + 4, *q = out + 8;
+        memset(scales_l, 0, 4);
+        for (int ib = 0; ib < 8; ++ib) {
+            int l = MAX(-32, MIN(31, nearest_int(id * scales[ib])));
+            const float dl = d * l, idl = dl ? 1 / dl : 0.f;
+            const float *xb = x + 32 * ib;
+            for (int j = 0; j < 16; ++j)
+                q[16 * ib + j] = (uint8_t)(nearest_level(idl * xb[j]) | (nearest_level(idl * xb[16 + j]) << 4));
+            l += 32;
+            scales_l[ib / 2] |= (uint8_t)((l & 0xF) << (4 * (ib % 2)));
+            scales_h |= (uint16_t)((l >> 4) << (2 * ib));
+        }
+        memcpy(out + 2, &scales_h, 2);
+    }
+}
