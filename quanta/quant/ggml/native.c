@@ -209,13 +209,25 @@ static inline void symmetric_codes(const float *restrict x, float id, float offs
     for (int j = 0; j < 32; ++j) q[j] = (uint8_t)MIN(top, (int8_t)(x[j] * id + offset));
 }
 
+/* 32 codes' low nibbles, element j in the low half of byte j and element j + 16 in the high half */
+static inline void pack_nibbles(const uint8_t *restrict q, uint8_t *restrict qs) {
+    for (int j = 0; j < 16; ++j) qs[j] = (q[j] & 0x0F) | (uint8_t)((q[16 + j] & 0x0F) << 4);
+}
+
+/* 32 codes' fifth bits as a little-endian u32, bit j of element j */
+static inline void pack_fifth_bits(const uint8_t *restrict q, uint8_t *restrict qh) {
+    uint32_t bits = 0;
+    for (int j = 0; j < 32; ++j) bits |= (uint32_t)((q[j] >> 4) & 1) << j;
+    memcpy(qh, &bits, 4);
+}
+
 void quanta_quantize_q4_0(const float *restrict x, uint8_t *restrict out, int64_t nb) {
     uint8_t q[32];
     for (int64_t i = 0; i < nb; ++i, x += 32, out += 18) {
         const float d = signed_absmax(x) / -8, id = d ? 1.0f / d : 0.0f;
         put_f16(out, d);
         symmetric_codes(x, id, 8.5f, 15, q);
-        for (int j = 0; j < 16; ++j) out[2 + j] = q[j] | (uint8_t)(q[16 + j] << 4);
+        pack_nibbles(q, out + 2);
     }
 }
 
@@ -225,52 +237,42 @@ void quanta_quantize_q5_0(const float *restrict x, uint8_t *restrict out, int64_
         const float d = signed_absmax(x) / -16, id = d ? 1.0f / d : 0.0f;
         put_f16(out, d);
         symmetric_codes(x, id, 16.5f, 31, q);
-        uint32_t qh = 0;
-        for (int j = 0; j < 32; ++j) qh |= (uint32_t)((q[j] >> 4) & 1) << j;
-        for (int j = 0; j < 16; ++j) out[6 + j] = (q[j] & 0x0F) | (uint8_t)((q[16 + j] & 0x0F) << 4);
-        memcpy(out + 2, &qh, 4);
+        pack_fifth_bits(q, out + 2);
+        pack_nibbles(q, out + 6);
     }
 }
 
-static void min_max_block(const float *x, float *min, float *max) {
-    *min = INFINITY; *max = -INFINITY;
+/* Q4_1 / Q5_1: d = (max - min) / nmax and min in the block's first 4 bytes; codes (uint8_t)((x - min) * id + 0.5f),
+ * Q4_1's through int8_t and MIN(15, .) as the reference writes it */
+static void min_scale_codes(const float *restrict x, int nmax, uint8_t *restrict head, uint8_t *restrict q) {
+    float min = INFINITY, max = -INFINITY;
     for (int j = 0; j < 32; ++j) {
-        if (x[j] < *min) *min = x[j];
-        if (x[j] > *max) *max = x[j];
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+    }
+    const float d = (max - min) / nmax, id = d ? 1.0f / d : 0.0f;
+    put_f16(head, d);
+    put_f16(head + 2, min);
+    for (int j = 0; j < 32; ++j) {
+        const float v = (x[j] - min) * id + 0.5f;
+        q[j] = nmax == 15 ? (uint8_t)MIN(15, (int8_t)v) : (uint8_t)v;
     }
 }
 
-void quanta_quantize_q4_1(const float *x, uint8_t *out, int64_t nb) {
+void quanta_quantize_q4_1(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    uint8_t q[32];
     for (int64_t i = 0; i < nb; ++i, x += 32, out += 20) {
-        float min, max;
-        min_max_block(x, &min, &max);
-        const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
-        put_f16(out, d);
-        put_f16(out + 2, min);
-        for (int j = 0; j < 16; ++j) {
-            const uint8_t a = (uint8_t)MIN(15, (int8_t)((x[j] - min) * id + 0.5f));
-            const uint8_t b = (uint8_t)MIN(15, (int8_t)((x[16 + j] - min) * id + 0.5f));
-            out[4 + j] = a | (uint8_t)(b << 4);
-        }
+        min_scale_codes(x, 15, out, q);
+        pack_nibbles(q, out + 4);
     }
 }
 
-void quanta_quantize_q5_1(const float *x, uint8_t *out, int64_t nb) {
+void quanta_quantize_q5_1(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    uint8_t q[32];
     for (int64_t i = 0; i < nb; ++i, x += 32, out += 24) {
-        float min, max;
-        min_max_block(x, &min, &max);
-        const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
-        put_f16(out, d);
-        put_f16(out + 2, min);
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; ++j) {
-            const uint8_t a = (uint8_t)((x[j] - min) * id + 0.5f);
-            const uint8_t b = (uint8_t)((x[16 + j] - min) * id + 0.5f);
-            out[8 + j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
-            qh |= ((a & 0x10u) >> 4) << j;
-            qh |= ((b & 0x10u) >> 4) << (j + 16);
-        }
-        memcpy(out + 4, &qh, 4);
+        min_scale_codes(x, 31, out, q);
+        pack_fifth_bits(q, out + 4);
+        pack_nibbles(q, out + 8);
     }
 }
 
