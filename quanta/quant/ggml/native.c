@@ -112,48 +112,99 @@ static void make_qx_quants_16x16(int nmax, const float *x, int8_t *L, float *sca
     }
 }
 
-/* make_qkx2_quants on 8 groups of 32: x, weights [8 groups][32]; asymmetric levels L [8][32] in [0, nmax], value
- * L * scale - the_min */
-static void make_qkx2_quants_8x32(int nmax, const float *x, const float *weights, uint8_t *L, float *scales,
-                                  float *the_mins, float rmin, float rdelta, int nstep) {
-    float xt[32][8], wt[32][8], lt[32][8], best_l[32][8];
-    float min[8], max[8], sum_w[8], sum_x[8], scale[8], best_error[8], iscale[8], start_min[8];
-    float sum_l[8], sum_l2[8], sum_xl[8], D[8], this_scale[8], this_min[8], err[8];
-    for (int i = 0; i < 32; ++i)
-        for (int g = 0; g < 8; ++g) { xt[i][g] = x[32 * g + i]; wt[i][g] = weights[32 * g + i]; }
-    for (int g = 0; g < 8; ++g) {
+/* make_q3_quants with do_rmse, one group of 16: symmetric levels L in [0, 2*nmax), refined one element at a time
+ * (at most five passes, until one changes nothing) by x*x-weighted least squares */
+static float make_q3_quants(int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < 16; ++i) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        for (int i = 0; i < 16; ++i) L[i] = 0;
+        return 0.f;
+    }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < 16; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = MAX(-nmax, MIN(nmax - 1, l));
+        L[i] = (int8_t)l;
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int changed = 0;
+        for (int i = 0; i < 16; ++i) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = MAX(-nmax, MIN(nmax - 1, new_l));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++changed;
+                    }
+                }
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < 16; ++i) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0 ? sumlx / suml2 : 0.f;
+}
+
+/* make_qkx2_quants on G groups of N at once (G * N = 256, N <= 32, G <= 16): x, weights [G groups][N]; asymmetric
+ * levels L [G][N] in [0, nmax], value L * scale - the_min; use_mad: absolute instead of squared errors */
+/* (inlined, so that each caller's constant G and N shape its loops) */
+static inline __attribute__((always_inline)) void make_qkx2_quants_lockstep(
+        int G, int N, int nmax, const float *x, const float *weights, uint8_t *L, float *scales, float *the_mins,
+        float rmin, float rdelta, int nstep, int use_mad) {
+    float xt[32][16], wt[32][16], lt[32][16], best_l[32][16];
+    float min[16], max[16], sum_w[16], sum_x[16], scale[16], best_error[16], iscale[16], start_min[16];
+    float sum_l[16], sum_l2[16], sum_xl[16], D[16], this_scale[16], this_min[16], err[16];
+    for (int i = 0; i < N; ++i)
+        for (int g = 0; g < G; ++g) { xt[i][g] = x[N * g + i]; wt[i][g] = weights[N * g + i]; }
+    for (int g = 0; g < G; ++g) {
         min[g] = max[g] = xt[0][g];
         sum_w[g] = wt[0][g];
         sum_x[g] = sum_w[g] * xt[0][g];
     }
-    for (int i = 1; i < 32; ++i)
-        for (int g = 0; g < 8; ++g) {
+    for (int i = 1; i < N; ++i)
+        for (int g = 0; g < G; ++g) {
             if (xt[i][g] < min[g]) min[g] = xt[i][g];
             if (xt[i][g] > max[g]) max[g] = xt[i][g];
             sum_w[g] += wt[i][g];
             sum_x[g] += wt[i][g] * xt[i][g];
         }
-    for (int g = 0; g < 8; ++g) {
+    for (int g = 0; g < G; ++g) {
         if (min[g] > 0) min[g] = 0;
         start_min[g] = min[g];
         iscale[g] = nmax / (max[g] - min[g]);      /* a flat group (max == min) is settled at the end */
         scale[g] = 1 / iscale[g];
         best_error[g] = 0;
     }
-    for (int i = 0; i < 32; ++i)
-        for (int g = 0; g < 8; ++g) {
+    for (int i = 0; i < N; ++i)
+        for (int g = 0; g < G; ++g) {
             int l = nearest_int(iscale[g] * (xt[i][g] - min[g]));
             best_l[i][g] = (float)MAX(0, MIN(nmax, l));
             float diff = scale[g] * best_l[i][g] + min[g] - xt[i][g];
-            best_error[g] += wt[i][g] * (diff * diff);
+            best_error[g] += wt[i][g] * (use_mad ? fabsf(diff) : diff * diff);
         }
     for (int is = 0; is <= nstep; ++is) {
-        for (int g = 0; g < 8; ++g) {
+        for (int g = 0; g < G; ++g) {
             iscale[g] = (rmin + rdelta * is + nmax) / (max[g] - min[g]);
             sum_l[g] = sum_l2[g] = sum_xl[g] = 0;
         }
-        for (int i = 0; i < 32; ++i)
-            for (int g = 0; g < 8; ++g) {
+        for (int i = 0; i < N; ++i)
+            for (int g = 0; g < G; ++g) {
                 int l = nearest_int(iscale[g] * (xt[i][g] - min[g]));
                 lt[i][g] = (float)MAX(0, MIN(nmax, l));
                 float w = wt[i][g];
@@ -161,7 +212,7 @@ static void make_qkx2_quants_8x32(int nmax, const float *x, const float *weights
                 sum_l2[g] += w * lt[i][g] * lt[i][g];
                 sum_xl[g] += w * lt[i][g] * xt[i][g];
             }
-        for (int g = 0; g < 8; ++g) {
+        for (int g = 0; g < G; ++g) {
             D[g] = sum_w[g] * sum_l2[g] - sum_l[g] * sum_l[g];
             this_scale[g] = (sum_w[g] * sum_xl[g] - sum_x[g] * sum_l[g]) / D[g];
             this_min[g] = (sum_l2[g] * sum_x[g] - sum_l[g] * sum_xl[g]) / D[g];
@@ -171,25 +222,25 @@ static void make_qkx2_quants_8x32(int nmax, const float *x, const float *weights
             }
             err[g] = 0;
         }
-        for (int i = 0; i < 32; ++i)
-            for (int g = 0; g < 8; ++g) {
+        for (int i = 0; i < N; ++i)
+            for (int g = 0; g < G; ++g) {
                 float diff = this_scale[g] * lt[i][g] + this_min[g] - xt[i][g];
-                err[g] += wt[i][g] * (diff * diff);
+                err[g] += wt[i][g] * (use_mad ? fabsf(diff) : diff * diff);
             }
-        for (int g = 0; g < 8; ++g) {
+        for (int g = 0; g < G; ++g) {
             if (D[g] > 0 && err[g] < best_error[g]) {
-                for (int i = 0; i < 32; ++i) best_l[i][g] = lt[i][g];
+                for (int i = 0; i < N; ++i) best_l[i][g] = lt[i][g];
                 best_error[g] = err[g];
                 scale[g] = this_scale[g];
                 min[g] = this_min[g];
             }
         }
     }
-    for (int g = 0; g < 8; ++g) {
+    for (int g = 0; g < G; ++g) {
         const int flat = max[g] == start_min[g];
         scales[g] = flat ? 0.f : scale[g];
         the_mins[g] = -(flat ? start_min[g] : min[g]);
-        for (int i = 0; i < 32; ++i) L[32 * g + i] = flat ? 0 : (uint8_t)best_l[i][g];
+        for (int i = 0; i < N; ++i) L[N * g + i] = flat ? 0 : (uint8_t)best_l[i][g];
     }
 }
 
@@ -303,7 +354,7 @@ static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float 
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; ++l) weights[32 * j + l] = av_x + fabsf(x[32 * j + l]);
     }
-    make_qkx2_quants_8x32(nmax, x, weights, L, scales, mins, rmin, 0.1f, nstep);
+    make_qkx2_quants_lockstep(8, 32, nmax, x, weights, L, scales, mins, rmin, 0.1f, nstep, 0);
     for (int j = 0; j < QK_K / 32; ++j) {
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
@@ -335,6 +386,91 @@ static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float 
             int l = nearest_int((x[32 * j + ii] + dm) / d);
             L[32 * j + ii] = (uint8_t)MAX(0, MIN(nmax, l));
         }
+    }
+}
+
+/* Q2_K: sixteen sub-blocks of 16, 2-bit levels, 4-bit scales and mins (weights |x|, absolute errors) */
+void quanta_quantize_q2_K(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    uint8_t L[QK_K];
+    float weights[QK_K], mins[16], scales[16];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 84) {
+        for (int l = 0; l < QK_K; ++l) weights[l] = fabsf(x[l]);
+        make_qkx2_quants_lockstep(16, 16, 3, x, weights, L, scales, mins, -0.5f, 0.1f, 15, 1);
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; ++j) {
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        uint8_t *sc = out, *qs = out + 16;
+        memset(sc, 0, 16);
+        if (max_scale > 0) {
+            const float iscale = 15.f / max_scale;
+            for (int j = 0; j < 16; ++j) sc[j] = (uint8_t)nearest_int(iscale * scales[j]);
+        }
+        put_f16(out + 80, max_scale > 0 ? max_scale / 15.f : 0.f);
+        if (max_min > 0) {
+            const float iscale = 15.f / max_min;
+            for (int j = 0; j < 16; ++j) sc[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+        }
+        put_f16(out + 82, max_min > 0 ? max_min / 15.f : 0.f);
+        const float dd = f16_at(out + 80), dmin = f16_at(out + 82);
+        for (int j = 0; j < 16; ++j) {
+            const float d = dd * (sc[j] & 0xF);
+            if (!d) continue;
+            const float dm = dmin * (sc[j] >> 4);
+            for (int ii = 0; ii < 16; ++ii) {
+                int l = nearest_int((x[16 * j + ii] + dm) / d);
+                L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
+            }
+        }
+        for (int j = 0; j < QK_K; j += 128)
+            for (int l = 0; l < 32; ++l)
+                qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    }
+}
+
+/* Q3_K: sixteen sub-blocks of 16, 3-bit levels (2 low bits and hmask), 6-bit signed scales */
+void quanta_quantize_q3_K(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+    int8_t L[QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 110) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; ++j) {
+            scales[j] = make_q3_quants(4, x + 16 * j, L + 16 * j);
+            const float scale = fabsf(scales[j]);
+            if (scale > amax) { amax = scale; max_scale = scales[j]; }
+        }
+        uint8_t *hmask = out, *qs = out + 32, *sc = out + 96;
+        memset(sc, 0, 12);
+        int8_t ls[16] = {0};
+        if (max_scale) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; ++j) {
+                const int l = MAX(-32, MIN(31, (int8_t)nearest_int(iscale * scales[j]))) + 32;
+                ls[j] = (int8_t)(l - 32);
+                if (j < 8) sc[j] = (uint8_t)(l & 0xF); else sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
+                sc[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            put_f16(out + 108, 1 / iscale);
+        } else {
+            put_f16(out + 108, 0.f);
+        }
+        const float dd = f16_at(out + 108);
+        for (int j = 0; j < 16; ++j) {
+            const float d = dd * ls[j];
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                int l = nearest_int(x[16 * j + ii] / d);
+                L[16 * j + ii] = (int8_t)(MAX(-4, MIN(3, l)) + 4);
+            }
+        }
+        memset(hmask, 0, 32);
+        for (int j = 0; j < QK_K; ++j) {
+            if (L[j] > 3) { hmask[j % 32] |= (uint8_t)(1 << (j / 32)); L[j] -= 4; }
+        }
+        for (int j = 0; j < QK_K; j += 128)
+            for (int l = 0; l < 32; ++l)
+                qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
     }
 }
 

@@ -26,7 +26,7 @@ from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
-TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
+TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
 # -ffp-contract=off: no fused multiply-adds, each float operation rounds on its own as the reference's do
 FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c11")
 PIECE_BLOCKS = 64           # blocks a thread takes at a time at least
