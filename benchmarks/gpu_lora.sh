@@ -26,7 +26,8 @@ if [[ $STAGES == *bench* ]]; then
 fi
 if [[ $STAGES == *slots* ]]; then
   echo "== slot kernels against the W4 GEMM"
-  timeout ${SLOTS_TIMEOUT:-180} python benchmarks/lora_slots.py --out "$OUT/slots.json" > "$OUT/slots.txt" 2>&1
+  timeout ${SLOTS_TIMEOUT:-180} python benchmarks/lora_slots.py --rows "${SLOT_ROWS:-16,64,256}" \
+      --block-n "${BLOCK_N:-256}" --out "$OUT/slots.json" > "$OUT/slots.txt" 2>&1
   grep -E "^\|" "$OUT/slots.txt"; tail -1 "$OUT/slots.txt"
 fi
 python - "$OUT" <<'PY'

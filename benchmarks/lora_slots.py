@@ -16,6 +16,7 @@ import torch
 from linears import SHAPES, affine_w, bench, prepared_copies, start_run, write_run
 
 from quanta.kernels.affine import plan
+from quanta.lora import kernels as lora_kernels
 from quanta.lora.kernels import add_lora, sort_by_slot
 
 PARTS = {"qkv": (4096, 1024, 1024), "o": (4096,), "gate_up": (14336, 14336), "down": (4096,)}
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--rows", default="16,64,256")
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--block-n", default=str(lora_kernels.SPLIT_BLOCK_N),
+                    help="expand column blocks to time (lora.kernels.SPLIT_BLOCK_N, a sweep: '64,128,256')")
     args = ap.parse_args()
     t0, meta = start_run(adapters=args.adapters, rank=args.rank)
     rows_out = []
@@ -53,17 +56,21 @@ def main() -> None:
             slots = (torch.arange(t, device="cuda") % args.adapters).to(torch.int32)
             order, starts = sort_by_slot(slots, args.adapters)
             base = bench(plan.matmul, xs, st4, w4.nbytes)
-            lora = bench(lambda x: add_lora(x, y, slots, a, b, scale, bounds, order, starts), xs)
-            rec = {"layer": layer, "n": n, "k": k, "rows": t, "base_us": round(base, 2), "lora_us": round(lora, 2),
-                   "added": round(lora / base, 3), "slot_GBps": round(slot_bytes / lora / 1e3, 1)}
-            rows_out.append(rec)
-            print(rec, flush=True)
+            for block_n in map(int, args.block_n.split(",")):
+                lora_kernels.SPLIT_BLOCK_N = block_n
+                lora = bench(lambda x: add_lora(x, y, slots, a, b, scale, bounds, order, starts), xs)
+                rec = {"layer": layer, "n": n, "k": k, "rows": t, "block_n": block_n, "base_us": round(base, 2),
+                       "lora_us": round(lora, 2), "added": round(lora / base, 3),
+                       "slot_GBps": round(slot_bytes / lora / 1e3, 1)}
+                rows_out.append(rec)
+                print(rec, flush=True)
         del st4
         torch.cuda.empty_cache()
     write_run(args.out, meta, t0, rows=rows_out)
-    print(f"| rows | layer | W4 GEMM us | slot kernels us | added | slot GB/s (copy {meta['copy_GBps']}) |")
+    print(f"| rows | layer | block_n | W4 GEMM us | slot kernels us | added | slot GB/s (copy {meta['copy_GBps']}) |")
     for r in rows_out:
-        print(f"| {r['rows']} | {r['layer']} | {r['base_us']} | {r['lora_us']} | {r['added']:.2f} | {r['slot_GBps']} |")
+        print(f"| {r['rows']} | {r['layer']} | {r['block_n']} | {r['base_us']} | {r['lora_us']} | {r['added']:.2f} | "
+              f"{r['slot_GBps']} |")
     print(f"seconds {time.time() - t0:.0f}")
 
 

@@ -59,6 +59,7 @@ def k_splits(rows: int, k: int) -> int:
 
 
 SPLIT_K = 512
+SPLIT_BLOCK_N = 256     # the expand's output columns a program takes when the shrink ran in K pieces
 
 
 @triton.jit
@@ -160,10 +161,11 @@ def add_lora(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, a: torch.Ten
         SPLITS=splits, BLOCK_M=block_m, BLOCK_J=block_j, BLOCK_K=64, IEEE=ieee, num_warps=4)
     b1 = bounds[1] if parts > 1 else n
     b2 = bounds[2] if parts > 2 else n
-    block_n = 64
+    # each program reads its rows' rank sums from every K piece: wider column blocks read them fewer times
+    block_n = SPLIT_BLOCK_N if splits > 1 else 64
     _expand_kernel[(cdiv(t, block_m), cdiv(n, block_n), n_slots)](
         part, b, scale, y, order, starts, t, n, j, b1, b2, y.stride(0), b.stride(0), SPLITS=splits, P=parts,
-        R=rank, R_PAD=max(16, rank), BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee, num_warps=4)
+        R=rank, R_PAD=max(16, rank), BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee, num_warps=8 if block_n > 64 else 4)
     return y
 
 
