@@ -54,8 +54,9 @@ def sort_by_slot(slots: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch
 
 
 def k_splits(rows: int, k: int) -> int:
-    """Pieces of K the shrink splits into: one for many rows (the tiles fill the GPU), else pieces of SPLIT_K."""
-    return 1 if rows > 64 else cdiv(k, SPLIT_K)
+    """Pieces of K the shrink splits into: one for many rows (a prefill's tiles fill the GPU), else pieces of
+    SPLIT_K, since a slot's few row tiles walking all of K alone would wait on memory."""
+    return 1 if rows > 512 else cdiv(k, SPLIT_K)
 
 
 SPLIT_K = 512
