@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -45,6 +46,7 @@ def quantizer(type_name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 
 def _run(fn, type_size: int, x: torch.Tensor) -> torch.Tensor:
+    assert x.device.type == "cpu" and x.dtype == torch.float32, (x.device, x.dtype)
     x = x.contiguous()
     nb = x.shape[0]
     out = torch.empty(nb, type_size, dtype=torch.uint8)
@@ -72,7 +74,8 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    # a home shared between machines of two architectures keeps one library for each
+    key = hashlib.sha256(source + " ".join((*FLAGS, platform.machine())).encode()).hexdigest()[:16]
     root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
     directory = Path(root or tempfile.gettempdir()) / "native"
     path = directory / f"ggml_quantize_{key}.so"

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch
 
+from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.ggml import iq4quantize as iq4
 from quanta.quant.ggml import kquantize as kq
 from quanta.quant.ggml import native
-from quanta.quant.errors import CorruptFileError, ShapeError, UnsupportedError
 from quanta.quant.ggml.kquantize import f16_bytes
 from quanta.quant.ggml.qsearch import first_absmax, inverse, make_qkx_quants, make_qx_quants, seq_sum, sqrtf
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
