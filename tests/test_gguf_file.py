@@ -70,6 +70,20 @@ def test_reads_what_gguf_reads(small):
         assert np.array_equal(f.read(ours), np.asarray(theirs.data).view(np.uint8).reshape(-1))
 
 
+def test_tensors_are_private_views_a_write_never_reaches_the_file(small, tmp_path):
+    path, data, _ = small
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(data)
+    f = read_gguf(copy)
+    t = f.tensors[0]
+    view = f.read(t)
+    assert not view.flags.owndata                      # the file's bytes, not a copy of them
+    before = view.copy()
+    view[:] = 0xAB                                     # a loader writing into its tensor
+    assert copy.read_bytes() == data                   # the file on disk is untouched
+    assert np.array_equal(read_gguf(copy).read(t), before)      # and a second reader sees the file's bytes
+
+
 def test_empty_garbage_and_wrong_magic(tmp_path):
     assert "is empty (0 bytes)" in error_of(cut(tmp_path, b"", 0, "empty.gguf"))
     garbage = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
