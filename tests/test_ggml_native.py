@@ -45,6 +45,19 @@ def test_native_bytes_equal_the_torch_quantizer(name, monkeypatch):
     assert not differ.any(), f"{name}: blocks {differ.nonzero().flatten().tolist()[:10]} differ"
 
 
+@pytest.mark.parametrize("name", native.WEIGHTED)
+def test_native_bytes_with_an_imatrix_equal_the_torch_quantizer(name):
+    block = GGML_TYPES_BY_NAME[name].block_size
+    row_blocks = 3 if block == 32 else 1                 # the legacy types' sigma2 spans a whole row
+    x = torch.cat([_edge_blocks(block)[:39], torch.randn(600, block) * 0.02])
+    qw = torch.rand(x.shape, generator=torch.Generator().manual_seed(1)) + 0.05
+    qw[5] = 0                                            # a block no calibration token reached
+    want = QUANTIZERS[name](x, qw, row_blocks) if name in _LEGACY else QUANTIZERS[name](x, qw)
+    got = native.quantizer(name, weighted=True)(x, qw, row_blocks)
+    differ = (got != want).any(1)
+    assert not differ.any(), f"{name}: blocks {differ.nonzero().flatten().tolist()[:10]} differ"
+
+
 def test_threads_do_not_change_the_bytes():
     x = torch.randn(4 * native.PIECE_BLOCKS + 3, 256) * 0.02
     n = torch.get_num_threads()

@@ -46,10 +46,11 @@ def path(request, monkeypatch):
 
 
 def _check_path(path, name, imatrix=None):
-    if path == "native" and (imatrix is not None or name not in native.TYPES):
+    if path == "native" and name not in (native.TYPES if imatrix is None else native.WEIGHTED):
         pytest.skip("the torch quantizer is the only one for this case")
     if path == "native" and shutil.which(os.environ.get("CC", "cc")):
-        assert native.quantizer(name) is not None, "a C compiler is here, yet the native quantizers did not build"
+        assert native.quantizer(name, weighted=imatrix is not None) is not None, \
+            "a C compiler is here, yet the native quantizers did not build"
 
 
 def _qtype(name):

@@ -63,34 +63,40 @@ static inline int nearest_int(float v) {
  * (every sum in element order): the groups are the lanes of [element][group] arrays, so the compiler's vectors and
  * the processor's pipelines work on independent groups instead of waiting on one group's running sums. */
 
-/* make_qx_quants, rmse_type 1, no importance weights, on 16 groups of 16: x [16 groups][16], symmetric levels
- * L [16][16] in [0, 2*nmax), scales [16] */
-static void make_qx_quants_16x16(int nmax, const float *x, int8_t *L, float *scales) {
-    float xt[16][16], max[16], amax[16], iscale[16], best_iscale[16], sumlx[16], suml2[16], scale[16], best[16];
-    for (int i = 0; i < 16; ++i)
-        for (int g = 0; g < 16; ++g) xt[i][g] = x[16 * g + i];
-    for (int g = 0; g < 16; ++g) { max[g] = 0; amax[g] = 0; }
-    for (int i = 0; i < 16; ++i)
-        for (int g = 0; g < 16; ++g) {
+/* make_qx_quants, rmse_type 1, on G groups of N at once (G <= 16, N <= 32): x [G groups][N], weights qw [G][N] or
+ * NULL for x*x; symmetric levels L [G][N] in [0, 2*nmax), scales [G]. Inlined, so that each caller's constant G
+ * and N shape its loops. */
+static inline __attribute__((always_inline)) void make_qx_quants_lockstep(
+        int G, int N, int nmax, const float *x, const float *qw, int8_t *L, float *scales) {
+    float xt[32][16], wt[32][16], max[16], amax[16], iscale[16], best_iscale[16], sumlx[16], suml2[16], scale[16];
+    float best[16];
+    for (int i = 0; i < N; ++i)
+        for (int g = 0; g < G; ++g) {
+            xt[i][g] = x[N * g + i];
+            wt[i][g] = qw ? qw[N * g + i] : xt[i][g] * xt[i][g];
+        }
+    for (int g = 0; g < G; ++g) { max[g] = 0; amax[g] = 0; }
+    for (int i = 0; i < N; ++i)
+        for (int g = 0; g < G; ++g) {
             float ax = fabsf(xt[i][g]);
             if (ax > amax[g]) { amax[g] = ax; max[g] = xt[i][g]; }
         }
     for (int is = 0; is <= 18; ++is) {            /* the first pass (nmax), then the trials -9 .. 9 without 0 */
         const int step = is == 0 ? 0 : (is <= 9 ? is - 10 : is - 9);
-        for (int g = 0; g < 16; ++g) {
+        for (int g = 0; g < G; ++g) {
             iscale[g] = is == 0 ? -nmax / max[g] : -(nmax + 0.1f * step) / max[g];
             sumlx[g] = 0;
             suml2[g] = 0;
         }
-        for (int i = 0; i < 16; ++i)
-            for (int g = 0; g < 16; ++g) {
+        for (int i = 0; i < N; ++i)
+            for (int g = 0; g < G; ++g) {
                 int l = nearest_int(iscale[g] * xt[i][g]);
                 l = MAX(-nmax, MIN(nmax - 1, l));
-                float w = xt[i][g] * xt[i][g];
+                float w = wt[i][g];
                 sumlx[g] += w * xt[i][g] * l;
                 suml2[g] += w * l * l;
             }
-        for (int g = 0; g < 16; ++g) {
+        for (int g = 0; g < G; ++g) {
             if (is == 0) {
                 scale[g] = suml2[g] ? sumlx[g] / suml2[g] : 0.0f;
                 best[g] = scale[g] * sumlx[g];
@@ -102,14 +108,69 @@ static void make_qx_quants_16x16(int nmax, const float *x, int8_t *L, float *sca
             }
         }
     }
-    for (int g = 0; g < 16; ++g) {
+    for (int g = 0; g < G; ++g) {
         const int zero = amax[g] < GROUP_MAX_EPS;
         scales[g] = zero ? 0.f : scale[g];
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < N; ++i) {
             int l = nearest_int(best_iscale[g] * xt[i][g]);
-            L[16 * g + i] = zero ? 0 : (int8_t)(nmax + MAX(-nmax, MIN(nmax - 1, l)));
+            L[N * g + i] = zero ? 0 : (int8_t)(nmax + MAX(-nmax, MIN(nmax - 1, l)));
         }
     }
+}
+
+/* make_qp_quants: levels L [n] in [0, nmax] (value L * scale) for the non-negative x [n] (a super-block's sub-block
+ * scales or mins), weighted by qw, refined one element at a time */
+static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *qw) {
+    float max = 0;
+    for (int i = 0; i < n; ++i) max = MAX(max, x[i]);
+    if (max < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = nmax / max, best_mse = 0;
+    for (int i = 0; i < n; ++i) {
+        const float diff = x[i] - (1 / iscale) * nearest_int(iscale * x[i]);
+        best_mse += qw[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; ++is) {
+        if (is == 0) continue;
+        const float iscale_is = (0.1f * is + nmax) / max, scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; ++i) {
+            const float diff = x[i] - scale_is * MIN(nmax, nearest_int(iscale_is * x[i]));
+            mse += qw[i] * diff * diff;
+        }
+        if (mse < best_mse) { best_mse = mse; iscale = iscale_is; }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = MIN(nmax, nearest_int(iscale * x[i]));
+        L[i] = (uint8_t)l;
+        sumlx += qw[i] * x[i] * l;
+        suml2 += qw[i] * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = qw[i];
+            float slx = sumlx - w * x[i] * L[i], sl2 = suml2 - w * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                const int new_l = MIN(nmax, nearest_int(x[i] * sl2 / slx));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++changed;
+                    }
+                }
+            }
+        }
+        if (!changed) break;
+    }
+    return suml2 > 0 ? sumlx / suml2 : 0.f;
 }
 
 /* make_q3_quants with do_rmse, one group of 16: symmetric levels L in [0, 2*nmax), refined one element at a time
@@ -344,7 +405,37 @@ void quanta_quantize_q8_0(const float *restrict x, uint8_t *restrict out, int64_
 }
 
 /* --- K-quants ------------------------------------------------------------------------------------------------ */
-/* Q4_K / Q5_K: eight sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes; L gets the final levels */
+/* Q4_K / Q5_K's head (d, dmin, the 12 bytes of 6-bit scales ls and mins lm) and the final levels L from them */
+static void affine_k_finish(const float *x, uint8_t *head, uint8_t *L, int nmax, const uint8_t *ls, const uint8_t *lm,
+                            float d_block, float m_block) {
+    uint8_t *sc = head + 4;
+    memset(sc, 0, 12);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        if (j < 4) {
+            sc[j] = ls[j];
+            sc[j + 4] = lm[j];
+        } else {
+            sc[j + 4] = (ls[j] & 0xF) | (uint8_t)((lm[j] & 0xF) << 4);
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    put_f16(head, d_block);
+    put_f16(head + 2, m_block);
+    const float dd = f16_at(head), dmin = f16_at(head + 2);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        const float d = dd * ls[j];
+        if (!d) continue;
+        const float dm = dmin * lm[j];
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)MAX(0, MIN(nmax, l));
+        }
+    }
+}
+
+/* Q4_K / Q5_K without weights: eight sub-blocks of 32 searched with weights av_x + |x|, their scales and mins
+ * rounded to 6 bits of the largest */
 static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float rmin, int nstep) {
     float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32];
     float max_scale = 0, max_min = 0;
@@ -361,32 +452,41 @@ static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float 
     }
     float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
     float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    uint8_t *sc = head + 4, ls[8], lm[8];
-    memset(sc, 0, 12);
+    uint8_t ls[8], lm[8];
     for (int j = 0; j < QK_K / 32; ++j) {
         ls[j] = MIN(63, (uint8_t)nearest_int(inv_scale * scales[j]));
         lm[j] = MIN(63, (uint8_t)nearest_int(inv_min * mins[j]));
-        if (j < 4) {
-            sc[j] = ls[j];
-            sc[j + 4] = lm[j];
-        } else {
-            sc[j + 4] = (ls[j] & 0xF) | (uint8_t)((lm[j] & 0xF) << 4);
-            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
-        }
     }
-    put_f16(head, max_scale / 63.f);
-    put_f16(head + 2, max_min / 63.f);
-    const float dd = f16_at(head), dmin = f16_at(head + 2);
+    affine_k_finish(x, head, L, nmax, ls, lm, max_scale / 63.f, max_min / 63.f);
+}
+
+/* Q4_K / Q5_K with importance weights qw (quantize_row_q*_K_impl): weights qw * sqrt(sigma2 + x^2), the search's
+ * wider trials, and the scales and mins fitted by make_qp_quants weighted by each sub-block's weight sum */
+static void affine_k_weighted(const float *x, const float *qw, uint8_t *head, uint8_t *L, int nmax) {
+    float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32], sw[QK_K / 32], sum_x2 = 0;
+    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2 / QK_K;
     for (int j = 0; j < QK_K / 32; ++j) {
-        const float d = dd * ls[j];
-        if (!d) continue;
-        const float dm = dmin * lm[j];
-        for (int ii = 0; ii < 32; ++ii) {
-            int l = nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)MAX(0, MIN(nmax, l));
-        }
+        float sumw = 0;
+        const float *xj = x + 32 * j;
+        for (int l = 0; l < 32; ++l) weights[32 * j + l] = qw[32 * j + l] * sqrtf(sigma2 + xj[l] * xj[l]);
+        for (int l = 0; l < 32; ++l) sumw += weights[32 * j + l];
+        sw[j] = sumw;
     }
+    make_qkx2_quants_lockstep(8, 32, nmax, x, weights, L, scales, mins, -0.9f, 0.05f, 36, 0);
+    uint8_t ls[8], lm[8];
+    const float d_block = make_qp_quants(8, 63, scales, ls, sw);
+    const float m_block = make_qp_quants(8, 63, mins, lm, sw);
+    affine_k_finish(x, head, L, nmax, ls, lm, d_block, m_block);
+}
+
+/* 256 2-bit levels (of Q2_K, or Q3_K's low bits) four to a byte: byte l of each 32 holds elements l, l + 32, l + 64,
+ * l + 96 of its 128 */
+static void pack_2bit(const void *levels, uint8_t *qs) {
+    const uint8_t *L = levels;
+    for (int j = 0; j < QK_K; j += 128)
+        for (int l = 0; l < 32; ++l)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
 /* Q2_K: sixteen sub-blocks of 16, 2-bit levels, 4-bit scales and mins (weights |x|, absolute errors) */
@@ -423,9 +523,7 @@ void quanta_quantize_q2_K(const float *restrict x, uint8_t *restrict out, int64_
                 L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
             }
         }
-        for (int j = 0; j < QK_K; j += 128)
-            for (int l = 0; l < 32; ++l)
-                qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+        pack_2bit(L, qs);
     }
 }
 
@@ -468,26 +566,26 @@ void quanta_quantize_q3_K(const float *restrict x, uint8_t *restrict out, int64_
         for (int j = 0; j < QK_K; ++j) {
             if (L[j] > 3) { hmask[j % 32] |= (uint8_t)(1 << (j / 32)); L[j] -= 4; }
         }
-        for (int j = 0; j < QK_K; j += 128)
-            for (int l = 0; l < 32; ++l)
-                qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+        pack_2bit(L, qs);
     }
 }
 
-void quanta_quantize_q4_K(const float *x, uint8_t *out, int64_t nb) {
+/* Q4_K: eight sub-blocks of 32, 4-bit levels, 6-bit scales and mins; qw: importance weights or NULL */
+static void q4_K_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 144) {
-        affine_k(x, out, L, 15, -1.f, 20);
+        if (qw) affine_k_weighted(x, qw + QK_K * i, out, L, 15); else affine_k(x, out, L, 15, -1.f, 20);
         uint8_t *q = out + 16;
         for (int j = 0; j < QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; ++l) q[l] = L[j + l] | (uint8_t)(L[j + l + 32] << 4);
     }
 }
 
-void quanta_quantize_q5_K(const float *x, uint8_t *out, int64_t nb) {
+/* Q5_K: as Q4_K with 5-bit levels (the fifth bits in qh) */
+static void q5_K_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 176) {
-        affine_k(x, out, L, 31, -0.5f, 15);
+        if (qw) affine_k_weighted(x, qw + QK_K * i, out, L, 31); else affine_k(x, out, L, 31, -0.5f, 15);
         uint8_t *qh = out + 16, *ql = out + 48, m1 = 1, m2 = 2;
         memset(qh, 0, QK_K / 8);
         for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
@@ -501,12 +599,13 @@ void quanta_quantize_q5_K(const float *x, uint8_t *out, int64_t nb) {
     }
 }
 
-void quanta_quantize_q6_K(const float *x, uint8_t *out, int64_t nb) {
+/* Q6_K: sixteen sub-blocks of 16, 6-bit levels, int8 scales; qw: importance weights (used as they are) or NULL */
+static void q6_K_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 210) {
         float max_scale = 0, max_abs_scale = 0;
-        make_qx_quants_16x16(32, x, L, scales);
+        make_qx_quants_lockstep(16, 16, 32, x, qw ? qw + QK_K * i : NULL, L, scales);
         for (int ib = 0; ib < QK_K / 16; ++ib) {
             const float abs_scale = fabsf(scales[ib]);
             if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scales[ib]; }
@@ -628,4 +727,58 @@ void quanta_quantize_iq4_xs(const float *restrict x, uint8_t *restrict out, int6
         }
         memcpy(out + 2, &scales_h, 2);
     }
+}
+
+/* --- entry points ---------------------------------------------------------------------------------------------- */
+/* without weights: quanta_quantize_<type>(x, out, nblocks); with importance weights qw (same shape as x):
+ * quanta_quantize_<type>_w(x, qw, out, nblocks, row_blocks), nblocks a whole number of rows of row_blocks blocks */
+void quanta_quantize_q4_K(const float *x, uint8_t *out, int64_t nb) { q4_K_blocks(x, NULL, out, nb); }
+void quanta_quantize_q5_K(const float *x, uint8_t *out, int64_t nb) { q5_K_blocks(x, NULL, out, nb); }
+void quanta_quantize_q6_K(const float *x, uint8_t *out, int64_t nb) { q6_K_blocks(x, NULL, out, nb); }
+
+void quanta_quantize_q4_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    (void)row_blocks;
+    q4_K_blocks(x, qw, out, nb);
+}
+
+void quanta_quantize_q5_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    (void)row_blocks;
+    q5_K_blocks(x, qw, out, nb);
+}
+
+void quanta_quantize_q6_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    (void)row_blocks;
+    q6_K_blocks(x, qw, out, nb);
+}
+
+/* Q4_0 / Q5_0 with weights (quantize_row_q*_0_impl): per row, sigma2 = mean x^2 over the row; each block's scale
+ * by make_qx_quants weighted by qw * sqrt(sigma2 + x^2) */
+static void symmetric_weighted(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks,
+                               int nmax, int type_size) {
+    int8_t L[32];
+    float weights[32], d;
+    for (int64_t row = 0; row < nb; row += row_blocks) {
+        float sum_x2 = 0;
+        for (int64_t j = 0; j < 32 * row_blocks; ++j) sum_x2 += x[j] * x[j];
+        const float sigma2 = sum_x2 / (32 * row_blocks);
+        for (int64_t b = 0; b < row_blocks; ++b, x += 32, qw += 32, out += type_size) {
+            for (int j = 0; j < 32; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+            make_qx_quants_lockstep(1, 32, nmax, x, weights, L, &d);
+            put_f16(out, d);
+            if (nmax == 16) {
+                pack_fifth_bits((const uint8_t *)L, out + 2);
+                pack_nibbles((const uint8_t *)L, out + 6);
+            } else {
+                pack_nibbles((const uint8_t *)L, out + 2);
+            }
+        }
+    }
+}
+
+void quanta_quantize_q4_0_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    symmetric_weighted(x, qw, out, nb, row_blocks, 8, 18);
+}
+
+void quanta_quantize_q5_0_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    symmetric_weighted(x, qw, out, nb, row_blocks, 16, 22);
 }

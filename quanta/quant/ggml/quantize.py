@@ -5,7 +5,7 @@ weights qw, same shape) to uint8 blocks [nb, type_size]; QUANTIZERS is the table
 weights each follows ggml-quants.c's `quantize_row_*_ref` (what llama-quantize does without an
 imatrix); with weights, the `quantize_row_*_impl` path llama-quantize takes for an imatrix. The
 legacy types Q4_0 .. Q8_0 are here, the K-quants in kquantize.py, IQ4_NL / IQ4_XS in iq4quantize.py. On the CPU
-without weights the same bytes come from the compiled reference quantizers where they build (native.py).
+the same bytes come from the compiled reference quantizers where they build (native.py).
 
 An importance matrix is, per input column k, the mean of x_k^2 over calibration activations (what
 llama-imatrix collects and llama-quantize reads); `Imatrix` accumulates one from layer inputs.
@@ -152,7 +152,7 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
     w = w.detach()                                # stays on its device: CUDA float ops round as the C does
     qw = None if imatrix is None else imatrix.detach().to(w.device, torch.float32).expand(n, k)
     fn, row_blocks = QUANTIZERS[type_name], k // t.block_size
-    compiled = native.quantizer(type_name) if qw is None and w.device.type == "cpu" else None
+    compiled = native.quantizer(type_name, weighted=qw is not None) if w.device.type == "cpu" else None
     rows = max(1, _CHUNK // k)
     out = torch.empty(n, t.row_bytes(k), dtype=torch.uint8, device=w.device)
     sums = torch.zeros(2, dtype=torch.float64, device=w.device)     # squared error, squared W
@@ -166,7 +166,7 @@ def _quantize(w: torch.Tensor, type_name: str, imatrix: torch.Tensor | None, wha
                                    f"blocks cannot represent them")
         q = None if qw is None else qw[start:start + rows].reshape(-1, t.block_size)
         if compiled is not None:
-            blocks = compiled(x)
+            blocks = compiled(x) if q is None else compiled(x, q, row_blocks)
         else:
             blocks = fn(x, q, row_blocks) if type_name in _LEGACY else fn(x, q)
         out[start:start + rows] = blocks.view(-1, out.shape[1])
