@@ -1,10 +1,11 @@
-/* ggml's reference quantizers (ggml-quants.c quantize_row_*_ref: what llama-quantize does without an imatrix) in
- * plain C, for quanta.quant.ggml.native: the same float32 operations in the same order as the torch quantizers in
- * quantize.py / kquantize.py / qsearch.py, one block at a time. Built with -ffp-contract=off and without fast-math,
- * so every product and sum rounds on its own as the C reference's do; the tests hold the two paths byte-identical.
+/* ggml's quantizers (ggml-quants.c quantize_row_*_ref, what llama-quantize does without an imatrix, and for Q4_0,
+ * Q5_0, Q4_K .. Q6_K the quantize_row_*_impl paths it takes with one) in plain C, for quanta.quant.ggml.native: the
+ * same float32 operations in the same order as the torch quantizers in quantize.py / kquantize.py / qsearch.py, one
+ * block at a time. Built with -ffp-contract=off and without fast-math, so every product and sum rounds on its own
+ * as the C reference's do; the tests hold the two paths byte-identical.
  *
- * Entry points: quanta_quantize_<type>(const float *x, uint8_t *out, int64_t nblocks): x holds nblocks blocks of
- * the type's block size back to back, out receives nblocks blocks of its type size. */
+ * Entry points (at the end): x holds nblocks blocks of the type's block size back to back, out receives nblocks
+ * blocks of its type size. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
