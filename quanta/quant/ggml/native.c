@@ -4,8 +4,9 @@
  * block at a time. Built with -ffp-contract=off and without fast-math, so every product and sum rounds on its own
  * as the C reference's do; the tests hold the two paths byte-identical.
  *
- * Entry points (at the end): x holds nblocks blocks of the type's block size back to back, out receives nblocks
- * blocks of its type size. */
+ * Entry points: quanta_quantize_<type>(x, out, nblocks) and, with importance weights qw shaped as x,
+ * quanta_quantize_<type>_w(x, qw, out, nblocks, row_blocks): x holds nblocks blocks of the type's block size back to
+ * back (whole rows of row_blocks blocks), out receives nblocks blocks of its type size. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
