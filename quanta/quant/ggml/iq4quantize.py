@@ -31,8 +31,9 @@ def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 def nearest_level(v: torch.Tensor, index: bool = False) -> torch.Tensor:
     """ggml best_index_int8 over the IQ4_NL levels: the nearest level to v (the lower one only when strictly
-    nearer; below the lowest or above the highest, that level), or with `index` its index."""
+    nearer; below the lowest or above the highest, that level; for NaN the highest), or with `index` its index."""
     lo_of, hi_of, above_of = _tables(v.device)
+    v = torch.where(v.isnan(), float(KVALUES[-1]), v)     # a group whose weights are all 0 has a NaN scale: as ggml
     k = v.floor().clamp_(-128, 127).add_(128).long()
     lo, hi = lo_of.take(k), hi_of.take(k)
     lower = (v - lo) < (hi - v)
@@ -83,6 +84,9 @@ def iq4_xs(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
     nb = x.shape[0]
     w = _weights(x, qw, 256)
     scales = _group_scales(x.reshape(-1, 32), w.reshape(-1, 32)).view(nb, 8)
+    # a group whose weights are all 0 has a NaN scale: the C's `if (fabsf(d) > amax)` passes over it, and its 6-bit
+    # scale comes out 0, as for a scale of 0
+    scales = torch.where(scales.isnan(), 0.0, scales)
     d = -first_absmax(scales, 1) / 32
     ls = nearest_int(inverse(d).unsqueeze(1) * scales).clamp(-32, 31)
     dl = d.unsqueeze(1) * ls.float()

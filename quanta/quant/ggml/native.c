@@ -659,16 +659,17 @@ __attribute__((constructor)) static void make_above(void) {
 /* ggml best_index_int8: the index of the level nearest v (the lower one only when strictly nearer), clamped to the
  * ends */
 static inline int nearest_level(float v) {
+    if (!(v < KVALUES[15])) return 15;                  /* NaN too (a group whose weights are all 0): as ggml */
     if (v <= KVALUES[0]) return 0;
-    if (v >= KVALUES[15]) return 15;
     int f = (int)v;                                     /* floor: the cast truncates toward zero */
     f -= (float)f > v;
     const int hi = ABOVE[f + 128];
     return v - KVALUES[hi - 1] < KVALUES[hi] - v ? hi - 1 : hi;
 }
 
-/* one group of 32's scale by the 15-trial weighted least squares (weights x^2), 0 for an empty group */
-static float iq4_group_scale(const float *x) {
+/* one group of 32's scale by the 15-trial weighted least squares (weights, or x^2 where NULL), 0 for an empty
+ * group */
+static float iq4_group_scale(const float *x, const float *weights) {
     float amax = 0, max = 0;
     for (int j = 0; j < 32; ++j) {
         const float ax = fabsf(x[j]);
@@ -680,7 +681,7 @@ static float iq4_group_scale(const float *x) {
         const float id = itry == -8 ? 1 / d : (itry + KVALUES[0]) / max;
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < 32; ++j) {
-            const float q = KVALUES[nearest_level(id * x[j])], w = x[j] * x[j];
+            const float q = KVALUES[nearest_level(id * x[j])], w = weights ? weights[j] : x[j] * x[j];
             sumqx += w * q * x[j];
             sumq2 += w * q * q;
         }
@@ -695,21 +696,32 @@ static float iq4_group_scale(const float *x) {
     return d;
 }
 
-void quanta_quantize_iq4_nl(const float *restrict x, uint8_t *restrict out, int64_t nb) {
+/* the _impl paths' weights: qw * sqrt(sigma2 + x^2), sigma2 = 2 * (sum of x^2 over the n values) / n */
+static void iq4_weights(const float *x, const float *qw, int n, float *weights) {
+    float sigma2 = 0;
+    for (int j = 0; j < n; ++j) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / n;
+    for (int j = 0; j < n; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+}
+
+static void iq4_nl_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
+    float weights[32];
     for (int64_t i = 0; i < nb; ++i, x += 32, out += 18) {
-        const float d = iq4_group_scale(x), id = d ? 1 / d : 0.f;
+        if (qw) iq4_weights(x, qw + 32 * i, 32, weights);
+        const float d = iq4_group_scale(x, qw ? weights : NULL), id = d ? 1 / d : 0.f;
         put_f16(out, d);
         for (int j = 0; j < 16; ++j)
             out[2 + j] = (uint8_t)(nearest_level(id * x[j]) | (nearest_level(id * x[16 + j]) << 4));
     }
 }
 
-void quanta_quantize_iq4_xs(const float *restrict x, uint8_t *restrict out, int64_t nb) {
-    float scales[8];
+static void iq4_xs_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
+    float scales[8], weights[QK_K];
     for (int64_t i = 0; i < nb; ++i, x += QK_K, out += 136) {
         float max_scale = 0, amax_scale = 0;
+        if (qw) iq4_weights(x, qw + QK_K * i, QK_K, weights);
         for (int ib = 0; ib < 8; ++ib) {
-            scales[ib] = iq4_group_scale(x + 32 * ib);
+            scales[ib] = iq4_group_scale(x + 32 * ib, qw ? weights + 32 * ib : NULL);
             if (fabsf(scales[ib]) > amax_scale) { amax_scale = fabsf(scales[ib]); max_scale = scales[ib]; }
         }
         const float d = -max_scale / 32, id = d ? 1 / d : 0.f;
@@ -783,4 +795,50 @@ void quanta_quantize_q4_0_w(const float *x, const float *qw, uint8_t *out, int64
 
 void quanta_quantize_q5_0_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
     symmetric_weighted(x, qw, out, nb, row_blocks, 16, 22);
+}
+
+void quanta_quantize_iq4_nl(const float *x, uint8_t *out, int64_t nb) { iq4_nl_blocks(x, NULL, out, nb); }
+void quanta_quantize_iq4_xs(const float *x, uint8_t *out, int64_t nb) { iq4_xs_blocks(x, NULL, out, nb); }
+
+void quanta_quantize_iq4_nl_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    (void)row_blocks;
+    iq4_nl_blocks(x, qw, out, nb);
+}
+
+void quanta_quantize_iq4_xs_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    (void)row_blocks;
+    iq4_xs_blocks(x, qw, out, nb);
+}
+
+/* Q4_1 / Q5_1 with weights (quantize_row_q*_1_impl): per row sigma2 as Q4_0's; each block's scale and min by the
+ * wider qkx search weighted by qw * sqrt(sigma2 + x^2) */
+static void min_scale_weighted(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks,
+                               int nmax, int type_size) {
+    uint8_t L[32];
+    float weights[32], d, the_min;
+    for (int64_t row = 0; row < nb; row += row_blocks) {
+        float sum_x2 = 0;
+        for (int64_t j = 0; j < 32 * row_blocks; ++j) sum_x2 += x[j] * x[j];
+        const float sigma2 = sum_x2 / (32 * row_blocks);
+        for (int64_t b = 0; b < row_blocks; ++b, x += 32, qw += 32, out += type_size) {
+            for (int j = 0; j < 32; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+            make_qkx2_quants_lockstep(1, 32, nmax, x, weights, L, &d, &the_min, -0.9f, 0.05f, 36, 0);
+            put_f16(out, d);
+            put_f16(out + 2, -the_min);
+            if (nmax == 31) {
+                pack_fifth_bits(L, out + 4);
+                pack_nibbles(L, out + 8);
+            } else {
+                pack_nibbles(L, out + 4);
+            }
+        }
+    }
+}
+
+void quanta_quantize_q4_1_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    min_scale_weighted(x, qw, out, nb, row_blocks, 15, 20);
+}
+
+void quanta_quantize_q5_1_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
+    min_scale_weighted(x, qw, out, nb, row_blocks, 31, 24);
 }

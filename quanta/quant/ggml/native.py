@@ -1,6 +1,6 @@
 """ggml's reference quantizers compiled from native.c: the same bytes as the torch quantizers (tests hold them
 equal), a block at a time in C instead of a tensor op at a time over a chunk; every type without an importance
-matrix, Q4_0, Q5_0 and Q4_K .. Q6_K with one.
+matrix, and all but Q2_K, Q3_K and Q8_0 with one (Q8_0 has no such path).
 
 The library is built on first use with the system C compiler (the one Triton's launchers need too) into
 $QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the source's hash, and loaded with ctypes. Where no
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
 TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
-WEIGHTED = ("q4_0", "q5_0", "q4_K", "q5_K", "q6_K")        # with an importance matrix too (the _impl paths)
+# with an importance matrix too (the _impl paths)
+WEIGHTED = ("q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
 # -ffp-contract=off: no fused multiply-adds, each float operation rounds on its own as the reference's do
 FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c11")
 PIECE_BLOCKS = 64           # blocks a thread takes at a time at least
