@@ -60,6 +60,18 @@ static inline int nearest_int(float v) {
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* sum of x^2 over n values, in index order (the reference's loop) */
+static inline float sum_squares(const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t j = 0; j < n; ++j) s += x[j] * x[j];
+    return s;
+}
+
+/* the _impl paths' search weights from importance weights qw: qw * sqrt(sigma2 + x^2), sigma2 as each type makes it */
+static inline void importance_weights(const float *x, const float *qw, float sigma2, int n, float *weights) {
+    for (int j = 0; j < n; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+}
+
 /* --- scale searches ------------------------------------------------------------------------------------------ */
 /* The searches run on a super-block's groups at once, each group's arithmetic exactly the reference's for one group
  * (every sum in element order): the groups are the lanes of [element][group] arrays, so the compiler's vectors and
@@ -442,9 +454,7 @@ static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float 
     float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32];
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < QK_K / 32; ++j) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        float av_x = sqrtf(sum_x2 / 32);
+        float av_x = sqrtf(sum_squares(x + 32 * j, 32) / 32);
         for (int l = 0; l < 32; ++l) weights[32 * j + l] = av_x + fabsf(x[32 * j + l]);
     }
     make_qkx2_quants_lockstep(8, 32, nmax, x, weights, L, scales, mins, rmin, 0.1f, nstep, 0);
@@ -465,13 +475,11 @@ static void affine_k(const float *x, uint8_t *head, uint8_t *L, int nmax, float 
 /* Q4_K / Q5_K with importance weights qw (quantize_row_q*_K_impl): weights qw * sqrt(sigma2 + x^2), the search's
  * wider trials, and the scales and mins fitted by make_qp_quants weighted by each sub-block's weight sum */
 static void affine_k_weighted(const float *x, const float *qw, uint8_t *head, uint8_t *L, int nmax) {
-    float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32], sw[QK_K / 32], sum_x2 = 0;
-    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
-    const float sigma2 = 2 * sum_x2 / QK_K;
+    float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32], sw[QK_K / 32];
+    const float sigma2 = 2 * sum_squares(x, QK_K) / QK_K;
+    importance_weights(x, qw, sigma2, QK_K, weights);
     for (int j = 0; j < QK_K / 32; ++j) {
         float sumw = 0;
-        const float *xj = x + 32 * j;
-        for (int l = 0; l < 32; ++l) weights[32 * j + l] = qw[32 * j + l] * sqrtf(sigma2 + xj[l] * xj[l]);
         for (int l = 0; l < 32; ++l) sumw += weights[32 * j + l];
         sw[j] = sumw;
     }
@@ -696,12 +704,9 @@ static float iq4_group_scale(const float *x, const float *weights) {
     return d;
 }
 
-/* the _impl paths' weights: qw * sqrt(sigma2 + x^2), sigma2 = 2 * (sum of x^2 over the n values) / n */
+/* IQ4's search weights: sigma2 = (sum of x^2 over the n values) * (2 / n) */
 static void iq4_weights(const float *x, const float *qw, int n, float *weights) {
-    float sigma2 = 0;
-    for (int j = 0; j < n; ++j) sigma2 += x[j] * x[j];
-    sigma2 *= 2.f / n;
-    for (int j = 0; j < n; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+    importance_weights(x, qw, sum_squares(x, n) * (2.f / n), n, weights);
 }
 
 static void iq4_nl_blocks(const float *x, const float *qw, uint8_t *out, int64_t nb) {
@@ -743,102 +748,63 @@ static void iq4_xs_blocks(const float *x, const float *qw, uint8_t *out, int64_t
     }
 }
 
-/* --- entry points ---------------------------------------------------------------------------------------------- */
-/* without weights: quanta_quantize_<type>(x, out, nblocks); with importance weights qw (same shape as x):
- * quanta_quantize_<type>_w(x, qw, out, nblocks, row_blocks), nblocks a whole number of rows of row_blocks blocks */
-void quanta_quantize_q4_K(const float *x, uint8_t *out, int64_t nb) { q4_K_blocks(x, NULL, out, nb); }
-void quanta_quantize_q5_K(const float *x, uint8_t *out, int64_t nb) { q5_K_blocks(x, NULL, out, nb); }
-void quanta_quantize_q6_K(const float *x, uint8_t *out, int64_t nb) { q6_K_blocks(x, NULL, out, nb); }
-
-void quanta_quantize_q4_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    (void)row_blocks;
-    q4_K_blocks(x, qw, out, nb);
-}
-
-void quanta_quantize_q5_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    (void)row_blocks;
-    q5_K_blocks(x, qw, out, nb);
-}
-
-void quanta_quantize_q6_K_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    (void)row_blocks;
-    q6_K_blocks(x, qw, out, nb);
-}
-
-/* Q4_0 / Q5_0 with weights (quantize_row_q*_0_impl): per row, sigma2 = mean x^2 over the row; each block's scale
- * by make_qx_quants weighted by qw * sqrt(sigma2 + x^2) */
-static void symmetric_weighted(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks,
-                               int nmax, int type_size) {
-    int8_t L[32];
-    float weights[32], d;
-    for (int64_t row = 0; row < nb; row += row_blocks) {
-        float sum_x2 = 0;
-        for (int64_t j = 0; j < 32 * row_blocks; ++j) sum_x2 += x[j] * x[j];
-        const float sigma2 = sum_x2 / (32 * row_blocks);
-        for (int64_t b = 0; b < row_blocks; ++b, x += 32, qw += 32, out += type_size) {
-            for (int j = 0; j < 32; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
-            make_qx_quants_lockstep(1, 32, nmax, x, weights, L, &d);
-            put_f16(out, d);
-            if (nmax == 16) {
-                pack_fifth_bits((const uint8_t *)L, out + 2);
-                pack_nibbles((const uint8_t *)L, out + 6);
-            } else {
-                pack_nibbles((const uint8_t *)L, out + 2);
-            }
-        }
-    }
-}
-
-void quanta_quantize_q4_0_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    symmetric_weighted(x, qw, out, nb, row_blocks, 8, 18);
-}
-
-void quanta_quantize_q5_0_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    symmetric_weighted(x, qw, out, nb, row_blocks, 16, 22);
-}
-
-void quanta_quantize_iq4_nl(const float *x, uint8_t *out, int64_t nb) { iq4_nl_blocks(x, NULL, out, nb); }
-void quanta_quantize_iq4_xs(const float *x, uint8_t *out, int64_t nb) { iq4_xs_blocks(x, NULL, out, nb); }
-
-void quanta_quantize_iq4_nl_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    (void)row_blocks;
-    iq4_nl_blocks(x, qw, out, nb);
-}
-
-void quanta_quantize_iq4_xs_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    (void)row_blocks;
-    iq4_xs_blocks(x, qw, out, nb);
-}
-
-/* Q4_1 / Q5_1 with weights (quantize_row_q*_1_impl): per row sigma2 as Q4_0's; each block's scale and min by the
- * wider qkx search weighted by qw * sqrt(sigma2 + x^2) */
-static void min_scale_weighted(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks,
-                               int nmax, int type_size) {
+/* The legacy types with weights (quantize_row_q*_impl): per row, sigma2 = mean x^2 over the row; each block's search
+ * weighted by qw * sqrt(sigma2 + x^2): make_qx_quants for Q4_0 / Q5_0 (a scale), the wider qkx search for Q4_1 /
+ * Q5_1 (a scale and a min). A block is d, [the min], [the fifth bits], the nibbles, as the type has them. */
+static void legacy_weighted(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks, int nmax,
+                            int has_min, int type_size) {
     uint8_t L[32];
     float weights[32], d, the_min;
     for (int64_t row = 0; row < nb; row += row_blocks) {
-        float sum_x2 = 0;
-        for (int64_t j = 0; j < 32 * row_blocks; ++j) sum_x2 += x[j] * x[j];
-        const float sigma2 = sum_x2 / (32 * row_blocks);
+        const float sigma2 = sum_squares(x, 32 * row_blocks) / (32 * row_blocks);
         for (int64_t b = 0; b < row_blocks; ++b, x += 32, qw += 32, out += type_size) {
-            for (int j = 0; j < 32; ++j) weights[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
-            make_qkx2_quants_lockstep(1, 32, nmax, x, weights, L, &d, &the_min, -0.9f, 0.05f, 36, 0);
-            put_f16(out, d);
-            put_f16(out + 2, -the_min);
-            if (nmax == 31) {
-                pack_fifth_bits(L, out + 4);
-                pack_nibbles(L, out + 8);
+            importance_weights(x, qw, sigma2, 32, weights);
+            uint8_t *at = out + 2;
+            if (has_min) {
+                make_qkx2_quants_lockstep(1, 32, nmax, x, weights, L, &d, &the_min, -0.9f, 0.05f, 36, 0);
+                put_f16(at, -the_min);
+                at += 2;
             } else {
-                pack_nibbles(L, out + 4);
+                make_qx_quants_lockstep(1, 32, nmax, x, weights, (int8_t *)L, &d);
             }
+            put_f16(out, d);
+            if (nmax >= 16) {                           /* 5-bit codes: Q5_0 (levels to 2 * 16), Q5_1 (to 31) */
+                pack_fifth_bits(L, at);
+                at += 4;
+            }
+            pack_nibbles(L, at);
         }
     }
 }
 
-void quanta_quantize_q4_1_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    min_scale_weighted(x, qw, out, nb, row_blocks, 15, 20);
-}
+/* --- entry points ---------------------------------------------------------------------------------------------- */
+/* without weights: quanta_quantize_<type>(x, out, nblocks); with importance weights qw (same shape as x):
+ * quanta_quantize_<type>_w(x, qw, out, nblocks, row_blocks), nblocks a whole number of rows of row_blocks blocks.
+ * (The legacy types without weights are defined with their blocks above.) */
 
-void quanta_quantize_q5_1_w(const float *x, const float *qw, uint8_t *out, int64_t nb, int64_t row_blocks) {
-    min_scale_weighted(x, qw, out, nb, row_blocks, 31, 24);
-}
+/* a type whose blocks need nothing from the rest of their row: <type>_blocks(x, qw or NULL, out, nblocks) */
+#define BLOCKWISE_ENTRY_POINTS(type)                                                                           \
+    void quanta_quantize_##type(const float *x, uint8_t *out, int64_t nb) { type##_blocks(x, NULL, out, nb); } \
+    void quanta_quantize_##type##_w(const float *x, const float *qw, uint8_t *out, int64_t nb,                \
+                                    int64_t row_blocks) {                                                     \
+        (void)row_blocks;                                                                                      \
+        type##_blocks(x, qw, out, nb);                                                                         \
+    }
+
+BLOCKWISE_ENTRY_POINTS(q4_K)
+BLOCKWISE_ENTRY_POINTS(q5_K)
+BLOCKWISE_ENTRY_POINTS(q6_K)
+BLOCKWISE_ENTRY_POINTS(iq4_nl)
+BLOCKWISE_ENTRY_POINTS(iq4_xs)
+
+/* the legacy types' weighted paths take sigma2 over a whole row: (nmax, has a min, type size) each */
+#define LEGACY_WEIGHTED_ENTRY_POINT(type, nmax, has_min, type_size)                                           \
+    void quanta_quantize_##type##_w(const float *x, const float *qw, uint8_t *out, int64_t nb,                \
+                                    int64_t row_blocks) {                                                     \
+        legacy_weighted(x, qw, out, nb, row_blocks, nmax, has_min, type_size);                                 \
+    }
+
+LEGACY_WEIGHTED_ENTRY_POINT(q4_0, 8, 0, 18)
+LEGACY_WEIGHTED_ENTRY_POINT(q5_0, 16, 0, 22)
+LEGACY_WEIGHTED_ENTRY_POINT(q4_1, 15, 1, 20)
+LEGACY_WEIGHTED_ENTRY_POINT(q5_1, 31, 1, 24)
