@@ -149,19 +149,20 @@ def test_inspect_json_reports_schemes_and_kernels(default_model_path):
     gemms = {g["name"]: g for g in info["gemms"]}
     assert len(gemms) == 30 * 4 + 1                        # qkv, o, gate_up, down per layer; the lm_head
     assert gemms["model.layers.0.self_attn.q_proj+k_proj+v_proj"]["kernel"] == "cpu_int4"
-    assert gemms["lm_head"]["kernel"] == "cpu_int8"                   # the tied Q8_0 table's int8 codes
+    assert gemms["lm_head"]["kernel"] == "cpu_ggml"                   # the tied Q8_0 table's blocks as stored
     file_bytes = default_model_path.stat().st_size
     assert 0.95 * file_bytes < info["bytes"] <= file_bytes          # held as stored, not dequantized
-    head = info["memory"]["weights"]["gguf q8_0 -> cpu_int8"]       # codes and the file's fp16 scale a block
+    head = info["memory"]["weights"]["gguf q8_0 -> cpu_ggml"]       # the file's blocks, nothing more
     assert head["bytes"] == head["stored_bytes"] == 49152 * 576 // 32 * 34
 
 
 def test_inspect_says_what_dtype_runs(default_model_path):
-    """float32 activations, but the int4 GEMMs compute at bfloat16 input and the int8 lm_head in bfloat16."""
+    """float32 activations, but the int4 GEMMs compute at bfloat16 input; the Q8_0 lm_head on cpu_ggml in
+    float32."""
     out = _inspect(default_model_path, "-q").stdout
     assert "activations in float32" in out
     assert re.search(r"gguf q4_1 -> cpu_int4 \(computes in bfloat16, output float32\)", out), out
-    assert re.search(r"lm_head: gguf q8_0 -> cpu_int8 in bfloat16", out), out
+    assert re.search(r"lm_head: gguf q8_0 -> cpu_ggml in float32", out), out
 
 
 def test_inspect_says_what_the_dequantized_fallback_costs(default_model_path):

@@ -48,9 +48,11 @@ def test_int8_matches_dequantize(dtype, group):
     assert name == "cpu_int8" and ("one call per group of 32 columns (5)" in why) == (group == 32), why
 
 
-def test_gguf_q8_0_runs_on_the_int8_kernel_at_its_bytes():
-    """GGUF Q8_0's blocks of 32 (the default model's tied table): cpu_int8 holds the int8 codes and a scale a block,
-    not a dequantized copy, and computes what the gguf package's dequantization gives."""
+def test_gguf_q8_0_without_native_code_runs_on_the_int8_kernel_at_its_bytes(monkeypatch):
+    """GGUF Q8_0's blocks of 32 (the default model's tied table) where cpu_ggml cannot run (QUANTA_NATIVE=0):
+    cpu_int8 holds the int8 codes and a scale a block, not a dequantized copy, and computes what the gguf
+    package's dequantization gives."""
+    monkeypatch.setenv("QUANTA_NATIVE", "0")
     w, ref_w = make_gguf(96, 256, "Q8_0", device="cpu")
     module, reason = registry.select(w, torch.device("cpu"), torch.bfloat16)
     assert module is cpu_int8 and "cpu_int4: needs plain 4-bit" in reason
@@ -74,9 +76,14 @@ def test_they_refuse_what_they_cannot_run():
     assert cpu_int8.supports(torch.zeros(4, 4), cpu, torch.float32) == "no exact affine form"
 
 
-def test_gguf_q4_0_runs_packed_on_the_cpu():
-    """GGUF Q4_0 has an exact affine form: the registry picks cpu_int4 (not a dequantized copy)."""
+def test_gguf_q4_0_runs_packed_on_the_cpu_without_native_code(monkeypatch):
+    """GGUF Q4_0 has an exact affine form: where cpu_ggml cannot hold its blocks as stored (QUANTA_NATIVE=0), the
+    registry picks cpu_int4 (not a dequantized copy); with it, cpu_int4 leaves the weight to cpu_ggml, whose
+    state is the file's bytes where the packed form's bfloat16 scale and zero a group would be a ninth more."""
     w, ref_w = make_gguf(64, 256, "Q4_0", device="cpu")
+    module, reason = registry.select(w, torch.device("cpu"), torch.float32)
+    assert module.NAME == "cpu_ggml" and "cpu_int4: cpu_ggml holds its blocks at their 9216 bytes" in reason
+    monkeypatch.setenv("QUANTA_NATIVE", "0")
     module, reason = registry.select(w, torch.device("cpu"), torch.float32)
     assert module is cpu_int4 and reason == "first choice"
     x = torch.randn(3, 256)

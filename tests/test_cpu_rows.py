@@ -1,5 +1,6 @@
 """cpu_rows: the CPU's GEMM for the formats without a packed torch kernel, holding the weight at its bytes and
-dequantizing a block of rows per call; and GGUF Q4_K on the packed int4 kernel. Oracles: the gguf package's
+dequantizing a block of rows per call; and GGUF Q4_K on the packed int4 kernel (GGUF blocks where cpu_ggml's native
+code cannot run). Oracles: the gguf package's
 dequantization for GGML blocks, torch's float8 conversion times the scales, the bitsandbytes tables applied
 to the codes in float64."""
 import numpy as np
@@ -72,6 +73,7 @@ def test_rows_match_the_oracle_and_hold_the_stored_bytes(case, dtype, monkeypatc
     oracle's W; the state holds the weight's own bytes (NF4 codes two a byte; affine codes one a byte, as the
     Affine kind holds them), not a dequantized copy."""
     monkeypatch.setattr(cpu_rows, "BLOCK_WEIGHTS", 32 * 256)
+    monkeypatch.setenv("QUANTA_NATIVE", "0")            # GGUF blocks go to cpu_ggml where native code runs
     w, want = CASES[case]()
     module, _ = registry.select(w, CPU, dtype)
     assert module is cpu_rows
@@ -106,9 +108,11 @@ def test_rows_refuse_what_they_cannot_run():
     assert cpu_rows.supports(torch.zeros(4, 4), CPU, torch.float32) == "not a QTensor"
 
 
-def test_q4_k_runs_on_the_packed_int4_kernel():
+def test_q4_k_runs_on_the_packed_int4_kernel_without_native_code(monkeypatch):
     """Q4_K's sub-blocks are affine groups of 32 with float mins: their Affine form equals the gguf package's
-    dequantization bit for bit, and the registry picks cpu_int4 (4-bit codes kept packed)."""
+    dequantization bit for bit, and where cpu_ggml cannot run the registry picks cpu_int4 (4-bit codes kept
+    packed)."""
+    monkeypatch.setenv("QUANTA_NATIVE", "0")
     w, want = k_quant(64, 512, "Q4_K")
     assert torch.equal(cpu_affine.affine_form(w).dequantize(), want)
     module, reason = registry.select(w, CPU, torch.float32)
@@ -127,7 +131,7 @@ def test_a_forced_kernel_that_cannot_run_the_weights_is_named(tmp_path):
     from quanta.quant.errors import ConfigError
     w, _ = k_quant(64, 512, "Q4_K")
     with pytest.raises(ConfigError, match="kernel 'triton_fp8' cannot run .* on cpu; the kernels for these weights "
-                                          "are cpu_int4, cpu_int8, cpu_rows, dequantized"):
+                                          "are cpu_int4, cpu_ggml, cpu_int8, cpu_rows, dequantized"):
         registry.select(w, CPU, torch.float32, force="triton_fp8")
     assert registry.select(w, CPU, torch.float32, force="cpu_rows")[0] is cpu_rows
     assert EngineConfig(model=str(tmp_path), device="cpu", kernel="auto").kernel is None

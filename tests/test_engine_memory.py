@@ -35,11 +35,11 @@ def smollm(default_model_path):
 
 def test_default_model_weights_by_kernel_at_their_bytes(smollm):
     """Every GEMM of the default model on the CPU holds its stored bytes: the Q4_1 layers on cpu_int4, the tied Q8_0
-    table as the lm_head on cpu_int8 (its int8 codes and the file's float16 scale a block of 32: Q8_0's bytes)."""
+    table as the lm_head on cpu_ggml (the file's blocks themselves, shared with the embedding)."""
     llm, path = smollm
     weights = llm.memory()["weights"]
     assert not [k for k in weights if k.endswith("-> dequantized")], weights
-    head = weights["gguf q8_0 -> cpu_int8"]
+    head = weights["gguf q8_0 -> cpu_ggml"]
     assert head["layers"] == 1 and head["stored_bytes"] == ggml_bytes(49152, 576, "q8_0")
     assert head["bytes"] == head["stored_bytes"]
     assert weights["gguf q4_1 -> cpu_int4"]["layers"] == 120

@@ -40,7 +40,8 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("affine", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",
                         "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
-    ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",
+    ("gguf", "cpu"): ("quanta.kernels.cpu.int4", "quanta.kernels.cpu.ggml",     # Q4_1 at its bytes on torch's
+                      "quanta.kernels.cpu.int8", "quanta.kernels.cpu.rows",     # int4 kernel; the rest as stored
                       "quanta.kernels.dequantized"),
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
                        "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes

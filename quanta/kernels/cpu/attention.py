@@ -13,7 +13,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from quanta.kernels.paged_kv import Fp8Format, dequantize
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine
+from quanta.kernels.cpu import affine as cpu_affine, ggml as cpu_ggml
 from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
+from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor
 
 NAME = "cpu_int4"
@@ -38,6 +39,10 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"group size {scheme.group_size} with K={k} (needs one of {GROUP_SIZES} dividing K)"
     if n % 16:
         return f"N={n} is not a multiple of 16"
+    held = n * k // 2 + 4 * n * (k // scheme.group_size)
+    if isinstance(weight, Gguf) and held > weight.nbytes and cpu_ggml.supports(weight, device, dtype) is None:
+        return (f"cpu_ggml holds its blocks at their {weight.nbytes} bytes; the packed form would hold {held} "
+                f"(a bfloat16 scale and zero a group of {scheme.group_size})")
     return None
 
 

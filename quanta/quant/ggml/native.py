@@ -2,32 +2,25 @@
 equal), a block at a time in C instead of a tensor op at a time over a chunk; every type without an importance
 matrix, and all but Q2_K, Q3_K and Q8_0 with one (Q8_0 has no such path).
 
-The library is built on first use with the system C compiler (the one Triton's launchers need too) into
-$QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the source's hash, and loaded with ctypes. Where no
-compiler works, or QUANTA_NATIVE=0, `quantizer` returns None and the torch quantizers run. Rows are split over
+The library is built on first use with the system C compiler (the one Triton's launchers need too; see
+quanta.quant.native_build). Where no compiler works, or QUANTA_NATIVE=0, `quantizer` returns None and the torch
+quantizers run. Rows are split over
 torch's thread count: ctypes lets go of the GIL during a call, so the pieces run at once.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import subprocess
-import tempfile
+import pathlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
+from quanta.quant import native_build
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("native.c")
+SOURCE = pathlib.Path(__file__).with_name("native.c")
 TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
 # with an importance matrix too (the _impl paths)
 WEIGHTED = ("q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
@@ -40,7 +33,7 @@ def quantizer(type_name: str, weighted: bool = False) -> Callable[..., torch.Ten
     """The compiled reference quantizer of `type_name`: float32 blocks x [nb, block_size] (CPU; with `weighted`,
     and importance weights qw of x's shape and the blocks a row holds, row_blocks) -> uint8 blocks [nb, type_size];
     or None when there is none (type not here, no compiler, QUANTA_NATIVE=0)."""
-    if type_name not in (WEIGHTED if weighted else TYPES) or os.environ.get("QUANTA_NATIVE", "1") == "0":
+    if type_name not in (WEIGHTED if weighted else TYPES) or not native_build.enabled():
         return None
     lib = _library()
     if lib is None:
@@ -85,36 +78,11 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    source = SOURCE.read_bytes()
-    # a home shared between machines of two architectures keeps one library for each
-    key = hashlib.sha256(source + " ".join((*FLAGS, platform.machine())).encode()).hexdigest()[:16]
-    root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
-    directory = Path(root or tempfile.gettempdir()) / "native"
-    path = directory / f"ggml_quantize_{key}.so"
-    try:
-        if not path.is_file():
-            _build(path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.info("the native ggml quantizers are not available (%s); the torch ones run", e)
+    lib = native_build.load(SOURCE, (FLAGS,), "the native ggml quantizers")
+    if lib is None:
         return None
     for name in TYPES:
         getattr(lib, f"quanta_quantize_{name}").restype = None
     for name in WEIGHTED:
         getattr(lib, f"quanta_quantize_{name}_w").restype = None
     return lib
-
-
-def _build(path: Path) -> None:
-    """Compile native.c into `path`, under a temporary name renamed into place (two processes at once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so")
-    os.close(fd)
-    try:
-        compiler = os.environ.get("CC", "cc")
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True,
-                       timeout=120)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
