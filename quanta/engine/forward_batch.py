@@ -1,8 +1,8 @@
 """ForwardBatch: one step's attention metadata, handed to the model explicitly as its attention
 context. Sequences are ordered decodes first (one query each), then prefill chunks; `attend` stores
-the step's K/V in the paged cache and runs the decode and prefill kernels over their parts (on the CPU,
-cpu_attention's batch-invariant rows instead); `rope_store` lets the q/k/v GEMM store them itself, and
-`attend_cached` then attends."""
+the step's K/V in the paged cache and runs the decode and prefill kernels over their parts (on the CPU, the native
+layer_ops' batch-invariant rows, or cpu_attention's row blocks without them); `rope_store` lets the q/k/v GEMM
+store them itself, and `attend_cached` then attends."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import torch
 
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.kernels import paged_attention
-from quanta.kernels.cpu import attention as cpu_attention
+from quanta.kernels.cpu import attention as cpu_attention, layer_ops as cpu_layer_ops
 from quanta.kernels.rotary import RopeStore
 
 ROPE_EPILOGUE = os.environ.get("QUANTA_ROPE_EPILOGUE", "1") != "0"      # 0: the rotary kernel after the GEMM
@@ -32,8 +32,8 @@ class ForwardBatch:
     num_splits: int                     # decode kernel's KV splits
     sliding_window: int | None = None
     calibrate: bool = False             # compute fp8 scales from this batch (first real prefill)
-    cpu_plan: list | None = None        # the CPU path's row groups (cpu_attention.plan), made at layer 0 of each
-                                        # forward: a graph's batch is replayed with new contents
+    cpu_plan: object = None             # the CPU path's rows (layer_ops.rows, or cpu_attention.plan), made at
+                                        # layer 0 of each forward
 
     def rope_store(self, layer: int, rope: Callable | None, q_size: int, kv_size: int,
                    head_dim: int) -> RopeStore | None:
@@ -57,11 +57,22 @@ class ForwardBatch:
         if self._stores_as_it_rotates(rope):
             q = rope.rotate_and_store(q, k, v, k_cache, v_cache, self.slot_mapping, cache.k_scale[layer],
                                       cache.v_scale[layer], cache.fmt)
+        elif (rotated := self._native_rope_store(q, k, v, rope, k_cache, v_cache)) is not None:
+            q = rotated
         else:
             if rope is not None:
                 q, k = rope(q, k)
             cache.write(layer, k, v, self.slot_mapping, self.calibrate)
         return self.attend_cached(layer, q, scale)
+
+    def _native_rope_store(self, q, k, v, rope, k_cache, v_cache) -> torch.Tensor | None:
+        """On the CPU, q rotated with k rotated and stored, v stored, in one native call (layer_ops.rope_store: the
+        same numbers as the torch rotation and store) where the step allows it: float32, a torch rope with its
+        cos / sin, no fp8 scales being calibrated. Else None."""
+        if self.kv_cache.triton or self.calibrate or getattr(rope, "cos", None) is None \
+                or not cpu_layer_ops.usable(q.dtype):
+            return None
+        return cpu_layer_ops.rope_store(q, k, v, rope.cos, rope.sin, k_cache, v_cache, self.slot_mapping)
 
     def _stores_as_it_rotates(self, rope: Callable | None) -> bool:
         """Whether the step's k and v may be stored by the kernel that rotates them (a Triton rope and cache),
@@ -73,6 +84,12 @@ class ForwardBatch:
         step's k and v."""
         cache = self.kv_cache
         k_cache, v_cache = cache.layer(layer)
+        if not cache.triton and cpu_layer_ops.usable(q.dtype):
+            if layer == 0 or self.cpu_plan is None:
+                self.cpu_plan = cpu_layer_ops.rows(self.block_tables, self.seq_lens, self.query_start_loc,
+                                                   self.sliding_window)
+            return cpu_layer_ops.attention(q, k_cache, v_cache, self.cpu_plan, scale, cache.k_scale[layer],
+                                           cache.v_scale[layer], cache.fmt)
         if not cache.triton:
             if layer == 0 or self.cpu_plan is None:
                 self.cpu_plan = cpu_attention.plan(self.block_tables, self.seq_lens, self.query_start_loc,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quanta.kernels import activation, fused_norm, registry, rotary
+from quanta.kernels.cpu import layer_ops as cpu_layer_ops
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.qtensor import QTensor, cat_rows
 from quanta.quant.shard import cut
@@ -289,6 +290,8 @@ class RMSNorm(nn.Module):
                 if out is not None:
                     return out
             return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.order)
+        if self.order is None and x.device.type == "cpu" and cpu_layer_ops.usable(x.dtype):
+            return cpu_layer_ops.rms_norm(x, self.weight, self.eps, residual)
         return fused_norm.reference(x, self.weight, self.eps, residual, self.order)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,6 +304,8 @@ def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
     the torch reference."""
     if triton:
         return activation.silu_and_mul(x)
+    if x.device.type == "cpu" and cpu_layer_ops.usable(x.dtype):
+        return cpu_layer_ops.silu_and_mul(x)
     return activation.reference(x)
 
 
@@ -387,8 +392,18 @@ class RotaryEmbedding(nn.Module):
         here, once per step instead of once per layer."""
         if self.triton:
             return TritonRope(positions, self.inv_freq)
-        cos, sin = rotary.cos_sin(positions, self.inv_freq, dtype)
-        return lambda q, k: (rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin))
+        return TorchRope(*rotary.cos_sin(positions, self.inv_freq, dtype))
+
+
+class TorchRope:
+    """One step's rotation in torch: rope(q, k) -> rotated (q, k), from cos and sin [T, 1, D] made once for every
+    layer (which the CPU's native rotate-and-store reads too)."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.rotate(q, self.cos, self.sin), rotary.rotate(k, self.cos, self.sin)
 
 
 class TritonRope:

@@ -1,7 +1,7 @@
 """Build a C source that ships in the package into a shared library on first use, and load it with ctypes.
 
-The library goes to $QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the source's hash, the flags and the
-machine (a home shared between machines keeps one library for each), built under a temporary name and renamed
+The library goes to $QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the hash of the source and the headers
+beside it, the flags and the machine (a home shared between machines keeps one library for each), built under a temporary name and renamed
 into place (two processes may build at once). Flag sets are tried in order (the first is the fastest; a later one
 drops what a compiler may lack); where none builds, or QUANTA_NATIVE=0, there is no library and the caller keeps
 its torch path.
@@ -30,7 +30,7 @@ def load(source: Path, flag_sets: tuple[tuple[str, ...], ...], what: str) -> cty
     `what`) where none does."""
     if not enabled():
         return None
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
     directory = Path(root or tempfile.gettempdir()) / "native"
     errors = []

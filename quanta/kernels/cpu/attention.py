@@ -1,4 +1,5 @@
-"""Batch-invariant attention over the paged KV cache on the CPU (the engine's CPU path), in row blocks.
+"""Batch-invariant attention over the paged KV cache on the CPU in torch, in row blocks: the engine's CPU path where
+the native layer_ops cannot run (no C compiler, or activations other than float32).
 
 A query row's output must not depend on what else runs in its step; `attend` says how each row is computed so
 that it holds, while a long prompt costs a few matrix products per block of ROWS rows rather than one call per

@@ -12,60 +12,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <math.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define VL 16
-#define MR 4
-typedef __m512 vf;
-static inline vf v_zero(void) { return _mm512_setzero_ps(); }
-static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline void v_store(float *p, vf a) { _mm512_storeu_ps(p, a); }
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define VL 8
-#define MR 2
-typedef __m256 vf;
-static inline vf v_zero(void) { return _mm256_setzero_ps(); }
-static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline void v_store(float *p, vf a) { _mm256_storeu_ps(p, a); }
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#define VL 4
-#define MR 2
-typedef float32x4_t vf;
-static inline vf v_zero(void) { return vdupq_n_f32(0.f); }
-static inline vf v_load(const float *p) { return vld1q_f32(p); }
-static inline vf v_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
-static inline void v_store(float *p, vf a) { vst1q_f32(p, a); }
-#else
-#define VL 1
-#define MR 1
-typedef float vf;
-static inline vf v_zero(void) { return 0.f; }
-static inline vf v_load(const float *p) { return *p; }
-static inline vf v_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
-static inline void v_store(float *p, vf a) { *p = a; }
-#endif
+#include "simd.h"
 
 #define NR 4                /* weight rows a tile */
 #define AHEAD 4             /* tiles ahead whose weight bytes are prefetched */
 #define QK_K 256
 
-/* the lanes of an accumulator added in a fixed tree */
-static inline float v_sum(vf a) {
-    float t[VL];
-    v_store(t, a);
-    for (int s = VL / 2; s > 0; s /= 2)
-        for (int i = 0; i < s; i++) t[i] += t[i + s];
-    return t[0];
-}
-
 static inline float f16(const uint8_t *p) {
     uint16_t h; memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);                                        /* exact, as the bit conversion below */
+#endif
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
     if (e == 0) {
         float v = (float)m * 5.9604644775390625e-8f;            /* m * 2^-24, exact */
