@@ -57,6 +57,7 @@ class PagedKVCache:
         self.num_blocks, self.block_size = num_blocks, block_size
         store = torch.uint8 if self.fmt is not None else dtype
         self.kv = torch.empty(2, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=store, device=device)
+        self._layers = [(self.kv[0, i], self.kv[1, i]) for i in range(num_layers)]   # views made once, not per call
         self.k_scale = torch.ones(num_layers, num_kv_heads, dtype=torch.float32, device=device)
         self.v_scale = torch.ones_like(self.k_scale)
         if scales is not None:
@@ -83,7 +84,7 @@ class PagedKVCache:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (K, V) caches of one layer, [num_blocks, block_size, Hk, D] each."""
-        return self.kv[0, layer], self.kv[1, layer]
+        return self._layers[layer]
 
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Rule 2: per-tensor scales from this batch's k, v (no host sync)."""
