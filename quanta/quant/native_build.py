@@ -1,10 +1,10 @@
 """Build a C source that ships in the package into a shared library on first use, and load it with ctypes.
 
 The library goes to $QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the hash of the source and the headers
-beside it, the flags and the machine (a home shared between machines keeps one library for each), built under a temporary name and renamed
-into place (two processes may build at once). Flag sets are tried in order (the first is the fastest; a later one
-drops what a compiler may lack); where none builds, or QUANTA_NATIVE=0, there is no library and the caller keeps
-its torch path.
+beside it, the flags and the machine (a home shared between machines keeps one library for each), built under a
+temporary name and renamed into place (two processes may build at once). Flag sets are tried in order (the first is
+the fastest; a later one drops what a compiler may lack); where none builds, or QUANTA_NATIVE=0, there is no library
+and the caller keeps its torch path.
 """
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ static inline void deq_iq4_xs(const uint8_t *restrict b, float *restrict y) {
 /* a whole row of blocks: the block's dequantization inlined into the loop (a call a block costs more than it) */
 typedef void (*deq_row_fn)(const uint8_t *, float *, int64_t);
 #define DEQ_ROW(type, qk, type_size)                                                                    \
-    static void deq_row_##type(const uint8_t *restrict row, float *restrict y, int64_t blocks) {                         \
+    static void deq_row_##type(const uint8_t *restrict row, float *restrict y, int64_t blocks) {              \
         for (int64_t b = 0; b < blocks; b++) deq_##type(row + b * type_size, y + b * qk);              \
     }
 DEQ_ROW(q4_0, 32, 18) DEQ_ROW(q4_1, 32, 20) DEQ_ROW(q5_0, 32, 22) DEQ_ROW(q5_1, 32, 24) DEQ_ROW(q8_0, 32, 34)

@@ -75,7 +75,8 @@ static uint16_t float_to_half(float f) {
 static void cache_rows(const void *cache, int dtype, const int32_t *table, int64_t block_size, int64_t hk,
                        int64_t h, int64_t d, int64_t lo, int64_t n, const float *fp8, const float **rows, float *buf) {
     for (int64_t j = 0; j < n; j++) {
-        const int64_t key = lo + j, at = (((int64_t)table[key / block_size] * block_size + key % block_size) * hk + h) * d;
+        const int64_t key = lo + j, slot = (int64_t)table[key / block_size] * block_size + key % block_size;
+        const int64_t at = (slot * hk + h) * d;
         if (dtype == CACHE_F32) { rows[j] = (const float *)cache + at; continue; }
         float *out = buf + j * d;
         rows[j] = out;

@@ -54,7 +54,8 @@ static inline vf v_mul(vf a, vf b) { return a * b; }
 /* the lanes of an accumulator added in a fixed tree (halves, then halves of those) */
 static inline float v_sum(vf a) {
 #if defined(__AVX512F__)
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), high);
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 #elif defined(__AVX2__) && defined(__FMA__)
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
