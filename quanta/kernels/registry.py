@@ -45,9 +45,9 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
                       "quanta.kernels.dequantized"),
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
                        "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes
-    ("codebook", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
+    ("codebook", "cpu"): ("quanta.kernels.cpu.lut", "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
-    ("fp8", "cpu"): ("quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
+    ("fp8", "cpu"): ("quanta.kernels.cpu.lut", "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("fp8", "cuda"): ("quanta.kernels.fp8_gemm", "quanta.kernels.dequantized"),
 }
 

@@ -88,4 +88,7 @@ def _library() -> ctypes.CDLL | None:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        lut, p, i64 = lib.quanta_lut_matmul, ctypes.c_void_p, ctypes.c_int64     # cpu_lut's entry point
+        lut.restype = ctypes.c_int
+        lut.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, i64, i64, i64, i64, p, ctypes.c_int]
     return lib

@@ -237,12 +237,14 @@ static inline void rows_1(const float *x, int64_t k, const float *w, float *y) {
     for (int r = 0; r < NR; r++) y[r] = v_sum(acc[r]);
 }
 
-/* returns 0, or -1 for a type this file does not hold or a k that is not a whole number of blocks */
-int quanta_ggml_matmul(int type, const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y,
-                       int threads) {
-    if (type < 0 || type >= 24 || TYPES[type].deq_row == NULL || k % TYPES[type].qk) return -1;
-    const struct ggml_type t = TYPES[type];
-    const int64_t blocks = k / t.qk, row_bytes = blocks * t.type_size, tiles = (n + NR - 1) / NR;
+/* one weight row r dequantized into out [k] (what a tile is made of) */
+typedef void (*row_fn)(const void *ctx, int64_t r, float *out);
+
+/* y [m, n] = x [m, k] W^T, W's rows made by `row` a tile of NR at a time; `bytes` + r * row_bytes is what row r
+ * reads most of, prefetched AHEAD tiles ahead */
+static void tiled_matmul(const float *x, int64_t m, int64_t k, int64_t n, float *y, int threads, row_fn row,
+                         const void *ctx, const uint8_t *bytes, int64_t row_bytes) {
+    const int64_t tiles = (n + NR - 1) / NR;
     #pragma omp parallel num_threads(threads)
     {
         float *wbuf = malloc(sizeof(float) * NR * k), out[MR * NR];
@@ -250,12 +252,12 @@ int quanta_ggml_matmul(int type, const float *x, int64_t m, int64_t k, const uin
         for (int64_t tile = 0; tile < tiles; tile++) {
             const int64_t n0 = tile * NR, nr = n - n0 < NR ? n - n0 : NR;
             if (tile + AHEAD < tiles) {                 /* the hardware prefetcher alone leaves DRAM mostly idle */
-                const uint8_t *next = w + (n0 + AHEAD * NR) * row_bytes;
-                const int64_t bytes = (n - n0 - AHEAD * NR < NR ? n - n0 - AHEAD * NR : NR) * row_bytes;
-                for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(next + at);
+                const uint8_t *next = bytes + (n0 + AHEAD * NR) * row_bytes;
+                const int64_t span = (n - n0 - AHEAD * NR < NR ? n - n0 - AHEAD * NR : NR) * row_bytes;
+                for (int64_t at = 0; at < span; at += 64) __builtin_prefetch(next + at);
             }
             for (int r = 0; r < NR; r++)                /* a short last tile repeats its first row */
-                t.deq_row(w + (n0 + (r < nr ? r : 0)) * row_bytes, wbuf + r * k, blocks);
+                row(ctx, n0 + (r < nr ? r : 0), wbuf + r * k);
             int64_t i = 0;
             for (; i + MR <= m; i += MR) {
                 rows_mr(x + i * k, k, wbuf, out, NR);
@@ -268,5 +270,58 @@ int quanta_ggml_matmul(int type, const float *x, int64_t m, int64_t k, const uin
         }
         free(wbuf);
     }
+}
+
+struct ggml_rows { const uint8_t *w; int64_t row_bytes, blocks; deq_row_fn deq; };
+
+static void ggml_row(const void *ctx, int64_t r, float *out) {
+    const struct ggml_rows *g = ctx;
+    g->deq(g->w + r * g->row_bytes, out, g->blocks);
+}
+
+/* returns 0, or -1 for a type this file does not hold or a k that is not a whole number of blocks */
+int quanta_ggml_matmul(int type, const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y,
+                       int threads) {
+    if (type < 0 || type >= 24 || TYPES[type].deq_row == NULL || k % TYPES[type].qk) return -1;
+    const struct ggml_type t = TYPES[type];
+    const struct ggml_rows rows = {w, k / t.qk * t.type_size, k / t.qk, t.deq_row};
+    tiled_matmul(x, m, k, n, y, threads, ggml_row, &rows, w, rows.row_bytes);
+    return 0;
+}
+
+/* Weights whose values are table[code] * scale: bitsandbytes NF4 / FP4 (4-bit codes two a byte, code 2j in the low
+ * nibble; a scale a block of columns) and FP8 (a code a byte: table = the format's 256 values; a scale per tensor,
+ * row or block). Row r, column c reads scale scales[(r / row_div) * row_mul + c / col_div]. */
+struct lut_rows { const uint8_t *codes; int64_t k, row_bytes; int bits; const float *table, *scales;
+                  int64_t row_div, row_mul, col_div; };
+
+static void lut_row(const void *ctx, int64_t r, float *out) {
+    const struct lut_rows *l = ctx;
+    const uint8_t *codes = l->codes + r * l->row_bytes;
+    const float *scales = l->scales + (r / l->row_div) * l->row_mul;
+    for (int64_t c0 = 0; c0 < l->k; c0 += l->col_div) {
+        const float s = scales[c0 / l->col_div];
+        const int64_t c1 = c0 + l->col_div < l->k ? c0 + l->col_div : l->k;
+        if (l->bits == 8) {
+            for (int64_t c = c0; c < c1; c++) out[c] = l->table[codes[c]] * s;
+        } else {                                        /* the block's 16 values, then a lookup a code */
+            float scaled[16];
+            for (int i = 0; i < 16; i++) scaled[i] = l->table[i] * s;
+            for (int64_t c = c0; c < c1; c += 2) {
+                const uint8_t b = codes[c / 2];
+                out[c] = scaled[b & 15];
+                out[c + 1] = scaled[b >> 4];
+            }
+        }
+    }
+}
+
+/* returns 0, or -1 where k is not a whole number of vectors (or, for 4-bit codes, k or col_div is odd) */
+int quanta_lut_matmul(const float *x, int64_t m, int64_t k, const uint8_t *codes, int bits, const float *table,
+                      const float *scales, int64_t row_div, int64_t row_mul, int64_t col_div, int64_t n, float *y,
+                      int threads) {
+    if (k % VL || (bits == 4 && (k % 2 || col_div % 2))) return -1;
+    const struct lut_rows rows = {codes, k, bits == 8 ? k : k / 2, bits, table, scales, row_div, row_mul, col_div};
+    tiled_matmul(x, m, k, n, y, threads, lut_row, &rows, codes, rows.row_bytes);
     return 0;
 }

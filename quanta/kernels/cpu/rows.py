@@ -2,9 +2,10 @@
 small float scratch and multiplies it (cpu_matmul.linear, batch-invariant), so memory holds the weight as stored
 plus one block.
 
-It runs the formats torch has no packed GEMM for (NF4 / FP4, FP8, affine widths other than 4 and per-channel 8, and
-GGUF types cpu_ggml does not hold or where its native code cannot be built). It trades time for memory: a call costs one
-dequantization of the whole weight, small beside a prefill chunk's products and most of a decode step's work;
+It runs the formats torch has no packed GEMM for where the native kernels cannot (affine widths other than 4 and
+per-channel 8; NF4 / FP4, FP8 and GGUF types without cpu_lut / cpu_ggml's native code or outside their shapes).
+It trades time for memory: a call costs one dequantization of the whole weight, small beside a prefill chunk's
+products and most of a decode step's work;
 `kernel="dequantized"` decodes once at load instead, at 4 bytes a weight.
 """
 from __future__ import annotations
