@@ -116,12 +116,14 @@ def test_lagging_consumer_gets_several_tokens_at_once_and_a_refused_request_fail
 
 
 def test_engine_process_death_fails_requests_and_health():
-    engine = _engine()
+    """The engine process killed mid-request: the request fails naming the engine, and health goes false. The
+    request is long (2,000 tokens) so that it is still running when the kill comes, however fast the CPU path."""
+    engine = _engine(max_model_len=2048)
 
     async def main():
         await engine.start()
         assert engine.healthy
-        task = asyncio.create_task(_collect(engine, "x", [7] * 20, 200))
+        task = asyncio.create_task(_collect(engine, "x", [7] * 20, 2000))
         await asyncio.sleep(0.2)
         os.kill(engine._proc.pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match="engine"):
