@@ -10,6 +10,8 @@ The kernels write by bit operations (fp32_to_fp8_bits) and read as fp8_read_cons
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +111,12 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tens
     """x [..., Hk, D] float -> uint8 fp8 codes of x / scale[Hk] (saturating)."""
     y = (x.float() / scale.float()[:, None]).clamp(-fmt.max, fmt.max)
     return y.to(fmt.torch_dtype).view(torch.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def fp8_values(torch_dtype: torch.dtype) -> torch.Tensor:
+    """float32 [256]: the value of each code of an fp8 dtype (a table the CPU's native code reads codes through)."""
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch_dtype).float()
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype=torch.float32) -> torch.Tensor:

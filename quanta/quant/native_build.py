@@ -1,7 +1,7 @@
 """Build a C source that ships in the package into a shared library on first use, and load it with ctypes.
 
 The library goes to $QUANTA_CACHE/native (default ~/.cache/quanta), keyed by the hash of the source and the headers
-beside it, the flags and the machine (a home shared between machines keeps one library for each), built under a
+it includes, the flags and the machine (a home shared between machines keeps one library for each), built under a
 temporary name and renamed into place (two processes may build at once). Flag sets are tried in order (the first is
 the fastest; a later one drops what a compiler may lack); where none builds, or QUANTA_NATIVE=0, there is no library
 and the caller keeps its torch path.
@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -30,7 +31,7 @@ def load(source: Path, flag_sets: tuple[tuple[str, ...], ...], what: str) -> cty
     `what`) where none does."""
     if not enabled():
         return None
-    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in _headers(source))
     root = os.environ.get("QUANTA_CACHE", str(Path.home() / ".cache" / "quanta"))
     directory = Path(root or tempfile.gettempdir()) / "native"
     errors = []
@@ -45,6 +46,20 @@ def load(source: Path, flag_sets: tuple[tuple[str, ...], ...], what: str) -> cty
             errors.append(f"{' '.join(flags)}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("%s: not available (%s); the torch path runs", what, "; ".join(errors))
     return None
+
+
+def _headers(source: Path) -> list[Path]:
+    """The headers `source` includes by a quoted path (relative to the including file's folder), and theirs: the
+    library's key must change when any of them does."""
+    found, todo = [], [source]
+    while todo:
+        current = todo.pop()
+        for name in re.findall(r'^#include "([^"]+)"', current.read_text(), re.M):
+            path = (current.parent / name).resolve()
+            if path not in found:
+                found.append(path)
+                todo.append(path)
+    return found
 
 
 def _cpu() -> str:

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "../../quant/ggml/half.h"
 
 #define NR 4                /* weight rows a tile */
 #define AHEAD 4             /* tiles ahead whose weight bytes are prefetched */
@@ -22,19 +23,15 @@
 static inline float f16(const uint8_t *p) {
     uint16_t h; memcpy(&h, p, 2);
 #if defined(__F16C__)
-    return _cvtsh_ss(h);                                        /* exact, as the bit conversion below */
+    return _cvtsh_ss(h);                                        /* exact, as from_f16 */
+#else
+    return from_f16(h);
 #endif
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-8f;            /* m * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    float f; memcpy(&f, &u, 4);
-    return f;
 }
 
+#if !defined(__AVX512F__)                                      /* the AVX-512 path holds them in a register */
 static const int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+#endif
 
 /* ---- one block -> its QK floats, as ggml-quants.c's dequantize_row_* ---- */
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "../../quant/ggml/half.h"
 
 enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_F16 = 2, CACHE_TABLE = 3 };
 
@@ -34,40 +35,11 @@ static inline float exp_approx(float x) {
     return y * two_n;
 }
 
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-8f;
-        return sign ? -v : v;
-    }
-    u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    float f; memcpy(&f, &u, 4);
-    return f;
-}
-
-/* float32 -> bfloat16 / float16 bits, round to nearest even (as torch's .to) */
+/* float32 -> bfloat16 bits, round to nearest even (as torch's .to) */
 static inline uint16_t float_to_bf16(float f) {
     uint32_t u; memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static uint16_t float_to_half(float f) {
-    uint32_t x; memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    x &= 0x7fffffffu;
-    if (x > 0x7f800000u) return sign | 0x7e00;
-    if (x >= 0x477ff000u) return sign | 0x7c00;
-    if (x < 0x38800000u) {
-        if (x < 0x33000000u) return sign;
-        uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift = 126 - e;
-        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return sign | (uint16_t)r;
-    }
-    uint32_t r = x - 0x38000000u, res = r >> 13, rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (res & 1))) res++;
-    return sign | (uint16_t)res;
 }
 
 /* The task's n rows of a cache (keys or values lo .. lo + n - 1 of KV head h) as float32 row pointers: into the cache
@@ -85,7 +57,7 @@ static void cache_rows(const void *cache, int dtype, const int32_t *table, int64
             for (int64_t i = 0; i < d; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(out + i, &u, 4); }
         } else if (dtype == CACHE_F16) {
             const uint16_t *p = (const uint16_t *)cache + at;
-            for (int64_t i = 0; i < d; i++) out[i] = half_to_float(p[i]);
+            for (int64_t i = 0; i < d; i++) out[i] = from_f16(p[i]);
         } else {
             const uint8_t *p = (const uint8_t *)cache + at;
             for (int64_t i = 0; i < d; i++) out[i] = fp8[p[i]];
@@ -288,7 +260,7 @@ static inline void rotate(const float *x, const float *cos, const float *sin, in
 static inline void store_row(void *cache, int dtype, int64_t at, const float *x, int64_t d) {
     if (dtype == CACHE_F32) { memcpy((float *)cache + at, x, sizeof(float) * d); return; }
     uint16_t *p = (uint16_t *)cache + at;
-    for (int64_t i = 0; i < d; i++) p[i] = dtype == CACHE_BF16 ? float_to_bf16(x[i]) : float_to_half(x[i]);
+    for (int64_t i = 0; i < d; i++) p[i] = dtype == CACHE_BF16 ? float_to_bf16(x[i]) : to_f16(x[i]);
 }
 
 /* Rotary on the step's q and k, the rotated k and v stored in the paged caches at slots[t] (none where < 0): q, k, v

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from quanta.kernels.cpu.ggml import FLAG_SETS
-from quanta.kernels.paged_kv import Fp8Format
+from quanta.kernels.paged_kv import Fp8Format, fp8_values
 from quanta.quant import native_build
 
 SOURCE = pathlib.Path(__file__).with_name("layer_ops.c")
@@ -79,7 +79,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ste
     out = torch.empty_like(q)
     k_table = v_table = None
     if fmt is not None:
-        values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt.torch_dtype).float()
+        values = fp8_values(fmt.torch_dtype)
         k_table = (values[None, :] * k_scale.float()[:, None]).contiguous()     # codes * scale, as dequantize()
         v_table = (values[None, :] * v_scale.float()[:, None]).contiguous()
     _library().quanta_cpu_attention(

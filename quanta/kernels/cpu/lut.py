@@ -12,6 +12,7 @@ import torch
 
 from quanta.kernels.cpu import affine as cpu_affine, ggml as cpu_ggml
 from quanta.kernels.cpu.rows import NibbleCodebook, reference  # noqa: F401  (reference: the oracle)
+from quanta.kernels.paged_kv import fp8_values
 from quanta.quant import native_build
 from quanta.quant.kinds.codebook import Codebook
 from quanta.quant.kinds.fp8 import Fp8
@@ -57,7 +58,7 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:
         bs = weight.blocksize
         layout = (1, k // bs, bs) if k % bs == 0 else (bs // k, 1, k)
         return State(nib.packed, 4, nib.table.contiguous(), nib.absmax.contiguous(), *layout, (n, k))
-    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(weight.data.dtype).float()
+    table = fp8_values(weight.data.dtype)
     scales = weight.scale.float().contiguous()
     if weight.block_size is not None:
         layout = (weight.block_size[0], scales.shape[-1], weight.block_size[1])

@@ -11,41 +11,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
+
 #define GROUP_MAX_EPS 1e-15f
 #define QK_K 256
 
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* float32 -> float16 bits, round to nearest even (GGML_FP32_TO_FP16), overflow to infinity */
-static uint16_t to_f16(float f) {
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    x &= 0x7fffffffu;
-    if (x > 0x7f800000u) return sign | 0x7e00;                  /* NaN */
-    if (x >= 0x477ff000u) return sign | 0x7c00;                 /* >= 65520 rounds to infinity */
-    if (x < 0x38800000u) {                                      /* below 2^-14: a subnormal half or zero */
-        if (x < 0x33000000u) return sign;
-        uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift = 126 - e;
-        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return sign | (uint16_t)r;
-    }
-    uint32_t r = x - 0x38000000u, res = r >> 13, rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (res & 1))) res++;  /* a carry moves into the exponent */
-    return sign | (uint16_t)res;
-}
-
-/* float16 bits -> float32 (exact) */
-static float from_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-8f;            /* m * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-    return bits_f32(sign | ((e + 112) << 23) | (m << 13));
-}
 
 static inline void put_f16(uint8_t *p, float f) { uint16_t h = to_f16(f); memcpy(p, &h, 2); }
 static inline float f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return from_f16(h); }
