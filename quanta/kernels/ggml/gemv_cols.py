@@ -30,9 +30,9 @@ TYPES = ("q4_K", "q5_K", "q6_K")
 def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
                       pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,   # ROPE only
                       N, tiles_per_split, num_tiles, Q_SIZE, KV_SIZE, stride_xm, stride_ym,
-                      Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False, GLU: tl.constexpr = False,
-                      ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
+                      Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      SPLIT_K: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False,
+                      GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
                       FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
                       FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
                       FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0):
@@ -109,7 +109,7 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
 @triton.jit
 def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
               PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """Q6_K's sums [BLOCK_N], as _q4k_sums. Planes: ql [blocks * 32, N], qh [blocks * 16, N] (per 128-value half h,
+    """Q6_K's sums [BLOCK_N], as _q45k_sums. Planes: ql [blocks * 32, N], qh [blocks * 16, N] (per 128-value half h,
     ql words 16h + i and 16h + 8 + i and qh word 8h + i hold values 4i .. 4i + 3 of its four 32-value quarters), sc
     [blocks * 4, N] (the 16 int8 scales, four a word), d [blocks, N] fp16. Word column i = 2u + c of a half."""
     u = tl.arange(0, 4)[:, None]                             # word columns 2u, 2u + 1: values 8u .. 8u + 7
@@ -196,7 +196,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
         x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
         *(rope.kernel_args() if rope is not None else (x2,) * 7), st.n, per, st.tiles,
         *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
-        Q5=st.name == "q5_K", Q6=st.name == "q6_K", BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits, PTX=caps.is_cuda if ptx is None else ptx,
-        STAGES=stages, GLU=glu, ROPE=rope is not None, HEAD_D=rope.head_dim if rope is not None else 128,
+        Q5=st.name == "q5_K", Q6=st.name == "q6_K", BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, GLU=glu, ROPE=rope is not None,
+        HEAD_D=rope.head_dim if rope is not None else 128,
         **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps, **pdl_launch(caps))
     return y
