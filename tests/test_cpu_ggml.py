@@ -84,14 +84,14 @@ def test_without_a_compiler_the_next_kernel_runs(monkeypatch, tmp_path):
     w, _ = make_gguf(40, 512, "Q6_K", device="cpu")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("QUANTA_CACHE", str(tmp_path / "cache"))
-    cpu_ggml._library.cache_clear()
+    cpu_ggml.library.cache_clear()
     try:
         assert "no native library" in cpu_ggml.supports(w, CPU, torch.float32)
         module, reason = registry.select(w, CPU, torch.float32)
         assert module.NAME == "cpu_rows" and "cpu_ggml: no native library" in reason
         assert not list((tmp_path / "cache").rglob("*.so"))          # nothing half-built left behind
     finally:
-        cpu_ggml._library.cache_clear()
+        cpu_ggml.library.cache_clear()
 
 
 def test_it_refuses_what_it_cannot_run():

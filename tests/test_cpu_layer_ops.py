@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from quanta.kernels import fused_norm, paged_kv, rotary
 from quanta.kernels.cpu import layer_ops
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not layer_ops.usable(torch.float32),
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not layer_ops.usable(torch.zeros(1)),
                                 reason="no C compiler")
 
 BLOCK = 16

@@ -70,7 +70,7 @@ class ForwardBatch:
         same numbers as the torch rotation and store) where the step allows it: float32, a torch rope with its
         cos / sin, no fp8 scales being calibrated. Else None."""
         if self.kv_cache.triton or self.calibrate or getattr(rope, "cos", None) is None \
-                or not cpu_layer_ops.usable(q.dtype):
+                or not cpu_layer_ops.usable(q):
             return None
         return cpu_layer_ops.rope_store(q, k, v, rope.cos, rope.sin, k_cache, v_cache, self.slot_mapping)
 
@@ -84,18 +84,16 @@ class ForwardBatch:
         step's k and v."""
         cache = self.kv_cache
         k_cache, v_cache = cache.layer(layer)
-        if not cache.triton and cpu_layer_ops.usable(q.dtype):
+        if not cache.triton:                    # the native rows where they run, else torch's row blocks
+            native = cpu_layer_ops.usable(q)
             if layer == 0 or self.cpu_plan is None:
                 self.cpu_plan = cpu_layer_ops.rows(self.block_tables, self.seq_lens, self.query_start_loc,
-                                                   self.sliding_window)
-            return cpu_layer_ops.attention(q, k_cache, v_cache, self.cpu_plan, scale, cache.k_scale[layer],
-                                           cache.v_scale[layer], cache.fmt)
-        if not cache.triton:
-            if layer == 0 or self.cpu_plan is None:
-                self.cpu_plan = cpu_attention.plan(self.block_tables, self.seq_lens, self.query_start_loc,
-                                                   cache.block_size, self.sliding_window)
-            return cpu_attention.attend(q, k_cache, v_cache, self.cpu_plan, scale, cache.k_scale[layer],
-                                        cache.v_scale[layer], cache.fmt)
+                                                   self.sliding_window) if native else \
+                    cpu_attention.plan(self.block_tables, self.seq_lens, self.query_start_loc, cache.block_size,
+                                       self.sliding_window)
+            attend = cpu_layer_ops.attention if native else cpu_attention.attend
+            return attend(q, k_cache, v_cache, self.cpu_plan, scale, cache.k_scale[layer], cache.v_scale[layer],
+                          cache.fmt)
         kw = dict(sliding_window=self.sliding_window, k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer],
                   fmt=cache.fmt)
         out = torch.empty_like(q)

@@ -290,7 +290,7 @@ class RMSNorm(nn.Module):
                 if out is not None:
                     return out
             return fused_norm.rms_norm(x, self.weight, self.eps, residual, self.order)
-        if self.order is None and x.device.type == "cpu" and cpu_layer_ops.usable(x.dtype):
+        if self.order is None and cpu_layer_ops.usable(x):
             return cpu_layer_ops.rms_norm(x, self.weight, self.eps, residual)
         return fused_norm.reference(x, self.weight, self.eps, residual, self.order)
 
@@ -304,7 +304,7 @@ def silu_and_mul(x: torch.Tensor, triton: bool) -> torch.Tensor:
     the torch reference."""
     if triton:
         return activation.silu_and_mul(x)
-    if x.device.type == "cpu" and cpu_layer_ops.usable(x.dtype):
+    if cpu_layer_ops.usable(x):
         return cpu_layer_ops.silu_and_mul(x)
     return activation.reference(x)
 

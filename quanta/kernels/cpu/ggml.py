@@ -49,7 +49,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"no native kernel for {weight.type.name}"
     if dtype not in cpu_affine.DTYPES:
         return f"computes in float32 from bfloat16 or float32, not {dtype}"
-    if not native_build.enabled() or _library() is None:
+    if not native_build.enabled() or library() is None:
         return "no native library (no C compiler, or QUANTA_NATIVE=0)"
     return None
 
@@ -68,7 +68,7 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
     rows = x.reshape(-1, state.in_features).to(torch.float32).contiguous()
     y = torch.empty(rows.shape[0], state.out_features)
     if rows.shape[0]:
-        done = _library().quanta_ggml_matmul(state.type_id, rows.data_ptr(), rows.shape[0], state.in_features,
+        done = library().quanta_ggml_matmul(state.type_id, rows.data_ptr(), rows.shape[0], state.in_features,
                                              state.blocks.data_ptr(), state.out_features, y.data_ptr(),
                                              torch.get_num_threads())
         assert done == 0, (state.type_id, state.in_features)       # supports() admitted only what it holds
@@ -81,7 +81,8 @@ def path(state: State, m: int) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """The native library of ggml_matmul.c (cpu_ggml's and cpu_lut's entry points), None where it cannot be built."""
     lib = native_build.load(SOURCE, FLAG_SETS, "the native ggml matmul")
     if lib is not None:
         fn = lib.quanta_ggml_matmul

@@ -32,10 +32,10 @@ SIGNATURES = {
 }
 
 
-def usable(dtype: torch.dtype) -> bool:
-    """Whether the native operations run activations of `dtype` here (float32, and the library built: QUANTA_NATIVE
-    is read once, as the library loads)."""
-    return dtype == torch.float32 and _library() is not None
+def usable(x: torch.Tensor) -> bool:
+    """Whether the native operations run activations like `x` (float32 on the CPU, and the library built:
+    QUANTA_NATIVE is read once, as the library loads)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and _library() is not None
 
 
 @dataclass
@@ -54,18 +54,15 @@ def rows(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: to
          sliding_window: int | None) -> Rows:
     """The step's Rows, made once and shared by every layer: sequence b's queries are rows
     query_start_loc[b] .. query_start_loc[b + 1] and the last of them sits at position seq_lens[b] - 1."""
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    total = starts[-1]
-    cuts = sorted({total, *(c for b in range(len(lens)) for c in range(starts[b], starts[b + 1], ROW_BLOCK))})
-    seq = torch.zeros(total, dtype=torch.int32)
-    pos = torch.full((total,), -1, dtype=torch.int32)
-    for b, length in enumerate(lens):
-        start, stop = starts[b], starts[b + 1]
-        if stop > start and length > 0:
-            seq[start:stop] = b
-            pos[start:stop] = torch.arange(length - (stop - start), length, dtype=torch.int32)
+    starts, lens = query_start_loc.to(torch.int64), seq_lens.to(torch.int64)
+    row = torch.arange(int(starts[-1]))
+    owner = torch.repeat_interleave(torch.arange(lens.numel()), starts[1:] - starts[:-1])     # each row's sequence
+    live = lens[owner] > 0                          # a sequence of length 0 is padding: its rows attend nothing
+    pos = torch.where(live, lens[owner] - (starts[1:][owner] - row), -1).to(torch.int32)
+    seq = torch.where(live, owner, 0).to(torch.int32)
+    cuts = torch.cat([row[(row - starts[owner]) % ROW_BLOCK == 0], row.new_tensor([row.numel()])])
     lo = torch.zeros_like(pos) if sliding_window is None else (pos - sliding_window + 1).clamp_min(0)
-    return Rows(seq, pos, lo, block_tables.to(torch.int32).contiguous(), torch.tensor(cuts, dtype=torch.int32))
+    return Rows(seq, pos, lo, block_tables.to(torch.int32).contiguous(), cuts.to(torch.int32))
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: Rows, scale: float,
@@ -144,7 +141,7 @@ def _ptr(x: torch.Tensor | None) -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    lib = native_build.load(SOURCE, FLAG_SETS, "the native CPU layer operations") if native_build.enabled() else None
+    lib = native_build.load(SOURCE, FLAG_SETS, "the native CPU layer operations")
     if lib is not None:
         for name, args in SIGNATURES.items():
             getattr(lib, name).restype = None

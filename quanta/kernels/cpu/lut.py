@@ -46,7 +46,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"K={k} is not a multiple of {WIDTH}"
     if isinstance(weight, Codebook) and (k % weight.blocksize and weight.blocksize % k or weight.blocksize % 2):
         return f"blocks of {weight.blocksize} neither divide K={k} nor hold whole rows, in pairs of codes"
-    if not native_build.enabled() or cpu_ggml._library() is None:
+    if not native_build.enabled() or cpu_ggml.library() is None:
         return "no native library (no C compiler, or QUANTA_NATIVE=0)"
     return None
 
@@ -72,7 +72,7 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
     rows = x.reshape(-1, k).to(torch.float32).contiguous()
     y = torch.empty(rows.shape[0], n)
     if rows.shape[0]:
-        done = cpu_ggml._library().quanta_lut_matmul(
+        done = cpu_ggml.library().quanta_lut_matmul(
             rows.data_ptr(), rows.shape[0], k, state.codes.data_ptr(), state.bits, state.table.data_ptr(),
             state.scales.data_ptr(), state.row_div, state.row_mul, state.col_div, n, y.data_ptr(),
             torch.get_num_threads())
