@@ -27,7 +27,7 @@ from linears import SHAPES, affine_w, bench, check_close, copies, prepared_copie
 from quanta.kernels import ggml_gemm  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402
 from quanta.kernels.device_caps import device_caps  # noqa: E402
-from quanta.kernels.ggml import gemv_h2, mma, plan  # noqa: E402
+from quanta.kernels.ggml import gemv_cols, mma, plan  # noqa: E402
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 
@@ -55,9 +55,9 @@ def timed(fn, xs: list[torch.Tensor], weights: list, nbytes: int, ref: torch.Ten
     return round(bench(fn, xs, weights, nbytes), 2)
 
 
-# Launch configs (BLOCK_N, warps, waves, min tiles) --sweep times for the packed-half GEMV at M = 1.
-H2_SWEEP = ((32, 4, 4.0, 2), (64, 2, 8.0, 2), (64, 2, 16.0, 1), (128, 2, 8.0, 1), (128, 2, 16.0, 1), (128, 4, 8.0, 1),
-            (256, 2, 8.0, 1), (256, 4, 4.0, 2))
+# Launch configs (BLOCK_N, warps, waves, min tiles) --sweep times for the packed-half GEMV (gemv_cols) at M = 1.
+COLS_SWEEP = ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1), (128, 1, 8.0, 2), (128, 1, 16.0, 1),
+              (512, 4, 8.0, 2), (256, 4, 16.0, 1))
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,
@@ -78,16 +78,16 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
             rec["fp16_us"] = timed(lambda x, d: x @ d.t(), xs, dense, 2 * n * k, ref, "cuBLAS")
             if paths and m <= 16:
                 for path in plan.TABLE.by_name:
-                    if path == "gemv_h2" and gemv_h2.applies(st[0], device_caps("cuda")) is not None:
+                    if path == "gemv_cols" and gemv_cols.applies(st[0]) is not None:
                         continue
                     if path == "mma" and mma.applies(st[0], device_caps("cuda")) is not None:
                         continue
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")
-            if sweep and m == 1 and gemv_h2.applies(st[0], device_caps("cuda")) is None:
-                for cfg in H2_SWEEP:
-                    rec[f"h2_{'_'.join(map(str, cfg))}_us"] = timed(
-                        lambda x, s: gemv_h2.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"h2 {cfg}")
+            if sweep and m == 1 and gemv_cols.applies(st[0]) is None:
+                for cfg in COLS_SWEEP:
+                    rec[f"cols_{'_'.join(map(str, cfg))}_us"] = timed(
+                        lambda x, s: gemv_cols.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"cols {cfg}")
             if (layer, m) not in w4_us:                   # the W4A16 g128 kernels on the same shape, once a run
                 weight, states = w4[layer]
                 w4_us[(layer, m)] = round(bench(affine_plan.matmul, xs, states, weight.nbytes), 2)
@@ -119,13 +119,14 @@ def summary(meta: dict, results: list[dict]) -> None:
 
 
 def profile() -> None:
-    """Q4_K gate/up at M = 1 on the packed-half GEMV, then the W4A16 g128 GEMV on the same shape: three calls each."""
+    """Q4_K gate/up at M = 1 on the packed-half GEMV (gemv_cols), then the W4A16 g128 GEMV on the same shape: three
+    calls each."""
     n, k = SHAPES["8b"]["gate_up"]
     st = ggml_gemm.prepare(random_gguf(n, k, "q4_K"), torch.device("cuda"), torch.float16)
     w4 = prepared_copies(affine_w(n, k, 4, 128))[0]
     x = torch.randn(1, k, device="cuda").half()
     for _ in range(3):
-        gemv_h2.matmul(x, st)
+        plan.matmul(x, st)
     for _ in range(3):
         affine_plan.matmul(x, w4)
     torch.cuda.synchronize()
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
     ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
-                    "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel')")
+                    "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel|cols_kernel')")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.profile:

@@ -36,10 +36,10 @@ for stage in $STAGES; do
       done ;;
     ncu)
       echo "== Nsight Compute: Q4_K and W4A16 GEMVs at gate/up, M = 1"
-      staged ${NCU_TIMEOUT:-120} ncu --clock-control none --kernel-name "regex:gemv|h2_kernel" --section SpeedOfLight \
+      staged ${NCU_TIMEOUT:-120} ncu --clock-control none --kernel-name "regex:gemv|h2_kernel|cols_kernel" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 benchmarks/ggml_gemm.py --out /dev/null --profile > "$OUT/ncu.txt" 2>&1
-      grep -E "^  [a-z_0-9]+(gemv|h2)_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Stall|Block Size|Grid Size" "$OUT/ncu.txt" | head -n 60 ;;
+      grep -E "^  [a-z_0-9]+(gemv|h2|cols)_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Stall|Block Size|Grid Size" "$OUT/ncu.txt" | head -n 60 ;;
   esac
   echo "-- $stage: $((SECONDS - start)) s"
 done

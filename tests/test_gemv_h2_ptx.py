@@ -12,8 +12,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
 import ptx_emulator
 from quanta.kernels import ggml_gemm
-from quanta.kernels.device_caps import PRESETS
-from quanta.kernels.ggml import gemv_h2
+from quanta.kernels.ggml import gemv_cols, gemv_h2
 from test_ggml_gemm import make_gguf
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="a GPU runs the real PTX (test_ggml_gemm.py -m gpu)")
@@ -161,13 +160,13 @@ def test_an_unknown_instruction_raises():
 
 @pytest.mark.parametrize("name", list(ASM))
 def test_kernel_with_emulated_ptx_matches_the_gguf_dequantization(name, monkeypatch):
-    """The whole kernel with PTX=True (an sm90's caps) in the interpreter, the asm run by the emulator: the operands
-    the kernel passes, its scales and mins, against gguf's dequantization and the float32 twin."""
+    """The whole GEMV (gemv_cols) with its PTX in the interpreter, the asm run by the emulator, two rows split over
+    K: the operands the kernel passes, its scales and mins, against gguf's dequantization and the float32 twin."""
     ptx_emulator.install(monkeypatch)
     w, ref = make_gguf(40, 512, name, seed=4)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
-    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(8)).half()
-    y = gemv_h2.matmul(x, st, None, (16, 4, 64.0, 1), caps=PRESETS["sm90"])
-    twin = gemv_h2.matmul(x, st, None, (16, 4, 64.0, 1), caps=PRESETS["cpu"])
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(8)).half()
+    y = gemv_cols.matmul(x, st, None, (16, 4, 64.0, 1), ptx=True)
+    twin = gemv_cols.matmul(x, st, None, (16, 4, 64.0, 1), ptx=False)
     assert rel_err(y, x.double() @ ref.double().T) < TOL[torch.float16]
     assert rel_err(y, twin) < 2e-3

@@ -11,7 +11,7 @@ import ptx_emulator
 from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
 from quanta.kernels.device_caps import PRESETS
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, mma, plan
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, plan
 from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
 from quanta.planner.weight_bytes import gguf_gemm_bytes
@@ -66,7 +66,7 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
     assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16]
 
 
-@pytest.mark.parametrize("name", gemv_h2.TYPES)
+@pytest.mark.parametrize("name", gemv_cols.TYPES)
 @pytest.mark.parametrize("m", [1, 3])
 def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
     """The packed-half GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX
@@ -77,8 +77,42 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
     bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
     want = x.double() @ ref.double().T.to(DEVICE) + bias.double()
     for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
-        y = gemv_h2.matmul(x, st, bias, config)
+        y = gemv_cols.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
+def test_column_gemv_glu_epilogue_equals_the_gemv_then_silu_and_mul(name, config):
+    """SwiGLU in the column-major GEMV's epilogue is the GEMV then activation.silu_and_mul, rounded as they round;
+    ggml_gemm.apply_glu takes it for one row, and the GEMM then silu_and_mul for more."""
+    from quanta.kernels import activation
+    w, _ = make_gguf(96, 512, name, seed=11)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(12)).to(DEVICE, torch.float16)
+    fused = gemv_cols.matmul(x, st, None, config, glu=True)
+    assert fused.shape == (1, 48) and torch.equal(fused, activation.silu_and_mul(gemv_cols.matmul(x, st, None, config)))
+    x3 = torch.cat([x, x, x])
+    assert torch.equal(ggml_gemm.apply_glu(x3, st), activation.silu_and_mul(ggml_gemm.apply(x3, st)))
+
+
+@pytest.mark.parametrize("name,fmt", [("Q4_K", None), ("Q4_K", "fp8_e4m3"), ("Q6_K", None)])
+def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, fmt):
+    """Rotary and the KV store in the column-major GEMV's epilogue leave q and the caches as the GEMV, then
+    rotary_and_store (256-column programs straddle q and k, k and v)."""
+    from test_rotary import check_rope_epilogue
+    hq, hk, d = 3, 2, 128
+    n = (hq + 2 * hk) * d
+    w, _ = make_gguf(n, 512, name, seed=13)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 512, generator=g).to(DEVICE, torch.float16)
+    config = gemv_cols.SMALL
+
+    def fused(rope):
+        assert gemv_cols.rope_applies(st, rope, config) and not gemv_cols.rope_applies(st, rope, (64, 2, 8.0, 1))
+        return gemv_cols.matmul(x, st, None, config, rope=rope)
+    check_rope_epilogue(fused, lambda: gemv_cols.matmul(x, st, None, config), 1, hq, hk, d, fmt, g)
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
@@ -113,7 +147,7 @@ def test_packed_half_q5_k_fifth_bits(qh):
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, 768, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.float16)
     for config in (None, (16, 4, 64.0, 1)):
-        y = gemv_h2.matmul(x, st, None, config)
+        y = gemv_cols.matmul(x, st, None, config)
         assert rel_err(y, x.double() @ ref.double().T.to(DEVICE)) < TOL[torch.float16], (qh, config)
 
 
@@ -192,6 +226,26 @@ def test_prepare_moves_rows_a_slice_at_a_time_to_the_same_planes(name, monkeypat
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(whole.planes, sliced.planes))
 
 
+def test_q4_k_and_q6_k_planes_are_the_files_words_column_major():
+    """Q4_K's (and Q6_K's) planes hold word w of block b of row n at [b * words + w, n]: d | dmin << 16, the scale pairs, the
+    code words, each the file's bytes."""
+    n, k = shape_of("Q4_K")
+    w, _ = make_gguf(n, k, "Q4_K")
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    raw = w.data.reshape(n, k // 256, 144)
+    words = [p.t().contiguous().view(torch.uint8).reshape(n, k // 256, -1) for p in st.planes]
+    assert all(p.dtype == torch.int32 and p.shape[1] == n for p in st.planes)
+    assert torch.equal(words[0], raw[:, :, 0:4]) and torch.equal(words[2], raw[:, :, 16:144])
+    assert torch.equal(words[1], k4_scale_pairs(raw[:, :, 4:16]))
+    w6, _ = make_gguf(n, k, "Q6_K")
+    st6 = ggml_gemm.prepare(w6, DEVICE, torch.float16)
+    raw6 = w6.data.reshape(n, k // 256, 210)
+    fields = [p.t().contiguous().view(torch.uint8).reshape(n, k // 256, -1) for p in st6.planes]
+    assert [p.dtype for p in st6.planes] == [torch.int32] * 3 + [torch.float16]
+    assert all(torch.equal(f, raw6[:, :, a:b]) for f, (a, b) in zip(fields, [(0, 128), (128, 192), (192, 208),
+                                                                            (208, 210)]))
+
+
 def test_q4_k_scales_repack_to_the_gguf_packages_scales_and_mins():
     """layout.k4_scale_pairs against gguf's own Q4_K.get_scale_min: byte 2s the scale of sub-block s, 2s + 1 its
     min, for every byte value in every position."""
@@ -241,23 +295,23 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
     assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
     assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64]
-    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["mma"] * 6 + ["cublas"] * 3
-    assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 5 + \
+    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["mma"] * 6 + ["cublas"] * 3
+    assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 5 + \
         ["cublas"] * 4
-    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_h2"] * 2 + ["mma"] * 5 + ["cublas"] * 4
-    assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_h2"] * 2 + ["gemm"] * 2 + \
+    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["mma"] * 5 + ["cublas"] * 4
+    assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 2 + \
         ["cublas"] * 7
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
-    for other, h2 in (("Q4_K", True), ("Q5_K", True), ("Q3_K", False)):
+    for other, gemv_path in (("Q4_K", "gemv_cols"), ("Q5_K", "gemv_cols"), ("Q3_K", "gemv")):
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
-        assert (plan.choose(other_st, caps, 1).path.name == "gemv_h2") == h2, other
+        assert plan.choose(other_st, caps, 1).path.name == gemv_path, other
         assert (plan.choose(other_st, caps, 16).path.name == "mma") == (other != "Q3_K"), other
         assert plan.choose(other_st, caps, 129).path.name == "cublas", other
     assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
-    assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_h2: not CUDA" in reason
+    assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_cols: not CUDA" in reason
     name, reason = ggml_gemm.path(st, 12)
     assert name == "triton_ggml/gemm" and f"not gemv: M=12 > {plan.GEMV_MAX_M}" in reason
     assert "not cublas: M=40 < 65" in ggml_gemm.path(q4k, 40)[1]

@@ -12,6 +12,7 @@ from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.ggml import layout, plan
 from quanta.kernels.ggml.layout import GgmlState
+from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import why_not_device
 from quanta.quant.kinds.gguf import Gguf
 
@@ -33,6 +34,18 @@ def prepare(weight: Gguf, device: torch.device, dtype: torch.dtype) -> GgmlState
 def apply(x: torch.Tensor, state: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T + bias by the path the plan gives x's rows."""
     return plan.matmul(x, state, bias)
+
+
+def apply_glu(x: torch.Tensor, state: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for a weight stacking [gate; up]: made in the GEMV's epilogue where it can (plan.matmul_glu)."""
+    return plan.matmul_glu(x, state, bias)
+
+
+def apply_rope_store(x: torch.Tensor, state: GgmlState, bias: torch.Tensor | None,
+                     rope: RopeStore) -> torch.Tensor | None:
+    """x @ W.T + bias for W = [q; k; v] with q and k rotated and k, v stored in the paged caches by the GEMV's
+    epilogue; None where the planned path has no such epilogue (plan.matmul_rope)."""
+    return plan.matmul_rope(x, state, bias, rope)
 
 
 def path(state: GgmlState, m: int) -> tuple[str, str]:

@@ -32,7 +32,7 @@ def _ggml_dequant_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     f, scale, minus = decode(p0, p1, p2, p3, lut_ptr, offs_n, mask_n, step // PARTS, (step % PARTS) * AP, NB,
-                             TYPE, AP)
+                             N, TYPE, AP)
     w = (f - CENTER) * scale[:, :, :, None, None]
     if HAS_MIN:
         w -= minus[:, :, :, None, None]

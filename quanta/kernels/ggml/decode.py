@@ -147,19 +147,19 @@ def _q3_k(hm_ptr, qs_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr)
 
 
 @triton.jit
-def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr, Q5: tl.constexpr):
+def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, N, AP: tl.constexpr, Q5: tl.constexpr):
     """d, dmin, scales[12] (8 six-bit scales and mins, get_scale_min_k4; held as 16 bytes, scale and min of
     sub-block s at 2s and 2s + 1, layout.k4_scale_pairs), [qh[32] for Q5_K], qs 4-bit [128]:
     d*sc*q - dmin*m per 32 values. Axes (c 4, h 2, w 8, e 4): value 64c + 32h + 4w + e is nibble h of byte 32c + 4w
-    + e of qs; Q5_K's fifth bit is bit 2c + h (the sub-block) of qh byte 4w + e."""
+    + e of qs; Q5_K's fifth bit is bit 2c + h (the sub-block) of qh byte 4w + e. Column-major planes (layout.py)
+    of int32 words: d | dmin << 16, the scale pairs four bytes a word, qh, qs."""
     c = a0 + tl.arange(0, AP)
     h, w, e = tl.arange(0, 2), tl.arange(0, 8), tl.arange(0, 4)
-    blk = n * NB + j
     m5 = _r5(mask_n)
-    words = _words(qs_ptr, _r5(blk * 32) + _a5(c * 8) + _c5(w), m5)
+    words = _words(qs_ptr, (j * 32 + _a5(c * 8) + _c5(w)) * N + _r5(n), m5)
     if Q5:
         low = _to(words, _d5(e * 8) + _b5(h * 4), 18)
-        high = _to(_words(qh_ptr, _r5(blk * 8) + _c5(w), m5), _d5(e * 8) + _a5(c * 2) + _b5(h), 22)
+        high = _to(_words(qh_ptr, (j * 8 + _c5(w)) * N + _r5(n), m5), _d5(e * 8) + _a5(c * 2) + _b5(h), 22)
         f = _one_plus((low & 0x3C0000) | (high & 0x400000))                      # 1 + q / 32
         unit = 32.0
     else:
@@ -167,28 +167,31 @@ def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, NB, AP: tl.constexp
         unit = 16.0
     s = _a3(c * 2) + _b3(h)                                                       # the 32-value sub-block, 0..7
     m3 = _r3(mask_n)
-    sc, mn = _u8(sc_ptr, _r3(blk * 16) + s * 2, m3), _u8(sc_ptr, _r3(blk * 16) + s * 2 + 1, m3)   # k4_scale_pairs
-    d, dmin = _f16(dm_ptr, _r3(blk * 2), m3), _f16(dm_ptr, _r3(blk * 2 + 1), m3)
-    return f, d * sc.to(tl.float32) * unit, dmin * mn.to(tl.float32)
+    pair = tl.load(sc_ptr + (j * 4 + s // 2) * N + _r3(n), mask=m3, other=0) >> ((s % 2) * 16)
+    dm = tl.load(dm_ptr + j * N + _r3(n), mask=m3, other=0)
+    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return f, d * (pair & 0xFF).to(tl.float32) * unit, dmin * ((pair >> 8) & 0xFF).to(tl.float32)
 
 
 @triton.jit
-def _q6_k(ql_ptr, qh_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr):
+def _q6_k(ql_ptr, qh_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, N, AP: tl.constexpr):
     """ql[128] low nibbles, qh[64] high 2 bits, scales int8 [16], d: d*sc*(q - 32) per 16 values. Axes (a 4, b 4,
     w 4, e 4): value 16s + 4w + e of sub-block s = 4a + b (s = 8g + 4h + b: g = a // 2, h = a % 2) is nibble h of ql
-    byte 64g + 16b + 4w + e with bits 2(2h + b // 2) of qh byte 32g + 16(b % 2) + 4w + e."""
+    byte 64g + 16b + 4w + e with bits 2(2h + b // 2) of qh byte 32g + 16(b % 2) + 4w + e. Column-major planes
+    (layout.py): ql, qh and the scales (four a word) as int32 words, d as fp16."""
     a = a0 + tl.arange(0, AP)
     b, w, e = tl.arange(0, 4), tl.arange(0, 4), tl.arange(0, 4)
-    blk = n * NB + j
     m5 = _r5(mask_n)
     g, h = _a5(a // 2), _a5(a % 2)
-    low = _to(_words(ql_ptr, _r5(blk * 32) + g * 16 + _b5(b * 4) + _c5(w), m5), _d5(e * 8) + h * 4, 17)
-    high = _to(_words(qh_ptr, _r5(blk * 16) + g * 8 + _b5((b % 2) * 4) + _c5(w), m5),
+    low = _to(_words(ql_ptr, (j * 32 + g * 16 + _b5(b * 4) + _c5(w)) * N + _r5(n), m5), _d5(e * 8) + h * 4, 17)
+    high = _to(_words(qh_ptr, (j * 16 + g * 8 + _b5((b % 2) * 4) + _c5(w)) * N + _r5(n), m5),
                _d5(e * 8) + h * 4 + _b5((b // 2) * 2), 21)
     f = _one_plus((low & 0x1E0000) | (high & 0x600000))                          # 1 + q / 64
     m3 = _r3(mask_n)
-    sc = tl.load(sc_ptr + _r3(blk * 16) + _a3(a * 4) + _b3(b), mask=m3, other=0).to(tl.float32)
-    scale = _f16(d_ptr, _r3(blk), m3) * sc * 64.0
+    word = tl.load(sc_ptr + (j * 4 + _a3(a)) * N + _r3(n), mask=m3, other=0)
+    sc = ((word >> (_b3(b) * 8)) & 0xFF).to(tl.int8).to(tl.float32)
+    scale = _f16(d_ptr, j * N + _r3(n), m3) * sc * 64.0
     return f, scale, scale
 
 
@@ -251,19 +254,19 @@ def _block32(d_ptr, qh_ptr, qs_ptr, lut_ptr, n, mask_n, j, a0, NB, AP: tl.conste
 
 
 @triton.jit
-def decode(p0, p1, p2, p3, lut_ptr, n, mask_n, j, a0, NB, TYPE: tl.constexpr, AP: tl.constexpr):
-    """(f, scale, minus) of values a0 * B*C*D ... (a0 + AP) * B*C*D - 1 of tile j of rows n (module docstring);
+def decode(p0, p1, p2, p3, lut_ptr, n, mask_n, j, a0, NB, N, TYPE: tl.constexpr, AP: tl.constexpr):
+    """(f, scale, minus) of values a0 * B*C*D ... (a0 + AP) * B*C*D - 1 of tile j of rows n of N (module docstring);
     minus is meaningful only for the types with mins (layout.GgmlLayout.has_min)."""
     if TYPE == Q2_K:
         f, scale, minus = _q2_k(p0, p1, p2, n, mask_n, j, a0, NB, AP)
     elif TYPE == Q3_K:
         f, scale, minus = _q3_k(p0, p1, p2, p3, n, mask_n, j, a0, NB, AP)
     elif TYPE == Q4_K:
-        f, scale, minus = _q45_k(p0, p1, p2, p2, n, mask_n, j, a0, NB, AP, False)
+        f, scale, minus = _q45_k(p0, p1, p2, p2, n, mask_n, j, a0, N, AP, False)
     elif TYPE == Q5_K:
-        f, scale, minus = _q45_k(p0, p1, p2, p3, n, mask_n, j, a0, NB, AP, True)
+        f, scale, minus = _q45_k(p0, p1, p2, p3, n, mask_n, j, a0, N, AP, True)
     elif TYPE == Q6_K:
-        f, scale, minus = _q6_k(p0, p1, p2, p3, n, mask_n, j, a0, NB, AP)
+        f, scale, minus = _q6_k(p0, p1, p2, p3, n, mask_n, j, a0, N, AP)
     elif TYPE == IQ4_XS:
         f, scale, minus = _iq4_xs(p0, p1, p2, lut_ptr, n, mask_n, j, a0, NB, AP)
     elif TYPE == Q5_0 or TYPE == Q5_1:

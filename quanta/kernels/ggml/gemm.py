@@ -51,7 +51,7 @@ def _ggml_gemm_kernel(
     # --- main loop: part (step % PARTS) of tile (step // PARTS) a step
     for step in range(s_begin, s_end):
         f, scale, minus = decode(p0, p1, p2, p3, lut_ptr, offs_n, mask_n, step // PARTS, (step % PARTS) * AP, NB,
-                                 TYPE, AP)
+                                 N, TYPE, AP)
         w = (f - CENTER) * scale[:, :, :, None, None]
         if HAS_MIN:
             w -= minus[:, :, :, None, None]

@@ -45,7 +45,7 @@ def _ggml_gemv_kernel(
     acc = tl.zeros((BLOCK_N, A, B), dtype=tl.float32)
     # --- main loop: one tile (256 values of each row) a step
     for t in range(t_begin, t_end):
-        f, scale, minus = decode(p0, p1, p2, p3, lut_ptr, offs_n, mask_n, t, 0, NB, TYPE, A)
+        f, scale, minus = decode(p0, p1, p2, p3, lut_ptr, offs_n, mask_n, t, 0, NB, N, TYPE, A)
         k = t * (A * B * C * D) + xo
         x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
         p = tl.sum(tl.sum(f * x[None, :, :, :, :], axis=4), axis=3)              # a sub-block's dot product

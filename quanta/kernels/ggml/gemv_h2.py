@@ -1,27 +1,20 @@
-"""Packed-half GEMVs for Q4_K, Q5_K and Q6_K (fp16 activations, CUDA): code words become pairs of halves with a logic
-op each and meet the activations in packed-half FMAs (PTX), as the affine kernels' H2 loop does.
+"""The packed-half dot products of Q4_K, Q5_K and Q6_K code words (PTX, fp16 activations; float32 twins for the
+interpreter) that gemv_cols.py's GEMV runs, as the affine kernels' H2 loop does.
 
 The fp32 GEMV (gemv.py) spends a funnel shift, two logic ops and an FMA on each value. Here a 32-bit word yields two
 pairs of halves per LOP3 (Marlin's trick: (code | 0x6400) is the half 1024 + code), one FMA a pair maps them to
 (q - center) / 16 exactly, two packed FMAs a pair take the dot product, and a lane sums at most eight products in
-fp16; scales and mins apply in float32. Each step loads the next super-block while it computes this one.
+fp16; scales and mins apply in float32.
 
 Q4_K: word i of a 64-value chunk j holds values 4i..4i+3 of sub-block 2j in its low nibbles and of 2j + 1 in its high
-ones; its scales are read repacked (layout.k4_scale_pairs). Q5_K: the same, and bits 2j, 2j + 1 of qh word i's bytes
-join those nibbles as 16 with one more LOP3 a pair, as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i
-and qh word i hold values 4i..4i+3 of the four 32-value quarters, qh's 2-bit fields joining ql's nibbles.
+ones. Q5_K: the same, and bits 2j, 2j + 1 of qh word i's bytes join those nibbles as 16 with one more LOP3 a pair,
+as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i and qh word i hold values 4i..4i+3 of the four
+32-value quarters, qh's 2-bit fields joining ql's nibbles.
 """
 from __future__ import annotations
 
-import torch
-
 from quanta.kernels.affine.gemv import _pair
-from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.gemv import GemvConfig, Launch, store_row
-from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.triton_support import tl, triton
-
-TYPES = ("q4_K", "q5_K", "q6_K")
 
 _LANES_TO_F32 = """mov.b32 {{h0, h1}}, {acc};
 cvt.f32.f16 f0, h0;
@@ -234,21 +227,6 @@ def _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, x0, x1, PTX: tl.constexpr)
 
 
 @triton.jit
-def _split4(words, BLOCK_N: tl.constexpr, A: tl.constexpr):
-    """Words [BLOCK_N, A, 8] as four [BLOCK_N, A, 2]: words 4g + c for c = 0..3 (a thread's 16-byte load)."""
-    e0, e1 = tl.split(tl.reshape(words, (BLOCK_N, A, 2, 2, 2)))
-    w0, w2 = tl.split(e0)
-    w1, w3 = tl.split(e1)
-    return w0, w1, w2, w3
-
-
-@triton.jit
-def _split2(words, BLOCK_N: tl.constexpr, A: tl.constexpr):
-    """Words [BLOCK_N, A, 8] as two [BLOCK_N, A, 4]: words 2g and 2g + 1."""
-    return tl.split(tl.reshape(words, (BLOCK_N, A, 4, 2)))
-
-
-@triton.jit
 def _u8_float(word, SHIFT: tl.constexpr):
     """Byte SHIFT / 8 of int32 `word` as float32, by the float 2**23 + byte (no int-to-float conversion)."""
     return (((word >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
@@ -258,50 +236,6 @@ def _u8_float(word, SHIFT: tl.constexpr):
 def _half(bits):
     """The fp16 in the low 16 bits of int32 `bits`, as float32."""
     return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _q4k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qs_ptr, bias_ptr, y_ptr, N, NB, tiles_per_split, num_tiles,
-                   stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                   PTX: tl.constexpr):
-    """y[m, n] (+)= sum_k x[m, k] W[n, k] over the program's super-blocks; program (row m, BLOCK_N rows, split).
-    dm_ptr: each block's d and dmin as one int32; sc_ptr: its 16 repacked scale bytes as four int32."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    j = tl.arange(0, 4)                                   # 64-value chunk: sub-blocks 2j (low) and 2j + 1 (high)
-    # word 4g + c of chunk j holds values 16g + 4c .. + 3 of sub-blocks 2j and 2j + 1
-    x_a = x_ptr + pid_m * stride_xm + (j[:, None] * 64 + tl.arange(0, 2)[None, :] * 16)[None, :, :]
-    w_off = (offs_n * (NB * 32))[:, None, None] + (j[:, None] * 8 + tl.arange(0, 8)[None, :])[None, :, :]
-    m3 = mask_n[:, None, None]
-    # the sums stay spread over the chunks j and word groups g (a group's lanes lie in other threads) to the end
-    acc_q = tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32)   # sum of d * sc * dot
-    acc_m = tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32)   # sum of dmin * m * sum(x)
-    t_begin = pid_k * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    # each step loads the next super-block's words, scales and d / dmin before it computes on this one's, so
-    # that a program keeps two tiles of loads in flight
-    sc_off = offs_n[:, None] * (NB * 4) + j[None, :]
-    m2 = mask_n[:, None]
-    n_words = tl.load(qs_ptr + w_off + t_begin * 32, mask=m3 & (t_begin < t_end), other=0)
-    n_sc = tl.load(sc_ptr + sc_off + t_begin * 4, mask=m2 & (t_begin < t_end), other=0)
-    n_dm = tl.load(dm_ptr + offs_n * NB + t_begin, mask=mask_n & (t_begin < t_end), other=0)
-    for t in range(t_begin, t_end):
-        words, sc, dm = n_words, n_sc[:, :, None], n_dm[:, None, None]
-        n_words = tl.load(qs_ptr + w_off + (t + 1) * 32, mask=m3 & (t + 1 < t_end), other=0)
-        n_sc = tl.load(sc_ptr + sc_off + (t + 1) * 4, mask=m2 & (t + 1 < t_end), other=0)
-        n_dm = tl.load(dm_ptr + offs_n * NB + t + 1, mask=mask_n & (t + 1 < t_end), other=0)
-        w0, w1, w2, w3 = _split4(words, BLOCK_N, 4)
-        x_t = x_a + t * 256
-        a0, a1, a2, a3, xs_a = _x_pairs4(x_t)
-        b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32)
-        dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1]),
-                                 (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1]), PTX)
-        # word j of the repacked scales: scale 2j, min 2j, scale 2j + 1, min 2j + 1 (layout.k4_scale_pairs)
-        acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
-        acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
-    y = tl.sum(tl.sum(acc_q * 16.0 - acc_m, axis=2), axis=1)
-    store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -315,101 +249,6 @@ def _x_pairs4(x_at):
 
 
 @triton.jit
-def _q5k_h2_kernel(x_ptr, dm_ptr, sc_ptr, qh_ptr, qs_ptr, bias_ptr, y_ptr, N, NB, tiles_per_split, num_tiles,
-                   stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                   PTX: tl.constexpr):
-    """As _q4k_h2_kernel for Q5_K: qh_ptr a block's 32 qh bytes as eight int32, word i (the fifth bits of word i of
-    every chunk) loaded by each chunk's threads; sc_ptr its 16 repacked scale bytes as four int32, as Q4_K's."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    j = tl.arange(0, 4)
-    x_a = x_ptr + pid_m * stride_xm + (j[:, None] * 64 + tl.arange(0, 2)[None, :] * 16)[None, :, :]
-    w_off = (offs_n * (NB * 32))[:, None, None] + (j[:, None] * 8 + tl.arange(0, 8)[None, :])[None, :, :]
-    h_off = (offs_n * (NB * 8))[:, None, None] + (j[:, None] * 0 + tl.arange(0, 8)[None, :])[None, :, :]
-    rot = ((4 - 2 * j) & 31)[None, :, None]
-    m3 = mask_n[:, None, None]
-    acc_q, acc_m = tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32), tl.zeros((BLOCK_N, 4, 2), dtype=tl.float32)
-    t_begin = pid_k * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    sc_off = offs_n[:, None] * (NB * 4) + j[None, :]
-    n_words = tl.load(qs_ptr + w_off + t_begin * 32, mask=m3 & (t_begin < t_end), other=0)
-    n_qh = tl.load(qh_ptr + h_off + t_begin * 8, mask=m3 & (t_begin < t_end), other=0)
-    n_sc = tl.load(sc_ptr + sc_off + t_begin * 4, mask=mask_n[:, None] & (t_begin < t_end), other=0)
-    n_dm = tl.load(dm_ptr + offs_n * NB + t_begin, mask=mask_n & (t_begin < t_end), other=0)
-    for t in range(t_begin, t_end):
-        words, qh, dm = n_words, n_qh, n_dm[:, None, None]
-        sc = n_sc[:, :, None]
-        n_words = tl.load(qs_ptr + w_off + (t + 1) * 32, mask=m3 & (t + 1 < t_end), other=0)
-        n_qh = tl.load(qh_ptr + h_off + (t + 1) * 8, mask=m3 & (t + 1 < t_end), other=0)
-        n_sc = tl.load(sc_ptr + sc_off + (t + 1) * 4, mask=mask_n[:, None] & (t + 1 < t_end), other=0)
-        n_dm = tl.load(dm_ptr + offs_n * NB + t + 1, mask=mask_n & (t + 1 < t_end), other=0)
-        w0, w1, w2, w3 = _split4(words, BLOCK_N, 4)
-        h0, h1, h2, h3 = _split4(qh, BLOCK_N, 4)
-        x_t = x_a + t * 256
-        a0, a1, a2, a3, xs_a = _x_pairs4(x_t)
-        b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32)
-        dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, (a0[0], a0[1], b0[0], b0[1]),
-                                 (a1[0], a1[1], b1[0], b1[1]), (a2[0], a2[1], b2[0], b2[1]),
-                                 (a3[0], a3[1], b3[0], b3[1]), PTX)
-        acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
-        acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
-    y = tl.sum(tl.sum(acc_q * 16.0 - acc_m, axis=2), axis=1)
-    store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _q6k_h2_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, N, NB, tiles_per_split, num_tiles,
-                   stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                   PTX: tl.constexpr):
-    """As _q4k_h2_kernel for Q6_K: d * sc[16 values] * (q - 32); sc_ptr a block's 16 int8 scales as four int32."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    h = tl.arange(0, 2)                                   # 128-value half
-    i = tl.arange(0, 8)                                   # word of a quarter: values 4i..4i+3
-    # word column 2g + c of half h: values 8g + 4c .. + 3 of each quarter
-    x_h = x_ptr + pid_m * stride_xm + (h[:, None] * 128 + tl.arange(0, 4)[None, :] * 8)[None, :, :]
-    ql_off = (offs_n * (NB * 32))[:, None, None] + (h[:, None] * 16 + i[None, :])[None, :, :]
-    qh_off = (offs_n * (NB * 16))[:, None, None] + (h[:, None] * 8 + i[None, :])[None, :, :]
-    # the scale of quarter q of half h for word columns 2g, 2g + 1 is sc[8h + 2q + g // 2]: byte 2(q % 2) + g // 2
-    # of scale word 2h + q // 2 (sc_ptr: a block's 16 int8 scales as four int32), loaded as [BLOCK_N, 2 (h), 2]
-    sc_word = (h[:, None] * 2 + tl.arange(0, 2)[None, :])[None, :, :]
-    m3 = mask_n[:, None, None]
-    acc = tl.zeros((BLOCK_N, 2, 2), dtype=tl.float32)
-    t_begin = pid_k * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    # as in _q4k_h2_kernel, the next super-block's loads go out before this one's arithmetic
-    m_next = m3 & (t_begin < t_end)
-    blk = offs_n * NB + t_begin
-    n_ql0 = tl.load(ql_ptr + ql_off + t_begin * 32, mask=m_next, other=0)
-    n_ql1 = tl.load(ql_ptr + ql_off + t_begin * 32 + 8, mask=m_next, other=0)
-    n_qh = tl.load(qh_ptr + qh_off + t_begin * 16, mask=m_next, other=0)
-    n_sc = tl.load(sc_ptr + (blk * 4)[:, None, None] + sc_word, mask=m_next, other=0)
-    n_d = tl.load(d_ptr + blk, mask=mask_n & (t_begin < t_end), other=0.0)
-    for t in range(t_begin, t_end):
-        ql0, ql1, qh, sc, d = n_ql0, n_ql1, n_qh, n_sc, n_d.to(tl.float32)[:, None, None]
-        m_next = m3 & (t + 1 < t_end)
-        blk = offs_n * NB + t + 1
-        n_ql0 = tl.load(ql_ptr + ql_off + (t + 1) * 32, mask=m_next, other=0)
-        n_ql1 = tl.load(ql_ptr + ql_off + (t + 1) * 32 + 8, mask=m_next, other=0)
-        n_qh = tl.load(qh_ptr + qh_off + (t + 1) * 16, mask=m_next, other=0)
-        n_sc = tl.load(sc_ptr + (blk * 4)[:, None, None] + sc_word, mask=m_next, other=0)
-        n_d = tl.load(d_ptr + blk, mask=mask_n & (t + 1 < t_end), other=0.0)
-        ql0_0, ql0_1 = _split2(ql0, BLOCK_N, 2)
-        ql1_0, ql1_1 = _split2(ql1, BLOCK_N, 2)
-        qh_0, qh_1 = _split2(qh, BLOCK_N, 2)
-        x_t = x_h + t * 256
-        d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t), _q6k_pairs(x_t + 4), PTX)
-        sc_lo, sc_hi = tl.split(sc)                       # words 2h and 2h + 1: scales 8h..8h+3, 8h+4..8h+7
-        part = _quarter(d0, sc_lo, 0, BLOCK_N) + _quarter(d1, sc_lo, 16, BLOCK_N) \
-            + _quarter(d2, sc_hi, 0, BLOCK_N) + _quarter(d3, sc_hi, 16, BLOCK_N)
-        acc += d * part
-    y = tl.sum(tl.sum(acc, axis=2), axis=1) * 16.0
-    store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
 def _q6k_pairs(x_at):
     """A word column's pairs: quarters 0..3 (x_at + 32q) x (values 0, 2), (1, 3)."""
     p0, r0, _ = _x_pairs(x_at)
@@ -417,60 +256,3 @@ def _q6k_pairs(x_at):
     p2, r2, _ = _x_pairs(x_at + 64)
     p3, r3, _ = _x_pairs(x_at + 96)
     return p0, r0, p1, r1, p2, r2, p3, r3
-
-
-@triton.jit
-def _quarter(dots, words, SHIFT: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A quarter's dot products [BLOCK_N, 2 (h), 4 (g)] summed per 16-value sub-block (g // 2) and scaled by the
-    int8 scales at bytes SHIFT / 8 and SHIFT / 8 + 1 of `words` [BLOCK_N, 2 (h)]: [BLOCK_N, 2, 2]."""
-    per_sub = tl.sum(tl.reshape(dots, (BLOCK_N, 2, 2, 2)), axis=3)
-    shift = SHIFT + 8 * tl.arange(0, 2)[None, None, :]
-    sc = ((words[:, :, None] >> shift) & 0xFF).to(tl.int8).to(tl.float32)
-    return per_sub * sc
-
-
-def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
-    """None where the packed-half GEMV can run this weight, else why not (the interpreter runs its float32 twin
-    of the PTX; the plan takes it on CUDA only)."""
-    if st.name not in TYPES:
-        return f"{st.name} has no packed-half GEMV (only {', '.join(TYPES)})"
-    if st.dtype != torch.float16:
-        return f"{str(st.dtype).removeprefix('torch.')} activations (packed halves are fp16)"
-    return None
-
-
-# The GEMV streams the weight only with enough loads in flight: many programs of two warps, with more rows a program
-# where the weight is large (gate/up, down) than where it is small (q/k/v, o), as the H200 sweeps of
-# benchmarks/ggml_gemm.py --sweep found for Q4_K and Q5_K; Q6_K ran best with 32 rows in four warps.
-Q4K_LARGE = GemvConfig(block_n=128, warps=2, waves=8.0, min_tiles=1)
-Q4K_SMALL = GemvConfig(block_n=64, warps=2, waves=8.0, min_tiles=2)
-Q5K_LARGE = GemvConfig(block_n=128, warps=2, waves=16.0, min_tiles=1)
-Q6K = GemvConfig(block_n=32, warps=4, waves=4.0, min_tiles=2)
-LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes its large config
-CONFIGS = {"q4_K": (Q4K_SMALL, Q4K_LARGE), "q5_K": (Q4K_SMALL, Q5K_LARGE), "q6_K": (Q6K, Q6K)}   # (small, large)
-
-
-def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
-    """The launch config of a weight (any M: the plan gives this path one row)."""
-    small, large = CONFIGS[st.name]
-    return large if st.n * st.k >= LARGE_WEIGHT else small
-
-
-def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
-           caps: DeviceCaps | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 and a weight of TYPES, one program row per activation row."""
-    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
-    caps = caps or device_caps(x2.device)
-    launch = Launch.of(x2, st, config or default_config(st, caps, x2.shape[0]), caps)
-    if st.name == "q4_K":          # d and dmin as one int32, the 16 repacked scale bytes as four
-        kernel, planes = _q4k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int32), st.planes[2])
-    elif st.name == "q5_K":        # the same, and the qh words
-        kernel, planes = _q5k_h2_kernel, (st.planes[0].view(torch.int32), st.planes[1].view(torch.int32),
-                                          st.planes[2], st.planes[3])
-    else:                          # the 16 int8 scales as four int32
-        kernel, planes = _q6k_h2_kernel, (st.planes[0], st.planes[1], st.planes[2].view(torch.int32), st.planes[3])
-    kernel[launch.grid](
-        x2, *planes, bias if bias is not None else x2, launch.y, st.n, st.blocks, launch.tiles_per_split, st.tiles,
-        x2.stride(0), launch.y.stride(0), BLOCK_N=launch.block_n, HAS_BIAS=bias is not None, SPLIT_K=launch.splits,
-        PTX=caps.is_cuda, num_warps=launch.warps)
-    return launch.y.to(x2.dtype)

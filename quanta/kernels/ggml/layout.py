@@ -2,10 +2,10 @@
 
 A ggml row interleaves its fields block by block (Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, an fp16
 d, then the next block), so a field sits at a 210-byte stride that no wide load can follow. `prepare()` moves each
-field of every block into a plane of its own, row-major [N, blocks * field size]: the code planes become int32
-words that load 16 bytes at a time, coalesced along K, and the held bytes are the file's bytes, permuted; only
-Q4_K's and Q5_K's 12 bytes of scales and mins are repacked, exactly, as 16 (k4_scale_pairs: a scale and its min
-a byte each, so a kernel reads a sub-block pair's in one word instead of decoding get_scale_min_k4's packing).
+field of every block into a plane of its own, row-major [N, blocks * field size] (code words load 16 bytes at a
+time along K), or for the `columns` types column-major [blocks * field words, N] (a word row loads contiguous over
+the output columns: gemv_cols.py). The held bytes are the file's, permuted; only Q4_K's and Q5_K's 12 bytes of
+scales and mins are repacked, exactly, as 16 (k4_scale_pairs: a scale and its min a byte each).
 
 Each type's row of LAYOUTS gives its planes (the byte range of the field in a block and the dtype the kernels read
 it in, in the order the decoder takes them) and the axes its decoder (decode.py) spreads a tile of 256 values over.
@@ -47,29 +47,30 @@ class GgmlLayout(NamedTuple):
     a scale never changes along C or D. A is split by `parts` (a tile of 256 / parts values); the largest split keeps
     one value of A. The decoder gives each value as a float f and its sub-block's scale (and min): the value is
     (f - center) * scale (- min where `has_min`); see decode.py. `block`: values a ggml block holds (a tile spans
-    256 / block blocks, one a value of A, for the 32-value types)."""
+    256 / block blocks, one a value of A, for the 32-value types). `columns`: the planes are held column-major,
+    element e of block b of every row in row b * (size / element size) + e of a [.., N] plane (see prepare)."""
     id: int
     axes: tuple[int, int, int, int]
     planes: tuple[Plane, ...]
     center: float = 1.0
     has_min: bool = False
     block: int = TILE
+    columns: bool = False
 
 
-U8, I8, I32, F16 = torch.uint8, torch.int8, torch.int32, torch.float16
+U8, I32, F16 = torch.uint8, torch.int32, torch.float16
 
 # The byte layouts are ggml-common.h's (and blocks.py's decoders'); the axes are decode.py's.
 LAYOUTS: dict[str, GgmlLayout] = {
     "q2_K": GgmlLayout(10, (4, 4, 4, 4), (Plane(0, 16, U8), Plane(16, 64, I32), Plane(80, 4, F16)), has_min=True),
     "q3_K": GgmlLayout(11, (4, 4, 4, 4), (Plane(0, 32, I32), Plane(32, 64, I32), Plane(96, 12, U8), Plane(108, 2, F16)),
                        center=1.5),
-    "q4_K": GgmlLayout(12, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8, held=16), Plane(16, 128, I32)),
-                       has_min=True),
-    "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, F16), Plane(4, 12, U8, held=16), Plane(16, 32, I32),
-                                          Plane(48, 128, I32)),
-                       has_min=True),
-    "q6_K": GgmlLayout(14, (4, 4, 4, 4), (Plane(0, 128, I32), Plane(128, 64, I32), Plane(192, 16, I8),
-                                          Plane(208, 2, F16)), center=1.5),
+    "q4_K": GgmlLayout(12, (4, 2, 8, 4), (Plane(0, 4, I32), Plane(4, 12, I32, held=16), Plane(16, 128, I32)),
+                       has_min=True, columns=True),
+    "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, I32), Plane(4, 12, I32, held=16), Plane(16, 32, I32),
+                                          Plane(48, 128, I32)), has_min=True, columns=True),
+    "q6_K": GgmlLayout(14, (4, 4, 4, 4), (Plane(0, 128, I32), Plane(128, 64, I32), Plane(192, 16, I32),
+                                          Plane(208, 2, F16)), center=1.5, columns=True),
     "iq4_nl": GgmlLayout(20, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 16, I32)), center=0.0, block=32),
     "iq4_xs": GgmlLayout(23, (8, 2, 4, 4), (Plane(0, 2, F16), Plane(2, 6, U8), Plane(8, 128, I32)), center=0.0),
     # the 32-value types also run on the affine kernels, which the registry tries first
@@ -132,16 +133,25 @@ def prepare(weight: Gguf, device: torch.device, dtype: torch.dtype) -> GgmlState
     n, k = weight.shape
     nb = k // t.block_size
     device = torch.device(device)
-    planes = tuple(torch.empty(n, nb * p.held_bytes, dtype=torch.uint8, device=device) for p in layout.planes)
+    if layout.columns:
+        planes = tuple(torch.empty(nb * p.held_bytes // p.dtype.itemsize, n, dtype=p.dtype, device=device)
+                       for p in layout.planes)
+    else:
+        planes = tuple(torch.empty(n, nb * p.held_bytes, dtype=torch.uint8, device=device) for p in layout.planes)
     # rows move a slice at a time, so that the device holds the planes and one slice of the file's bytes, not a
     # second copy of the weight while it is split
     step = max(1, PREPARE_SLICE_BYTES // max(1, nb * t.type_size))
     for r in range(0, n, step):
         blocks = weight.data[r:r + step].to(device).view(-1, nb, t.type_size)
         for plane, p in zip(planes, layout.planes):
-            plane[r:r + step] = _field(blocks, p, t.name).reshape(blocks.shape[0], -1)
+            field = _field(blocks, p, t.name).reshape(blocks.shape[0], -1)
+            if layout.columns:
+                plane[:, r:r + step] = field.view(p.dtype).t()
+            else:
+                plane[r:r + step] = field
         del blocks
-    planes = tuple(plane.view(p.dtype) for plane, p in zip(planes, layout.planes))
+    if not layout.columns:
+        planes = tuple(plane.view(p.dtype) for plane, p in zip(planes, layout.planes))
     lut = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device) if t.name.startswith("iq4") else None
     return GgmlState(planes, layout, t.name, n, k, dtype, lut)
 

@@ -88,14 +88,6 @@ def _slice_words(p, qh, t: tl.constexpr):
     return word, hw, (8 * (2 * (t % 2) + tl.arange(0, 2)))[None, None, :]
 
 
-@triton.jit
-def _step_scales(sc_ptr, rows, mask_n, step, NB):
-    """The step's two scale words [BN] (layout.k4_scale_pairs: sub-blocks 4h, 4h + 1, then 4h + 2, 4h + 3; byte 2s
-    a scale, 2s + 1 its min)."""
-    at = sc_ptr + rows * (NB * 4) + (step // 2) * 4 + 2 * (step % 2)
-    return tl.load(at, mask=mask_n, other=0), tl.load(at + 1, mask=mask_n, other=0)
-
-
 # PTX of a sub-block's (scale, zbias) in fp16 from its scale word's pair of bytes (scale, min) selected by $4 and
 # the block's halves (d, -dmin) $3: the bytes join 0x64 bytes into the halves 1024 + byte (prmt), 1024 comes off
 # exactly, and one packed multiply gives d * scale and -dmin * min, each rounded once as float32's product would be.
@@ -146,7 +138,7 @@ def _in_mma_order(x, Q6: tl.constexpr, BM: tl.constexpr):
 @triton.jit
 def _q4k_tile(p, qh, bits, dm, first, second, Q5: tl.constexpr, H2: tl.constexpr, BN: tl.constexpr):
     """The step's Q4_K (Q5_K) weight tile [BN, 128] in the MMA's column order; dm, first, second: the block's
-    (d, dmin) word and the step's scale words (_step_scales); bits: Q5_K's fifth-bit index of the low nibbles."""
+    (d, dmin) word and the step's two scale words; bits: Q5_K's fifth-bit index of the low nibbles."""
     s, zb = _pair_scales(dm, first, second, 0, H2, BN)
     w0 = _q4k_slice(p, qh, bits, 0, 0, s, zb, Q5, H2, BN)
     w1 = _q4k_slice(p, qh, bits, 1, 0, s, zb, Q5, H2, BN)
@@ -260,13 +252,13 @@ def _acc_words(ptr, rows, at, mask_n, acc_layout, BN: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["steps_per_split"])
-def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per_split, num_steps,
+def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, steps_per_split, num_steps,
                      stride_xm, stride_ym, Q6: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, H2: tl.constexpr, Q5: tl.constexpr = False):
     """y[M, N] (+)= (W[BLOCK_N rows] @ x[BLOCK_M rows]ᵀ)ᵀ over the program's K steps; program (output tile, M
-    fastest, split of K steps). Q4_K's planes p0..p2: (d, dmin) as one int32 a block, the scale pairs as int32
-    words, the code words; Q5_K's p0..p3: the same (d, dmin) and scale words, the qh words, the code words.
-    Q6_K's p0..p3: ql and qh words, the int8 scales and the fp16 d's as int32 words."""
+    fastest, split of K steps). The column-major planes (layout.py): Q4_K's p0..p2: (d, dmin) as one int32 a block,
+    the scale pairs as int32 words, the code words; Q5_K's p0..p3: the same (d, dmin) and scale words, the qh words,
+    the code words. Q6_K's p0..p3: ql and qh words, the int8 scales four a word, and the fp16 d's as int32 words."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -279,30 +271,32 @@ def _ggml_mma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, NB, steps_per
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # zeros in the MMA accumulator's layout: OR-ed into the words they put them in operand A's thread map
     acc_layout = tl.dot(tl.zeros((BLOCK_N, 16), dtype=tl.float16), tl.zeros((16, 16), dtype=tl.float16)).to(tl.int32)
-    # Q6_K: whether each row's first d sits in the high half of its int32 word, in operand A's thread map
-    d_odd = tl.reshape(((rows * NB) % 2)[:, None] + acc_layout, (BLOCK_N, 8, 2))
+    # Q6_K: whether each row's d of block 0 sits in the high half of its int32 word, in operand A's thread map
+    row_odd = tl.reshape((rows % 2)[:, None] + acc_layout, (BLOCK_N, 8, 2))
     # Q5_K: the bit of a qh byte that holds a low nibble's fifth bit in the step's first half (2 chunk: pairs 4-7
     # lie in the next chunk)
     fifth = tl.broadcast_to(2 * (tl.arange(0, 8)[None, :, None] // 4), (BLOCK_N, 8, 2))
     for step in range(s_begin, s_end):
         cols = tl.arange(0, 16)
+        # the column-major planes (layout.py): word row r of every weight row at r * N
         if Q6:      # per column: its ql word, its pair's qh word, the step's scale word (4 scales) of its slice
             blk = step // 2
-            ql = _acc_words(p0, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
-            qh = _acc_words(p1, rows * (NB * 16), blk * 16 + (step % 2) * 8 + cols % 8, mask_n, acc_layout, BLOCK_N)
-            sc = _acc_words(p2, rows * (NB * 4), blk * 4 + (step % 2) * 2 + cols % 2, mask_n, acc_layout, BLOCK_N)
-            # d: the int32 word of the d plane (int16 a block, row-major) that holds this block's, shifted down
-            d = _acc_words(p3, (rows * NB + blk) // 2, cols * 0, mask_n, acc_layout, BLOCK_N) >> (
-                16 * ((d_odd + blk) % 2))
+            ql = _acc_words(p0, rows, (step * 16 + cols) * N, mask_n, acc_layout, BLOCK_N)
+            qh = _acc_words(p1, rows, (blk * 16 + (step % 2) * 8 + cols % 8) * N, mask_n, acc_layout, BLOCK_N)
+            sc = _acc_words(p2, rows, (blk * 4 + (step % 2) * 2 + cols % 2) * N, mask_n, acc_layout, BLOCK_N)
+            # d: the int32 word of the fp16 d plane [blocks, N] that holds d[blk, row], shifted down
+            d = _acc_words(p3, (blk * N + rows) // 2, cols * 0, mask_n, acc_layout, BLOCK_N) >> (
+                16 * ((row_odd + blk * N) % 2))
             w = _q6k_tile(ql, qh, sc, d, H2, BLOCK_N)
         else:
-            dm = tl.load(p0 + rows * NB + step // 2, mask=mask_n, other=0)
-            first, second = _step_scales(p1, rows, mask_n, step, NB)
+            dm = tl.load(p0 + (step // 2) * N + rows, mask=mask_n, other=0)
+            at = p1 + ((step // 2) * 4 + 2 * (step % 2)) * N + rows     # the step's two scale words
+            first, second = tl.load(at, mask=mask_n, other=0), tl.load(at + N, mask=mask_n, other=0)
             if Q5:      # the block's eight qh words, word i of a pair's (2 qb + e) for its columns
-                p = _acc_words(p3, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
-                qh = _acc_words(p2, rows * (NB * 8), (step // 2) * 8 + cols % 8, mask_n, acc_layout, BLOCK_N)
+                p = _acc_words(p3, rows, (step * 16 + cols) * N, mask_n, acc_layout, BLOCK_N)
+                qh = _acc_words(p2, rows, ((step // 2) * 8 + cols % 8) * N, mask_n, acc_layout, BLOCK_N)
             else:
-                p = _acc_words(p2, rows * (NB * 32), step * 16 + cols, mask_n, acc_layout, BLOCK_N)
+                p = _acc_words(p2, rows, (step * 16 + cols) * N, mask_n, acc_layout, BLOCK_N)
                 qh = p
             w = _q4k_tile(p, qh, fifth + 4 * (step % 2), dm, first, second, Q5, H2, BLOCK_N)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (step * 128 + offs_k)[None, :], mask=mask_m[:, None],
@@ -371,7 +365,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     y = split_output(x2, st, splits)
     planes = [plane.reshape(-1).view(torch.int32) for plane in plane_args(st)]   # Q6_K's d plane: n * blocks even
     _ggml_mma_kernel[(tiles, splits)](
-        x2, *planes, bias if bias is not None else x2, y, m, st.n, st.blocks, per, steps, x2.stride(0), y.stride(0),
+        x2, *planes, bias if bias is not None else x2, y, m, st.n, per, steps, x2.stride(0), y.stride(0),
         Q6=st.name == "q6_K", Q5=st.name == "q5_K", BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None,
         ATOMIC=splits > 1, H2=x2.is_cuda if h2 is None else h2, num_warps=warps, num_stages=stages)
     return y.to(x2.dtype)

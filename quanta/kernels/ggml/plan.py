@@ -9,10 +9,12 @@ from typing import NamedTuple
 
 import torch
 
+from quanta.kernels import activation
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.path_table import Path, PathTable
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_h2, mma
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma
 from quanta.kernels.ggml.layout import GgmlState
+from quanta.kernels.path_table import Path, PathTable
+from quanta.kernels.rotary import RopeStore
 
 # The GEMV decodes the weight once per activation row, the GEMM once per tile of up to 16 rows: the GEMV's single
 # decode without a trip through shared memory wins at one row, its second decode loses at two (Q4_K and Q6_K at
@@ -58,14 +60,15 @@ def cublas_min_m(st: GgmlState) -> int:
     return _rule(st).cublas_min_m
 
 
-def _gemv_h2_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
     if m > GEMV_MAX_M:
         return f"M={m} > {GEMV_MAX_M}"
-    return "not CUDA (PTX)" if not caps.is_cuda else gemv_h2.applies(st, caps)
+    return "not CUDA (PTX)" if not caps.is_cuda else gemv_cols.applies(st, caps)
 
 
-def _why_gemv_h2(st: GgmlState, caps: DeviceCaps, m: int) -> str:
-    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV, {st.name} code words to packed halves, packed-half FMAs"
+def _why_gemv_cols(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} code words to packed " \
+           "halves, packed-half FMAs"
 
 
 def _gemv_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -102,13 +105,14 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
-#   gemv_h2 M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: the GEMV with packed-half dot products (PTX)
+#   gemv_cols M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: packed-half dot products (PTX) over column-major
+#             words, a thread's columns walking K
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
 #   mma     M <= mma_max_m(st), fp16 Q4_K / Q6_K on sm90: the code words decoded into wgmma's register operand
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
-    Path("gemv_h2", _gemv_h2_fits, gemv_h2.default_config, gemv_h2.matmul, _why_gemv_h2),
+    Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
     Path("mma", _mma_fits, mma.default_config, mma.matmul, _why_mma),
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
@@ -146,3 +150,36 @@ def matmul(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, pat
     choice = TABLE.pick(st, caps, x2.shape[0], path)
     y = choice.path.run(x2, st, bias, choice.config, caps=caps)
     return y.reshape(*x.shape[:-1], st.n)
+
+
+def _planned(x: torch.Tensor, st: GgmlState):
+    """(x as [M, K] rows with unit stride, the device's caps, the plan's choice for M)."""
+    x2 = x.reshape(-1, st.k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    caps = device_caps(x2.device)
+    return x2, caps, TABLE.pick(st, caps, x2.shape[0], None)
+
+
+def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the column-major
+    GEMV's epilogue where it runs (one launch fewer a decode layer); else the planned path, then silu_and_mul."""
+    if x.numel() == 0:
+        return x.new_empty(*x.shape[:-1], st.n // 2)
+    x2, caps, choice = _planned(x, st)
+    if choice.path.name == "gemv_cols":
+        y = gemv_cols.matmul(x2, st, bias, choice.config, caps=caps, glu=True)
+    else:
+        y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
+    return y.reshape(*x.shape[:-1], st.n // 2)
+
+
+def matmul_rope(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None, rope: RopeStore) -> torch.Tensor | None:
+    """x @ W.T + bias for W stacking [q; k; v], finished by the column-major GEMV's rotary + KV-store epilogue:
+    [..., N] whose q columns hold the rotated q. None where the plan's path is not that GEMV or it cannot."""
+    if x.numel() == 0:
+        return None
+    x2, caps, choice = _planned(x, st)
+    if choice.path.name != "gemv_cols" or not gemv_cols.rope_applies(st, rope, choice.config):
+        return None
+    return gemv_cols.matmul(x2, st, bias, choice.config, caps=caps, rope=rope).reshape(*x.shape[:-1], st.n)

@@ -1,0 +1,203 @@
+"""The K-quants' packed-half GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV
+does (Q4_K, Q5_K, Q6_K).
+
+In row-major planes a row's super-block is consecutive words, so a program spreads one row's words over several
+threads: each thread rebuilds the activation pairs of its words for only the few rows it holds, and the sums meet
+across threads at the end. Here word w of super-block t of every row lies in row t * words + w of a [words, N]
+plane (the same bytes, transposed at load: layout.GgmlLayout.columns), so a warp's load of one word row is
+contiguous over its columns, a thread holds the same words of four neighbouring columns, and one set of activation
+pairs serves them all. The words meet their activations in gemv_h2's PTX (_q4k_dots ...); scales and mins
+apply in float32. The affine GEMV's ends (gemv_out): split-K sums through its workspace (no zeroed output, no
+memset), the SwiGLU and rotary + KV-store epilogues.
+"""
+from __future__ import annotations
+
+import torch
+
+from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
+from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.ggml.gemv import GemvConfig
+from quanta.kernels.ggml.gemv_h2 import _half, _q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _u8_float, _x_pairs4
+from quanta.kernels.ggml.layout import GgmlState, plane_args
+from quanta.kernels.paged_kv import fp8_write_constexprs
+from quanta.kernels.rotary import RopeStore
+from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
+
+TYPES = ("q4_K", "q5_K", "q6_K")
+
+
+@triton.jit
+def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
+                      pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,   # ROPE only
+                      N, tiles_per_split, num_tiles, Q_SIZE, KV_SIZE, stride_xm, stride_ym,
+                      Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      SPLIT_K: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False,
+                      GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
+                      FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
+                      FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
+                      FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0):
+    """y[m, n] = sum_k x[m, k] W[n, k]; program (row m, BLOCK_N columns, split of super-blocks); the planes p0..p3
+    as _q45k_sums (Q4_K, Q5_K) or _q6k_sums (Q6) take them. GLU and ROPE: the affine GEMV's epilogues (gemv_out)."""
+    pdl_launch_dependents(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
+    x_row = x_ptr + pid_m * stride_xm
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
+    if Q6:
+        y = _q6k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX,
+                      STAGES, PDL)
+    elif Q5:
+        y = _q45k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, True,
+                       PTX, STAGES, PDL)
+    else:
+        y = _q45k_sums(x_row, p0, p1, p2, p2, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, False,
+                       PTX, STAGES, PDL)
+    pdl_wait(PDL)
+    store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                 mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
+                 v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
+                 FP8_MAGIC, FP8_MAGIC_BITS)
+
+
+@triton.jit
+def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+               Q5: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Q4_K's (Q5_K's) sums [BLOCK_N] over super-blocks t_begin..t_end of columns cols [1, BLOCK_N]. Planes, a row
+    per word of a super-block over N columns: dm [blocks, N] (d | dmin << 16), sc [blocks * 4, N] (word j: scale 2j,
+    min 2j, scale 2j + 1, min 2j + 1), [qh [blocks * 8, N]: word i the fifth bits of word i of every chunk], qs
+    [blocks * 32, N] (word 8j + 4g + c: values 16g + 4c .. + 3 of sub-blocks 2j and 2j + 1, low and high nibbles)."""
+    g = tl.arange(0, 2)[:, None]                             # the word group: words 4g .. 4g + 3 of a chunk
+    x_g = x_row + 16 * g
+    acc_q = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of d * sc * dot
+    acc_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of dmin * m * sum(x)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
+        if Q5:
+            hq = qh_ptr + (t * 8 + 4 * g) * N + cols
+            h0 = tl.load(hq, mask=m2, other=0, eviction_policy="evict_first")
+            h1 = tl.load(hq + N, mask=m2, other=0, eviction_policy="evict_first")
+            h2 = tl.load(hq + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+            h3 = tl.load(hq + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+        part_q = tl.zeros((2, BLOCK_N), dtype=tl.float32)
+        part_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)
+        for j in tl.static_range(4):
+            sc = tl.load(sc_ptr + (t * 4 + j) * N + cols, mask=m2, other=0)
+            at = qs_ptr + (t * 32 + 8 * j + 4 * g) * N + cols
+            w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
+            w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
+            w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+            w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+            pdl_wait(PDL)                                    # (returns at once after the first time)
+            x_t = x_g + t * 256 + 64 * j
+            a0, a1, a2, a3, xs_a = _x_pairs4(x_t)
+            b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32)
+            x0, x1 = (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1])
+            x2, x3 = (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1])
+            if Q5:      # chunk j's fifth bits: qh rotated left by 4 - 2j (_q5k_dots)
+                rot = tl.full((1, 1), (4 - 2 * j) & 31, tl.int32)
+                dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX)
+            else:
+                dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX)
+            part_q += dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16)
+            part_m += xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24)
+        acc_q += _half(dm) * part_q
+        acc_m += _half(dm >> 16) * part_m
+    return tl.sum(acc_q * 16.0 - acc_m, axis=0)
+
+
+@triton.jit
+def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Q6_K's sums [BLOCK_N], as _q45k_sums. Planes: ql [blocks * 32, N], qh [blocks * 16, N] (per 128-value half h,
+    ql words 16h + i and 16h + 8 + i and qh word 8h + i hold values 4i .. 4i + 3 of its four 32-value quarters), sc
+    [blocks * 4, N] (the 16 int8 scales, four a word), d [blocks, N] fp16. Word column i = 2u + c of a half."""
+    u = tl.arange(0, 4)[:, None]                             # word columns 2u, 2u + 1: values 8u .. 8u + 7
+    x_u = x_row + 8 * u
+    shift = (u // 2) * 8                                     # quarter q's scale: byte 2 (q % 2) + u // 2 of word q // 2
+    acc = tl.zeros((4, BLOCK_N), dtype=tl.float32)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
+        part = tl.zeros((4, BLOCK_N), dtype=tl.float32)
+        for h in tl.static_range(2):
+            ql = ql_ptr + (t * 32 + 16 * h + 2 * u) * N + cols
+            qh = qh_ptr + (t * 16 + 8 * h + 2 * u) * N + cols
+            ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
+            ql0_1 = tl.load(ql + N, mask=m2, other=0, eviction_policy="evict_first")
+            ql1_0 = tl.load(ql + 8 * N, mask=m2, other=0, eviction_policy="evict_first")
+            ql1_1 = tl.load(ql + 9 * N, mask=m2, other=0, eviction_policy="evict_first")
+            qh_0 = tl.load(qh, mask=m2, other=0, eviction_policy="evict_first")
+            qh_1 = tl.load(qh + N, mask=m2, other=0, eviction_policy="evict_first")
+            sc_lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)
+            sc_hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)
+            pdl_wait(PDL)
+            x_t = x_u + t * 256 + 128 * h
+            d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t), _q6k_pairs(x_t + 4),
+                                       PTX)
+            part += d0 * _i8(sc_lo, shift) + d1 * _i8(sc_lo, shift + 16) + d2 * _i8(sc_hi, shift) \
+                + d3 * _i8(sc_hi, shift + 16)
+        acc += d * part
+    return tl.sum(acc, axis=0) * 16.0
+
+
+@triton.jit
+def _i8(word, shift):
+    """The int8 at bit `shift` of int32 `word`, as float32."""
+    return ((word >> shift) & 0xFF).to(tl.int8).to(tl.float32)
+
+
+def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
+    """None where this GEMV runs the weight, else why not (the interpreter runs its float32 twin of the PTX; the
+    plan takes it on CUDA only)."""
+    if st.name not in TYPES or not st.layout.columns:
+        return f"{st.name} has no column-major GEMV (only {', '.join(TYPES)})"
+    if st.dtype != torch.float16:
+        return f"{str(st.dtype).removeprefix('torch.')} activations (packed halves are fp16)"
+    return None
+
+
+# (BLOCK_N, warps, waves, min tiles): four columns a thread in two warps, the K loop split for sixteen programs an
+# SM on the small weights, eight with two super-blocks each at least on the large ones, as the H100 sweeps of
+# benchmarks/ggml_gemm.py --sweep found
+SMALL = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
+LARGE = GemvConfig(block_n=256, warps=2, waves=8.0, min_tiles=2)
+LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
+
+
+def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
+    """The launch config of a weight (any M: the plan gives this path one row)."""
+    return LARGE if st.n * st.k >= LARGE_WEIGHT else SMALL
+
+
+def rope_applies(st: GgmlState, rope: RopeStore, config: GemvConfig) -> bool:
+    """Whether the epilogue can finish W = [q; k; v] under `config` (gemv_out.rope_fits)."""
+    return rope_fits(st.n, rope, GemvConfig(*config).block_n)
+
+
+def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
+           caps: DeviceCaps | None = None, glu: bool = False, rope: RopeStore | None = None, ptx: bool | None = None,
+           stages: int = 1) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 and a weight of TYPES in column-major planes. `glu`: W stacks
+    [gate; up] and y[M, N/2] = silu(gate) * up; `rope`: W stacks [q; k; v], q and k rotated and k, v stored in the
+    paged caches (rope_applies must hold), as the affine GEMV's epilogues. `config` (GemvConfig's fields), `ptx`
+    (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
+    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
+    caps = caps or device_caps(x2.device)
+    config = GemvConfig(*(config or default_config(st, caps, x2.shape[0])))
+    assert rope is None or (not glu and rope_applies(st, rope, config))
+    assert not glu or st.n % 2 == 0
+    bn, warps, waves, min_tiles = config
+    m = x2.shape[0]
+    column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
+    splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
+    y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=x2.dtype)
+    ws, locks = workspace(x2.device, st.n, m)
+    _ggml_cols_kernel[(m, column_blocks, splits)](
+        x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
+        *(rope.kernel_args() if rope is not None else (x2,) * 7), st.n, per, st.tiles,
+        *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
+        Q5=st.name == "q5_K", Q6=st.name == "q6_K", BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, GLU=glu, ROPE=rope is not None,
+        HEAD_D=rope.head_dim if rope is not None else 128,
+        **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps, **pdl_launch(caps))
+    return y
