@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from kernel_util import cpu_4bit_kernel  # noqa: I001
 from quanta.cli.main import build_parser, main
 from quanta.cli.options import byte_size, token_ids
 
@@ -148,21 +149,25 @@ def test_inspect_json_reports_schemes_and_kernels(default_model_path):
     assert info["schemes"]["gguf q4_1"] == 210 and info["schemes"]["gguf q8_0"] == 1
     gemms = {g["name"]: g for g in info["gemms"]}
     assert len(gemms) == 30 * 4 + 1                        # qkv, o, gate_up, down per layer; the lm_head
-    assert gemms["model.layers.0.self_attn.q_proj+k_proj+v_proj"]["kernel"] == "cpu_int4"
-    assert gemms["lm_head"]["kernel"] == "cpu_ggml"                   # the tied Q8_0 table's blocks as stored
+    kernel = cpu_4bit_kernel()[0]
+    head_kernel = "cpu_vnni" if kernel == "cpu_vnni" else "cpu_ggml"     # the tied Q8_0 table at its bytes
+    assert gemms["model.layers.0.self_attn.q_proj+k_proj+v_proj"]["kernel"] == kernel
+    assert gemms["lm_head"]["kernel"] == head_kernel
     file_bytes = default_model_path.stat().st_size
-    assert 0.95 * file_bytes < info["bytes"] <= file_bytes          # held as stored, not dequantized
-    head = info["memory"]["weights"]["gguf q8_0 -> cpu_ggml"]       # the file's blocks, nothing more
+    assert 0.95 * file_bytes < info["bytes"] <= file_bytes          # held as stored, once, not dequantized
+    head = info["memory"]["weights"][f"gguf q8_0 -> {head_kernel}"]  # the file's blocks' bytes, nothing more
     assert head["bytes"] == head["stored_bytes"] == 49152 * 576 // 32 * 34
 
 
 def test_inspect_says_what_dtype_runs(default_model_path):
-    """float32 activations, but the int4 GEMMs compute at bfloat16 input; the Q8_0 lm_head on cpu_ggml in
-    float32."""
+    """float32 activations, but the 4-bit GEMMs compute from 8-bit blocks (cpu_vnni, and the Q8_0 lm_head with
+    them) or at bfloat16 input (cpu_int4; the lm_head on cpu_ggml in float32)."""
     out = _inspect(default_model_path, "-q").stdout
     assert "activations in float32" in out
-    assert re.search(r"gguf q4_1 -> cpu_int4 \(computes in bfloat16, output float32\)", out), out
-    assert re.search(r"lm_head: gguf q8_0 -> cpu_ggml in float32", out), out
+    kernel, computes = cpu_4bit_kernel()
+    assert re.search(rf"gguf q4_1 -> {kernel} \(computes in {computes}, output float32\)", out), out
+    head = "cpu_vnni in int8" if kernel == "cpu_vnni" else "cpu_ggml in float32"
+    assert re.search(rf"lm_head: gguf q8_0 -> {head}", out), out
 
 
 def test_inspect_says_what_the_dequantized_fallback_costs(default_model_path):
@@ -174,7 +179,10 @@ def test_inspect_says_what_the_dequantized_fallback_costs(default_model_path):
     assert "1.88x its 28.7 MiB stored" in _inspect(default_model_path, "-q", "--dtype", "float16").stdout
 
 
-def test_inspect_reports_a_fallback_once(default_model_path):
+def test_inspect_reports_a_fallback_once(default_model_path, monkeypatch):
+    """Without native code (no VNNI or ggml kernel), the tied Q8_0 lm_head falls back past cpu_int4: one note
+    for it, not one per layer."""
+    monkeypatch.setenv("QUANTA_NATIVE", "0")
     out = _inspect(default_model_path)
     reason = "cpu_int4: needs plain 4-bit groups, weight is gguf q8_0"
     assert (out.stdout + out.stderr).count(reason) == 1, out.stdout + out.stderr

@@ -5,7 +5,7 @@ import torch
 
 from kernel_util import rel_err  # noqa: I001
 from quanta.kernels import dense, dequantized, registry
-from quanta.kernels.cpu import int4 as cpu_int4, int8 as cpu_int8
+from quanta.kernels.cpu import int4 as cpu_int4, int8 as cpu_int8, vnni as cpu_vnni
 from test_affine_gemm import make_affine
 from test_affine_gguf import make_gguf
 
@@ -77,15 +77,19 @@ def test_they_refuse_what_they_cannot_run():
 
 
 def test_gguf_q4_0_runs_packed_on_the_cpu_without_native_code(monkeypatch):
-    """GGUF Q4_0 has an exact affine form: where cpu_ggml cannot hold its blocks as stored (QUANTA_NATIVE=0), the
-    registry picks cpu_int4 (not a dequantized copy); with it, cpu_int4 leaves the weight to cpu_ggml, whose
-    state is the file's bytes where the packed form's bfloat16 scale and zero a group would be a ninth more."""
+    """GGUF Q4_0 has an exact affine form: where no native kernel can hold its blocks (QUANTA_NATIVE=0), the
+    registry picks cpu_int4 (not a dequantized copy); with them, cpu_vnni takes it where the CPU has VNNI, and
+    otherwise cpu_int4 leaves the weight to cpu_ggml, whose state is the file's bytes where the packed form's
+    bfloat16 scale and zero a group would be a ninth more."""
     w, ref_w = make_gguf(64, 256, "Q4_0", device="cpu")
     module, reason = registry.select(w, torch.device("cpu"), torch.float32)
-    assert module.NAME == "cpu_ggml" and "cpu_int4: cpu_ggml holds its blocks at their 9216 bytes" in reason
+    if cpu_vnni.supports(w, torch.device("cpu"), torch.float32) is None:
+        assert module is cpu_vnni and reason == "first choice"
+    else:
+        assert module.NAME == "cpu_ggml" and "cpu_int4: cpu_ggml holds its blocks at their 9216 bytes" in reason
     monkeypatch.setenv("QUANTA_NATIVE", "0")
     module, reason = registry.select(w, torch.device("cpu"), torch.float32)
-    assert module is cpu_int4 and reason == "first choice"
+    assert module is cpu_int4 and "cpu_vnni: no native library" in reason
     x = torch.randn(3, 256)
     assert rel_err(module.apply(x, module.prepare(w, torch.device("cpu"), torch.float32)), x @ ref_w.T) < 2e-2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import gguf
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from quanta.engine import LLM, SamplingParams
 from quanta.engine.core import EngineClosedError
 from quanta.engine.layers import MergedQuantLinear, QuantLinear
 from quanta.loaders.gguf.file import read_gguf
+from kernel_util import cpu_4bit_kernel  # noqa: I001
 
 from tiny_models import build_tiny_hf
 
@@ -34,15 +36,28 @@ def smollm(default_model_path):
 
 
 def test_default_model_weights_by_kernel_at_their_bytes(smollm):
-    """Every GEMM of the default model on the CPU holds its stored bytes: the Q4_1 layers on cpu_int4, the tied Q8_0
-    table as the lm_head on cpu_ggml (the file's blocks themselves, shared with the embedding)."""
+    """Every GEMM of the default model on the CPU holds its stored bytes: the Q4_1 layers on the packed 4-bit
+    kernel, the tied Q8_0 table as the lm_head on cpu_vnni (its bytes in 16-row tiles, from which the embedding
+    reads its rows: held once) or cpu_ggml (the file's blocks themselves, shared with the embedding)."""
     llm, path = smollm
     weights = llm.memory()["weights"]
     assert not [k for k in weights if k.endswith("-> dequantized")], weights
-    head = weights["gguf q8_0 -> cpu_ggml"]
+    kernel = cpu_4bit_kernel()[0]
+    head = weights[f"gguf q8_0 -> {'cpu_vnni' if kernel == 'cpu_vnni' else 'cpu_ggml'}"]
     assert head["layers"] == 1 and head["stored_bytes"] == ggml_bytes(49152, 576, "q8_0")
     assert head["bytes"] == head["stored_bytes"]
-    assert weights["gguf q4_1 -> cpu_int4"]["layers"] == 120
+    assert weights["embedding gguf q8_0"]["bytes"] == 0                 # the lm_head's bytes, counted there
+    assert weights[f"gguf q4_1 -> {kernel}"]["layers"] == 120
+
+
+def test_a_tied_embedding_reads_the_lm_heads_tiles_exactly(smollm):
+    """Where the embedding reads its rows from the lm_head's state, they are the file's rows: the gguf package's
+    dequantization of the same Q8_0 blocks."""
+    llm, path = smollm
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    ids = torch.tensor([0, 1, 17, 4242, 49151])
+    want = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type)).reshape(49152, 576)[ids]
+    assert torch.equal(llm.model.model.embed_tokens(ids), want)
 
 
 def test_dequantized_weights_say_how_much_they_expanded(default_model_path):

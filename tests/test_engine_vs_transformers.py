@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from quanta.engine import LLM, SamplingParams  # noqa: E402
+from kernel_util import cpu_4bit_kernel  # noqa: E402
 from tiny_models import hf_greedy  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -72,12 +73,12 @@ def test_tiny_hf_models_match_transformers(arch, tmp_path):
 
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
 def test_default_model_int4_path_agrees_with_exact(default_pair, dtype):
-    """The CPU fast path (torch's int4 kernel, bf16 at its input; float32 elsewhere by default) keeps
-    weights 4-bit and stays close to the exact float32 model."""
+    """The CPU fast path (cpu_vnni's 8-bit activation blocks, or torch's int4 kernel at bf16 input; float32
+    elsewhere by default) keeps weights 4-bit and stays close to the exact float32 model."""
     ours32, _ = default_pair
     from quanta.cli.default_model import default_model_path
     fast = LLM(model=str(default_model_path()), dtype=dtype, device="cpu")
-    assert {k["kernel"] for k in fast.kernels() if "q4_1" in k["scheme"]} == {"cpu_int4"}
+    assert {k["kernel"] for k in fast.kernels() if "q4_1" in k["scheme"]} == {cpu_4bit_kernel()[0]}
     ids = ours32.tokenizer(" ".join(PROMPTS))["input_ids"]
     ref, got = ours32.prompt_logits(ids), fast.prompt_logits(ids)
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernel_util import cpu_4bit_kernel  # noqa: I001
 from quanta.engine import LLM
 from quanta.quant.group_sort import sort_mlp
 from quanta.quant.kinds import Affine
@@ -51,10 +52,10 @@ def test_uneven_groups_and_plain_weights_are_left_as_they_are():
 
 
 def test_engine_runs_an_act_order_down_proj_packed():
-    # cpu_int4 takes plain 4-bit groups only: unsorted, an act-order down_proj would fall back to cpu_rows
+    # the packed 4-bit kernels take plain groups only: unsorted, an act-order down_proj would fall back to cpu_rows
     with LLM("synthetic:tiny-tp:w4g64act", device="cpu", max_model_len=64, num_kv_blocks=8, quiet=True) as llm:
         kernels = {k["name"].rsplit(".", 1)[-1]: k["kernel"] for k in llm.kernels()}
-    assert kernels["down_proj"] == "cpu_int4"
+    assert kernels["down_proj"] == cpu_4bit_kernel()[0]
     assert kernels["o_proj"] == "cpu_rows"                # its K is the attention heads: not reorderable
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
+from kernel_util import cpu_4bit_kernel  # noqa: I001
 from quanta.engine import LLM
 from quanta.engine.kernel_report import KernelPath, compute_dtype, layer_paths
 from quanta.engine.layers import QuantLinear
@@ -34,11 +35,13 @@ def test_rows_are_the_gemms_as_they_run():
 
 
 def test_dtypes_say_what_computes():
-    """On the CPU with dtype auto the activations are float32, the 4-bit GEMMs compute at bf16 input
-    (cpu_int4) and the dense lm_head runs in bf16; with dtype float32 the lm_head does too."""
+    """On the CPU with dtype auto the activations are float32, the 4-bit GEMMs compute from 8-bit blocks
+    (cpu_vnni) or at bf16 input (cpu_int4) and the dense lm_head runs in bf16; with dtype float32 the lm_head
+    does too."""
     rows = tiny_llm().kernels()
     body, head = rows[:-1], rows[-1]
-    assert {(r["kernel"], r["dtype"], r["compute_dtype"]) for r in body} == {("cpu_int4", "float32", "bfloat16")}
+    kernel, computes = cpu_4bit_kernel()
+    assert {(r["kernel"], r["dtype"], r["compute_dtype"]) for r in body} == {(kernel, "float32", computes)}
     assert (head["kernel"], head["dtype"], head["compute_dtype"]) == ("dense", "bfloat16", "bfloat16")
     assert tiny_llm(dtype="float32").kernels()[-1]["dtype"] == "float32"
 

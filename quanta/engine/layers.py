@@ -337,6 +337,11 @@ class Embedding(nn.Module):
             self.table = weight.to(device) if narrower else weight.to(device, dtype)
         self.dtype = dtype
 
+    def read_rows_from(self, state) -> None:
+        """Look rows up in `state` (a tied lm_head's kernel state with take_rows and describe) from now on, in
+        place of a table of its own: the tied table is held once, in the layout the lm_head computes from."""
+        self.table = state
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.cut is None:
             return self._lookup(ids)
@@ -345,7 +350,7 @@ class Embedding(nn.Module):
         return out * inside.unsqueeze(-1).to(out.dtype)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.table, QTensor):
+        if hasattr(self.table, "take_rows"):          # a QTensor, or the lm_head state it shares (read_rows_from)
             return self.table.take_rows(ids.reshape(-1)).dequantize(self.dtype).reshape(*ids.shape, self.dim)
         return F.embedding(ids, self.table).to(self.dtype)
 

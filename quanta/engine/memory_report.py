@@ -68,7 +68,7 @@ def weight_memory(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     for module in model.modules():
         if isinstance(module, Embedding) and module.table is not None:
             table = module.table
-            scheme = table.describe() if isinstance(table, QTensor) else f"dense {table.dtype}"
+            scheme = table.describe() if hasattr(table, "describe") else f"dense {table.dtype}"
             size = held_bytes(table, seen)
             out[f"embedding {scheme}"] = {"bytes": size, "stored_bytes": module.stored_bytes, "layers": 1}
         elif isinstance(module, RMSNorm):

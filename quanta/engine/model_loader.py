@@ -16,6 +16,7 @@ from quanta.loaders.checkpoint import Checkpoint
 from quanta.loaders.pages import release
 from quanta.quant.errors import ConfigError, CorruptFileError, ShapeError
 from quanta.quant.group_sort import declares_act_order, group_order, sort_mlp
+from quanta.quant.qtensor import QTensor
 
 
 # Kernels an lm_head passes over. cpu_rows dequantizes its rows on every call: for the lm_head, often the
@@ -108,6 +109,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
             weight = take(f"{name}.weight") if weight is None else weight
             module.load(weight, take(f"{name}.bias", module.has_bias), device, module_dtype, name=f"{name}.weight",
                         force_kernel=force_kernel, avoid=HEAD_AVOIDS if head else None)
+            if head:
+                table = _tie_head(model, module, table, embed_as_head and tp is None)
             release(weight, keep=[module.state, table])
             del weight
         elif isinstance(module, Embedding):
@@ -126,6 +129,22 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
     for layer in model.model.layers:
         layer.feed_in_weight_order()
     return model.eval()
+
+
+def _tie_head(model: LlamaForCausalLM, head: QuantLinear, table, tied: bool):
+    """After the lm_head's load. Where its kernel computes in float32 or from 8-bit blocks whatever its input (the
+    CPU's native ones), it takes float32 activations and gives float32 logits: a 16-bit dtype would only round
+    both. Where it
+    is tied to a quantized embedding and its state gives rows back (take_rows), the embedding reads them there
+    and lets its own copy of the table go. Returns the table the embedding holds now."""
+    declared = getattr(head.kernel, "compute_dtype", None)
+    if declared is not None and declared(head.dtype) in (torch.float32, torch.int8):
+        head.dtype = torch.float32
+    if tied and isinstance(table, QTensor) and hasattr(head.state, "take_rows"):
+        model.model.embed_tokens.read_rows_from(head.state)
+        release(table, keep=[head.state])
+        return head.state
+    return table
 
 
 def weight_modules(module: torch.nn.Module, prefix: str = ""):
