@@ -12,7 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "quanta"
 MAX_LINES = 500
 MAX_DOCSTRING_LINES = 12       # a module says what it is in about ten lines; details live where they apply
-ROOM_SHARE = 0.27          # kernels, the largest, holds both devices' kernels (the CPU's native C not counted)
+ROOM_SHARE = 0.28          # kernels, the largest, holds both devices' kernels (the CPU's native C not counted); its
+#                            CPU family cannot yet be a room of its own: dense and paged_kv, which both use, sit in it
 # What each room may import besides itself (DESIGN.md's dependency direction).
 _LOWER = {"quant": set(), "loaders": {"quant"}, "kernels": {"quant"}}
 _LOWER["planner"] = {"loaders", "kernels"} | _LOWER["loaders"]

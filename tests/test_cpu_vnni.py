@@ -35,10 +35,11 @@ def half_exact(w: Affine) -> Affine:
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("n", [96, 37])
+@pytest.mark.parametrize("n", [96, 530])
 def test_gguf_types_match_the_gguf_package(name, n):
     """Every mode of the kernel's offset (Q4_0's one zero, Q4_1's mins, Q8_0's zero 128 on 8-bit codes), with a
-    last tile of 16 rows only partly filled (37 rows), a bias, and the file's bytes held, nothing more."""
+    last tile of 16 rows only partly filled (530 rows), a bias, and the file's bytes held (with 530 rows, the
+    padding's 2.6% more)."""
     w, ref = make_gguf(n, 256, name, device="cpu")
     assert registry.select(w, CPU, torch.float32)[0] is vnni
     st = vnni.prepare(w, CPU, torch.float32)
@@ -97,5 +98,7 @@ def test_it_refuses_what_it_cannot_run():
                                               torch.float32)
     assert "float16 does not hold" in vnni.supports(make_affine(64, 256, 4, 64, "sym", device="cpu"), CPU,
                                                     torch.float32)
+    assert "padding would hold 30% more" in vnni.supports(make_gguf(37, 256, "Q4_0", device="cpu")[0], CPU,
+                                                           torch.float32)
     w5, _ = make_gguf(64, 256, "Q5_1", device="cpu")
     assert "plain 4- or 8-bit" in vnni.supports(w5, CPU, torch.float32)

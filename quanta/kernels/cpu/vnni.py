@@ -30,6 +30,7 @@ SOURCE = pathlib.Path(__file__).with_name("vnni_matmul.c")
 TILE = 16                   # weight rows a tile: the int32 lanes of a 512-bit vector
 BLOCK = 32                  # columns an activation block
 ZERO_ONE, ZERO_GROUPS, MINS = 0, 1, 2       # how W's offset is held (vnni_matmul.c's modes)
+MAX_PAD = 0.03              # the most a weight's padding to whole tiles may add to what it holds
 
 
 @dataclass
@@ -68,7 +69,9 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     scheme, why_not = cpu_affine.cpu_scheme(weight, device, dtype)
     if why_not is not None:
         return why_not
-    k = weight.shape[1]
+    n, k = weight.shape
+    if -n % TILE > MAX_PAD * n:
+        return f"N={n}: its last 16-row tile's padding would hold {-n % TILE / n:.0%} more than the weight"
     if scheme.bits not in (4, 8) or scheme.act_order:
         return f"needs plain 4- or 8-bit groups, weight is {weight.describe()}"
     if k % BLOCK or scheme.group_size % BLOCK or k % scheme.group_size:
