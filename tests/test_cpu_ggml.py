@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
+from kernel_util import cpu_4bit_kernel  # noqa: I001
 from quanta.kernels import registry
-from quanta.kernels.cpu import ggml as cpu_ggml, int4 as cpu_int4
+from quanta.kernels.cpu import ggml as cpu_ggml, int4 as cpu_int4, vnni as cpu_vnni
 from test_ggml_gemm import make_gguf
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -65,10 +66,16 @@ def test_a_row_does_not_depend_on_the_batch_or_the_threads(name):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_the_registry_holds_every_type_at_its_file_bytes(name):
-    """Q4_1 stays on torch's int4 kernel (its packed form is Q4_1's own 5 bits a weight); every other type on
-    cpu_ggml, whose state is the weight's own blocks (no copy). N = 48: torch's int4 kernel wants 16 rows a tile."""
+    """Q4_0, Q4_1 and Q8_0 go to cpu_vnni where the CPU has VNNI (its tiles hold the file's bytes), else Q4_1 to
+    torch's int4 kernel (its packed form is Q4_1's own 5 bits a weight); every other type on cpu_ggml, whose state
+    is the weight's own blocks (no copy). N = 48: both tile 16 rows."""
     w, _ = make_gguf(48, shape_of(name)[1], name, device="cpu")
     module, _ = registry.select(w, CPU, torch.float32)
+    if name in ("Q4_0", "Q4_1", "Q8_0") and cpu_4bit_kernel()[0] == "cpu_vnni":
+        assert module is cpu_vnni
+        state = module.prepare(w, CPU, torch.float32)
+        assert state.codes.nbytes + state.scales.nbytes + getattr(state.offsets, "nbytes", 0) == w.nbytes
+        return
     if name == "Q4_1":
         assert module is cpu_int4
         state = module.prepare(w, CPU, torch.float32)
@@ -110,8 +117,9 @@ def q4_k_m(tmp_path_factory, default_model_path):
 
 
 def test_a_q4_k_m_file_generates_the_dequantized_paths_greedy_text(q4_k_m):
-    """The default model converted to Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 tensors): every GEMM on cpu_ggml at the
-    file's bytes, and the greedy tokens of the float32 dequantized path."""
+    """The default model converted to Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 tensors): every GEMM at the file's bytes,
+    on cpu_ggml (the Q8_0 one on cpu_vnni where the CPU has VNNI), and the greedy tokens of the float32 dequantized
+    path."""
     from quanta.engine import LLM, SamplingParams
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):"]
@@ -120,9 +128,10 @@ def test_a_q4_k_m_file_generates_the_dequantized_paths_greedy_text(q4_k_m):
         with LLM(str(q4_k_m), device="cpu", kernel=kernel, max_model_len=128, quiet=True) as llm:
             if kernel is None:
                 chosen = {(k["scheme"], k["kernel"]) for k in llm.kernels()}
-                assert chosen == {(f"gguf {t}", "cpu_ggml") for t in ("q4_K", "q5_0", "q6_K", "q8_0")}, chosen
+                q8 = "cpu_vnni" if cpu_4bit_kernel()[0] == "cpu_vnni" else "cpu_ggml"
+                assert chosen == {(f"gguf {t}", "cpu_ggml") for t in ("q4_K", "q5_0", "q6_K")} | {("gguf q8_0", q8)}
                 weights = llm.memory()["weights"]
-                held = [e for key, e in weights.items() if "-> cpu_ggml" in key]
+                held = [e for key, e in weights.items() if "-> cpu_" in key]
                 assert all(e["bytes"] == e["stored_bytes"] for e in held), weights
             runs[kernel] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert runs[None] == runs["dequantized"]

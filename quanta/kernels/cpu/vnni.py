@@ -23,6 +23,7 @@ from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
 from quanta.kernels.cpu.ggml import FLAG_SETS
 from quanta.quant import native_build
 from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor
 
 NAME = "cpu_vnni"
@@ -30,6 +31,7 @@ SOURCE = pathlib.Path(__file__).with_name("vnni_matmul.c")
 TILE = 16                   # weight rows a tile: the int32 lanes of a 512-bit vector
 BLOCK = 32                  # columns an activation block
 ZERO_ONE, ZERO_GROUPS, MINS = 0, 1, 2       # how W's offset is held (vnni_matmul.c's modes)
+GGUF_TYPES = ("q4_0", "q4_1", "q8_0")      # the 4- and 8-bit ggml types with an affine form (Q4_K's is float32)
 MAX_PAD = 0.03              # the most a weight's padding to whole tiles may add to what it holds
 
 
@@ -80,7 +82,9 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return "no native library (no C compiler, or QUANTA_NATIVE=0)"
     if not _library().quanta_vnni_available():
         return "this CPU or build has no AVX512-VNNI"
-    a = cpu_affine.affine_form(weight)
+    if isinstance(weight, Gguf):            # the legacy types' scales and mins are float16 in the file
+        return None if weight.type.name in GGUF_TYPES else f"{weight.type.name}: scales float16 does not hold"
+    a = cpu_affine.affine_form(weight)      # an Affine's own (to_affine returns itself)
     if a.post_scale is not None:
         return "a post-scale (bnb's) is not held by the kernel"
     if not _exact_half(a.scales) or (a.mins is not None and not _exact_half(a.mins)):
