@@ -134,9 +134,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, trit
 def _tie_head(model: LlamaForCausalLM, head: QuantLinear, table, tied: bool):
     """After the lm_head's load. Where its kernel computes in float32 or from 8-bit blocks whatever its input (the
     CPU's native ones), it takes float32 activations and gives float32 logits: a 16-bit dtype would only round
-    both. Where it
-    is tied to a quantized embedding and its state gives rows back (take_rows), the embedding reads them there
-    and lets its own copy of the table go. Returns the table the embedding holds now."""
+    both. Where it is tied to a quantized embedding and its state gives rows back (take_rows), the embedding reads
+    them there and lets its own copy of the table go. Returns the table the embedding holds now."""
     declared = getattr(head.kernel, "compute_dtype", None)
     if declared is not None and declared(head.dtype) in (torch.float32, torch.int8):
         head.dtype = torch.float32
