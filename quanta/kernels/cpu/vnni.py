@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,11 @@ class State:
     in_features: int
     out_features: int
     scheme: str                 # the weight's describe(), for what reads rows of it (a tied embedding)
+    weight_args: tuple = field(init=False, repr=False)     # the C call's weight arguments, made once
+
+    def __post_init__(self) -> None:
+        self.weight_args = (self.codes.data_ptr(), self.bits, self.scales.data_ptr(), self.group_blocks, self.mode,
+                            self.zero, None if self.offsets is None else self.offsets.data_ptr(), self.scales.shape[0])
 
     def describe(self) -> str:
         return self.scheme
@@ -128,12 +133,11 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
     rows = x.reshape(-1, state.in_features).float().contiguous()
     y = torch.empty(rows.shape[0], state.out_features)
     if rows.shape[0]:
-        done = _library().quanta_vnni_matmul(
-            rows.data_ptr(), rows.shape[0], state.in_features, state.codes.data_ptr(), state.bits,
-            state.scales.data_ptr(), state.group_blocks, state.mode, state.zero,
-            None if state.offsets is None else state.offsets.data_ptr(), state.scales.shape[0], y.data_ptr(),
-            state.out_features, torch.get_num_threads())
+        done = _library().quanta_vnni_matmul(rows.data_ptr(), rows.shape[0], state.in_features, *state.weight_args,
+                                             y.data_ptr(), state.out_features, torch.get_num_threads())
         assert done == 0, (state.bits, state.in_features)          # supports() admitted only what it takes
+    if bias is None and x.dim() == 2 and x.dtype == torch.float32:
+        return y                                                    # (a decode step's rows: as finish() gives it)
     return cpu_affine.finish(y, x.shape[:-1], state.out_features, x.dtype, bias)
 
 
