@@ -66,7 +66,7 @@ def test_a_row_does_not_depend_on_the_batch_or_the_threads(name):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_the_registry_holds_every_type_at_its_file_bytes(name):
-    """Q4_0, Q4_1 and Q8_0 go to cpu_vnni where the CPU has VNNI (its tiles hold the file's bytes), else Q4_1 to
+    """Q4_0, Q4_1 and Q8_0 go to cpu_vnni where it builds (its tiles hold the file's bytes), else Q4_1 to
     torch's int4 kernel (its packed form is Q4_1's own 5 bits a weight); every other type on cpu_ggml, whose state
     is the weight's own blocks (no copy). N = 48: both tile 16 rows."""
     w, _ = make_gguf(48, shape_of(name)[1], name, device="cpu")
@@ -118,7 +118,7 @@ def q4_k_m(tmp_path_factory, default_model_path):
 
 def test_a_q4_k_m_file_generates_the_dequantized_paths_greedy_text(q4_k_m):
     """The default model converted to Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 tensors): every GEMM at the file's bytes,
-    on cpu_ggml (the Q8_0 one on cpu_vnni where the CPU has VNNI), and the greedy tokens of the float32 dequantized
+    on cpu_ggml (the Q8_0 one on cpu_vnni where it builds), and the greedy tokens of the float32 dequantized
     path."""
     from quanta.engine import LLM, SamplingParams
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

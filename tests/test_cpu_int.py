@@ -78,7 +78,7 @@ def test_they_refuse_what_they_cannot_run():
 
 def test_gguf_q4_0_runs_packed_on_the_cpu_without_native_code(monkeypatch):
     """GGUF Q4_0 has an exact affine form: where no native kernel can hold its blocks (QUANTA_NATIVE=0), the
-    registry picks cpu_int4 (not a dequantized copy); with them, cpu_vnni takes it where the CPU has VNNI, and
+    registry picks cpu_int4 (not a dequantized copy); with them, cpu_vnni takes it where it builds, and
     otherwise cpu_int4 leaves the weight to cpu_ggml, whose state is the file's bytes where the packed form's
     bfloat16 scale and zero a group would be a ninth more."""
     w, ref_w = make_gguf(64, 256, "Q4_0", device="cpu")

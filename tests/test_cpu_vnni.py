@@ -9,14 +9,17 @@ import torch
 
 from kernel_util import rel_err  # noqa: I001
 from quanta.kernels import registry
-from quanta.kernels.cpu import vnni
+from quanta.kernels.cpu import ggml as cpu_ggml, vnni
+from quanta.quant import native_build
 from quanta.quant.kinds.affine import Affine
 from test_affine_gemm import make_affine
 from test_affine_gguf import make_gguf
+from test_ggml_gemm import make_gguf as random_gguf
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(vnni._library() is None or not vnni._library().quanta_vnni_available(),
-                                reason="no AVX512-VNNI build on this CPU")
+                                reason="no AVX512-VNNI or AVX2 build on this CPU")
+AVX2 = (*cpu_ggml._BASE, "-mavx2", "-mfma", "-mf16c", "-fopenmp")       # what a CPU without AVX-512 builds
 
 
 def q8_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -102,3 +105,25 @@ def test_it_refuses_what_it_cannot_run():
                                                            torch.float32)
     w5, _ = make_gguf(64, 256, "Q5_1", device="cpu")
     assert "plain 4- or 8-bit" in vnni.supports(w5, CPU, torch.float32)
+
+
+def test_the_avx2_build_gives_the_avx512_builds_numbers(monkeypatch):
+    """Built as for a CPU without AVX-512 (vpmaddubsw / vpmaddwd for vpdpbusd, 8-bit codes a nibble at a time, the
+    16 lanes as two halves), the kernel computes every weight mode and batch bit for bit as this CPU's build does."""
+    avx2 = native_build.load(vnni.SOURCE, (AVX2,), "the AVX2 VNNI matmul")
+    if avx2 is None:
+        pytest.skip("the compiler cannot build for AVX2")
+    native = vnni._library()
+    avx2.quanta_vnni_matmul.restype, avx2.quanta_vnni_matmul.argtypes = (native.quanta_vnni_matmul.restype,
+                                                                         native.quanta_vnni_matmul.argtypes)
+    weights = [random_gguf(530, 512, name, device="cpu")[0] for name in ("Q4_0", "Q4_1", "Q8_0")]
+    weights += [half_exact(make_affine(48, 384, bits, 128, "asym", device="cpu")) for bits in (4, 8)]
+    x = torch.randn(7, 512)
+    for w in weights:
+        st = vnni.prepare(w, CPU, torch.float32)
+        rows = x[:, :w.shape[1]]
+        want = vnni.apply(rows, st)
+        monkeypatch.setattr(vnni, "_library", lambda: avx2)
+        got = vnni.apply(rows, st)
+        monkeypatch.setattr(vnni, "_library", lambda: native)
+        assert torch.equal(got, want), w.describe()

@@ -1,13 +1,13 @@
-"""4- and 8-bit affine weights on the CPU with 8-bit activations and AVX512-VNNI integer dot products
-(vnni_matmul.c), as llama.cpp computes GGUF's Q4_0, Q4_1 and Q8_0: GGUF's legacy types, AWQ / GPTQ groups and
-LLM.int8 rows held at their own bytes, float32 activations in and out (no bfloat16 round trip a GEMM).
+"""4- and 8-bit affine weights on the CPU with 8-bit activations and integer dot products (vnni_matmul.c: AVX512-VNNI,
+else AVX2), as llama.cpp computes GGUF's Q4_0, Q4_1 and Q8_0: GGUF's legacy types, AWQ / GPTQ groups and 8-bit
+GPTQ held at their own bytes, float32 activations in and out (no bfloat16 round trip a GEMM).
 
 The weight is laid out once in tiles of 16 rows whose codes interleave so that one vector holds four codes of
 each row; a product is then 8 `vpdpbusd` a block of 32 columns for 16 rows at once, the rows in the lanes, so
 no lane sum is ever taken. Each activation row is quantized to blocks of 32 (the C file says how) and the
 result is W times those blocks, summed in one fixed order whatever the batch: the kernel is batch-invariant.
 Scales (and mins) stay float16, as the checkpoints hold them; a weight whose scales float16 cannot hold exactly,
-or a build without VNNI, goes to the next kernel in the registry's order.
+or a CPU with neither instruction set, goes to the next kernel in the registry's order.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if not native_build.enabled() or _library() is None:
         return "no native library (no C compiler, or QUANTA_NATIVE=0)"
     if not _library().quanta_vnni_available():
-        return "this CPU or build has no AVX512-VNNI"
+        return "this CPU or build has neither AVX512-VNNI nor AVX2 with FMA and F16C"
     if isinstance(weight, Gguf):            # the legacy types' scales and mins are float16 in the file
         return None if weight.type.name in GGUF_TYPES else f"{weight.type.name}: scales float16 does not hold"
     a = cpu_affine.affine_form(weight)      # an Affine's own (to_affine returns itself)

@@ -1,5 +1,5 @@
-/* y = x W^T on the CPU for 4- and 8-bit affine weights with 8-bit activations and AVX512-VNNI integer dot products,
- * for quanta.kernels.cpu.vnni (which lays the weight out and says why).
+/* y = x W^T on the CPU for 4- and 8-bit affine weights with 8-bit activations and integer dot products (AVX512-VNNI,
+ * or AVX2's byte products: vnni_lanes.h), for quanta.kernels.cpu.vnni (which lays the weight out and says why).
  *
  * quanta_vnni_matmul(x, m, k, codes, bits, scales, group_blocks, mode, zero, offsets, tiles, y, n, threads):
  *   x float32 [m, k]; y float32 [m, n], n <= 16 tiles. The weight is tiles of 16 rows. For each tile and block j of
@@ -19,10 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define HAVE_VNNI 1
+#include "vnni_lanes.h"
 
+#if HAVE_VNNI
 enum { ZERO_ONE = 0, ZERO_GROUPS = 1, MINS = 2 };
 
 struct weight {
@@ -40,95 +39,73 @@ struct acts {                   /* x's 8-bit blocks: codes [m, k], d [m, blocks]
     int64_t k, blocks;
 };
 
-/* row i of x as 8-bit blocks of 32 */
-static void quantize_row(const float *x, int64_t blocks, int8_t *q, float *d, int32_t *sum) {
-    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    for (int64_t b = 0; b < blocks; b++) {
-        const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
-        const float id = amax != 0.f ? 127.f / amax : 0.f;
-        const __m512i c0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512i c1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtsepi32_epi8(c0));
-        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtsepi32_epi8(c1));
-        d[b] = amax / 127.f;
-        sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-    }
-}
-
 /* blocks ahead whose codes are prefetched: a thread's tiles are one contiguous stream, which the hardware
  * prefetcher alone leaves DRAM underused on */
 #define AHEAD 16
 
 /* the 8 code vectors of block j of a tile (vector u: 4 codes of every row, the columns of activation word u) */
-static inline void block_codes(const struct weight *w, const uint8_t *tile, int64_t j, __m512i c[8]) {
+static inline void block_codes(const struct weight *w, const uint8_t *tile, int64_t j, vi c[8]) {
     if (w->bits == 8) {
         const uint8_t *p = tile + j * 512;
         for (int u = 0; u < 8; u++) _mm_prefetch((const char *)(p + AHEAD * 512 + 64 * u), _MM_HINT_T0);
-        for (int u = 0; u < 8; u++) c[u] = _mm512_loadu_si512(p + 64 * u);
+        for (int u = 0; u < 8; u++) c[u] = vi_load64(p + 64 * u);
         return;
     }
     const uint8_t *p = tile + j * 256;
     for (int u = 0; u < 4; u++) _mm_prefetch((const char *)(p + AHEAD * 256 + 64 * u), _MM_HINT_T0);
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int u = 0; u < 4; u++) {
-        const __m512i v = _mm512_loadu_si512(p + 64 * u);
-        c[2 * u] = _mm512_and_si512(v, low);
-        c[2 * u + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        const vi v = vi_load64(p + 64 * u);
+        c[2 * u] = vi_low_nibbles(v);
+        c[2 * u + 1] = vi_high_nibbles(v);
     }
 }
 
 /* y[r][tile rows] for NR rows of x from row i0, over the whole of K; NR is a constant where this is inlined */
 static inline __attribute__((always_inline)) void tile_rows(const struct weight *w, const struct acts *a,
-                                                            int64_t t, int64_t i0, const int NR, __m512 acc[4]) {
+                                                            int64_t t, int64_t i0, const int NR, vf acc[4]) {
     const uint8_t *tile = w->codes + t * w->blocks * (w->bits == 8 ? 512 : 256);
     const int64_t at = t * w->groups * 16;
-    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < NR; r++) acc[r] = vf_set1(0.f);
     for (int64_t g = 0; g < w->groups; g++) {
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->scales + at + g * 16)));
-        __m512i zero = _mm512_set1_epi32(w->zero);
-        __m512 mins = _mm512_setzero_ps();
+        const vf s = vf_half16(w->scales + at + g * 16);
+        vi zero = vi_set1(w->zero);
+        vf mins = vf_set1(0.f);
         if (w->mode == ZERO_GROUPS)
-            zero = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)w->offsets + at + g * 16)));
+            zero = vi_bytes16((const uint8_t *)w->offsets + at + g * 16);
         else if (w->mode == MINS)
-            mins = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w->offsets + at + g * 16)));
+            mins = vf_half16((const uint16_t *)w->offsets + at + g * 16);
         for (int64_t j = g * w->group_blocks; j < (g + 1) * w->group_blocks; j++) {
-            __m512i c[8];
+            vi c[8];
             block_codes(w, tile, j, c);
             for (int r = 0; r < NR; r++) {
                 const int64_t row = i0 + r;
                 const int32_t *xq = (const int32_t *)(a->q + row * a->k + 32 * j);
-                __m512i dot = _mm512_setzero_si512();
-                for (int u = 0; u < 8; u++) dot = _mm512_dpbusd_epi32(dot, c[u], _mm512_set1_epi32(xq[u]));
+                vi dot = vi_set1(0);
+                for (int u = 0; u < 8; u++)
+                    dot = w->bits == 8 ? vi_dot4_wide(dot, c[u], xq[u]) : vi_dot4(dot, c[u], xq[u]);
                 const float dx = a->d[row * a->blocks + j];
                 const int32_t cs = a->sum[row * a->blocks + j];
-                if (w->mode != MINS) dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(zero, _mm512_set1_epi32(cs)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(dx)), acc[r]);
-                if (w->mode == MINS) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(dx * (float)cs), acc[r]);
+                if (w->mode != MINS) dot = vi_sub(dot, vi_mullo(zero, vi_set1(cs)));
+                acc[r] = vf_fma(vf_from_vi(dot), vf_mul(s, vf_set1(dx)), acc[r]);
+                if (w->mode == MINS) acc[r] = vf_fma(mins, vf_set1(dx * (float)cs), acc[r]);
             }
         }
     }
 }
 
-static void store_rows(float *y, int64_t n, int64_t t, int64_t i0, int nr, const __m512 acc[4]) {
-    const int64_t live = n - 16 * t < 16 ? n - 16 * t : 16;
-    const __mmask16 mask = (__mmask16)((1u << live) - 1);
-    for (int r = 0; r < nr; r++) _mm512_mask_storeu_ps(y + (i0 + r) * n + 16 * t, mask, acc[r]);
-}
-
 static void tile(const struct weight *w, const struct acts *a, int64_t m, int64_t t, float *y, int64_t n) {
-    __m512 acc[4];
+    vf acc[4];
+    const int live = n - 16 * t < 16 ? (int)(n - 16 * t) : 16;
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) { tile_rows(w, a, t, i, 4, acc); store_rows(y, n, t, i, 4, acc); }
-    for (; i < m; i++) { tile_rows(w, a, t, i, 1, acc); store_rows(y, n, t, i, 1, acc); }
+    for (; i + 4 <= m; i += 4) {
+        tile_rows(w, a, t, i, 4, acc);
+        for (int r = 0; r < 4; r++) vf_store(y + (i + r) * n + 16 * t, acc[r], live);
+    }
+    for (; i < m; i++) { tile_rows(w, a, t, i, 1, acc); vf_store(y + i * n + 16 * t, acc[0], live); }
 }
-#else
-#define HAVE_VNNI 0
 #endif
 
-/* 1 where this build has the kernel (the CPU and compiler have AVX512-VNNI), else 0 */
+/* 1 where this build has the kernel (the CPU and compiler have AVX512-VNNI, or AVX2 with FMA and F16C), else 0 */
 int quanta_vnni_available(void) { return HAVE_VNNI; }
 
 /* returns 0, or -1 where this build lacks the kernel or the arguments do not describe a weight it takes */
