@@ -3,6 +3,7 @@ dequantization of the same blocks and the weights' own dequantize(), with x repl
 computes them (llama.cpp's rule); a row's result the same bit for bit whatever the batch and the thread count; the
 weight held at its stored bytes; what it refuses."""
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(vnni._library() is None or not vnni._library().quanta_vnni_available(),
                                 reason="no AVX512-VNNI or AVX2 build on this CPU")
 AVX2 = (*cpu_ggml._BASE, "-mavx2", "-mfma", "-mf16c", "-fopenmp")       # what a CPU without AVX-512 builds
+AVX_VNNI = (*AVX2, "-mavxvnni")                                          # and one with 256-bit VNNI (Alder Lake on)
 
 
 def q8_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -107,12 +109,14 @@ def test_it_refuses_what_it_cannot_run():
     assert "plain 4- or 8-bit" in vnni.supports(w5, CPU, torch.float32)
 
 
-def test_the_avx2_build_gives_the_avx512_builds_numbers(monkeypatch):
-    """Built as for a CPU without AVX-512 (vpmaddubsw / vpmaddwd for vpdpbusd, 8-bit codes a nibble at a time, the
-    16 lanes as two halves), the kernel computes every weight mode and batch bit for bit as this CPU's build does."""
-    avx2 = native_build.load(vnni.SOURCE, (AVX2,), "the AVX2 VNNI matmul")
-    if avx2 is None:
-        pytest.skip("the compiler cannot build for AVX2")
+@pytest.mark.parametrize("flags", [AVX2, AVX_VNNI], ids=["avx2", "avx-vnni"])
+def test_the_avx2_build_gives_the_avx512_builds_numbers(monkeypatch, flags):
+    """Built as for a CPU without AVX-512 (the 16 lanes as two halves; vpmaddubsw / vpmaddwd for vpdpbusd, 8-bit
+    codes a nibble at a time, or AVX-VNNI's 256-bit vpdpbusd), the kernel computes every weight mode and batch bit
+    for bit as this CPU's build does."""
+    avx2 = native_build.load(vnni.SOURCE, (flags,), "the AVX2 VNNI matmul")
+    if avx2 is None or not _runs(flags):
+        pytest.skip(f"this compiler or CPU cannot build and run {' '.join(flags[-2:])}")
     native = vnni._library()
     avx2.quanta_vnni_matmul.restype, avx2.quanta_vnni_matmul.argtypes = (native.quanta_vnni_matmul.restype,
                                                                          native.quanta_vnni_matmul.argtypes)
@@ -127,3 +131,10 @@ def test_the_avx2_build_gives_the_avx512_builds_numbers(monkeypatch):
         got = vnni.apply(rows, st)
         monkeypatch.setattr(vnni, "_library", lambda: native)
         assert torch.equal(got, want), w.describe()
+
+
+def _runs(flags: tuple[str, ...]) -> bool:
+    """Whether this CPU has the instruction sets `flags` ask for (Linux's /proc/cpuinfo flags)."""
+    have = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    wanted = {"-mavx2": "avx2", "-mfma": "fma", "-mf16c": "f16c", "-mavxvnni": "avx_vnni"}
+    return all(wanted[f] in have for f in flags if f in wanted)
