@@ -15,6 +15,8 @@ parallelism this is rank 0's GPU, whose all-reduce kernels include the time spen
 from __future__ import annotations
 
 import collections
+import json
+import tempfile
 import time
 
 import torch
@@ -33,7 +35,9 @@ def _exclusive_us(intervals: list[tuple[float, float, str]]) -> dict[str, float]
     return out
 
 
-def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None) -> dict:
+def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None, by_grid: bool = False) -> dict:
+    """`by_grid`: a kernel launched with several grids (one kernel for several weight shapes) is a row per grid,
+    read from the profiler's chrome trace, which holds each launch's grid and block."""
     prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(32)]}
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)      # warm-up outside the trace
@@ -43,13 +47,15 @@ def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None) -> d
         llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = _grid_intervals(prof) if by_grid else [
+        (e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name = collections.defaultdict(lambda: [0.0, 0])
-    for e in kernels:
-        by_name[e.name][0] += e.time_range.elapsed_us()
-        by_name[e.name][1] += 1
+    for s, e, name in intervals:
+        by_name[name][0] += e - s
+        by_name[name][1] += 1
     total = sum(v[0] for v in by_name.values())
-    exclusive = _exclusive_us([(e.time_range.start, e.time_range.end, e.name) for e in kernels])
+    exclusive = _exclusive_us(intervals)
     busy = sum(exclusive.values())
     ranked = sorted(by_name.items(), key=lambda kv: -exclusive[kv[0]])[:top]
     return {"tokens": tokens, "wall_ms_per_token": round(wall * 1e3 / tokens, 3),
@@ -57,6 +63,15 @@ def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None) -> d
             "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3),
             "top": [[name[:90], round(us / tokens, 1), round(exclusive[name] / tokens, 1), round(n / tokens, 1)]
                     for name, (us, n) in ranked]}
+
+
+def _grid_intervals(prof) -> list[tuple[float, float, str]]:
+    """(start, end, "kernel grid=[..] block=[..]") in µs of every kernel of the profile's chrome trace."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    return [(e["ts"], e["ts"] + e["dur"], f"{e['name'][:40]} grid={e['args'].get('grid')} "
+             f"block={e['args'].get('block')}") for e in events if e.get("cat") == "kernel"]
 
 
 def print_profile(p: dict) -> None:

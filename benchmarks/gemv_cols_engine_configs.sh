@@ -1,5 +1,5 @@
 # Decode tok/s of the Q4_K_M mix with the column GEMV's launch configs patched (gemv_cols.SMALL / LARGE), two
-# alternating rounds: what the configs do inside the engine's chain of kernels, which gemv_cols_sweep.py (alone) misses.
+# alternating rounds: what the configs do inside the engine's chain of kernels, which ggml_gemm.py --sweep (alone) misses.
 #   usage: bash benchmarks/gemv_cols_engine_configs.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 M=synthetic:llama3-8b:gguf-q4_K_M

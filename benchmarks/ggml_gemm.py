@@ -32,6 +32,8 @@ from quanta.quant.ggml.types import GGML_TYPES_BY_NAME  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 
 TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
+# the Llama-3-8B GEMMs, and k (or v) alone: a Q4_K_M mix runs q, k, v apart where v is another type (--layers kv)
+LAYERS = {**SHAPES["8b"], "kv": (1024, 4096)}
 # Byte offsets of each type's fp16 fields (d, and dmin / m), from ggml-common.h: random bytes there could be inf.
 FP16_FIELDS = {"q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,), "iq4_nl": (0,),
                "iq4_xs": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,)}
@@ -57,7 +59,8 @@ def timed(fn, xs: list[torch.Tensor], weights: list, nbytes: int, ref: torch.Ten
 
 # Launch configs (BLOCK_N, warps, waves, min tiles) --sweep times for the packed-half GEMV (gemv_cols) at M = 1.
 COLS_SWEEP = ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1), (128, 1, 8.0, 2), (128, 1, 16.0, 1),
-              (512, 4, 8.0, 2), (256, 4, 16.0, 1))
+              (128, 1, 32.0, 1), (128, 2, 16.0, 1), (512, 4, 8.0, 2), (512, 4, 16.0, 1), (256, 4, 16.0, 1),
+              (256, 4, 32.0, 1), (128, 4, 32.0, 1))
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,
@@ -65,7 +68,7 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
     """Time the ggml kernels on GGML type `name` at each layer shape and M, beside cuBLAS and the W4A16 kernels
     (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M))."""
     for layer in layers:
-        n, k = SHAPES["8b"][layer]
+        n, k = LAYERS[layer]
         w = random_gguf(n, k, name)
         st = prepared_copies_ggml(w)
         dense = copies(lambda: w.dequantize(torch.float16), 2 * n * k)
@@ -149,7 +152,7 @@ def main() -> None:
         return
     t0, meta = start_run()
     layers = args.layers.split(",")
-    w4 = {layer: (w := affine_w(*SHAPES["8b"][layer], 4, 128), prepared_copies(w)) for layer in layers}
+    w4 = {layer: (w := affine_w(*LAYERS[layer], 4, 128), prepared_copies(w)) for layer in layers}
     results: list[dict] = []
     w4_us: dict = {}
     for name in args.types.split(","):

@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="TOKENS",
                     help="afterwards, profile a generation of TOKENS tokens: GPU time per kernel per token "
                          "(decode_profile.py)")
+    ap.add_argument("--by-grid", action="store_true", help="with --profile, a row per kernel and launch grid")
     args = ap.parse_args()
     llm = LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
               async_scheduling=not args.no_async_scheduling,
@@ -103,7 +104,7 @@ def main() -> None:
                    "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "roofline_tokens_per_s": round(roofline, 1),
                    "share_of_roofline": round(result["decode_tokens_per_s"] / roofline, 3)}
     if args.profile:
-        print_profile(decode_profile(llm, args.profile, top=24))
+        print_profile(decode_profile(llm, args.profile, top=30 if args.by_grid else 24, by_grid=args.by_grid))
     emit(result, args.out)
 
 

@@ -45,8 +45,7 @@ def layer_paths(layer: QuantLinear, ms: tuple[int, ...]) -> dict[int, KernelPath
 
 def compute_dtype(layer: QuantLinear) -> torch.dtype:
     """What `layer`'s GEMM arithmetic runs in."""
-    declared = getattr(layer.kernel, "compute_dtype", None)
-    return declared(layer.dtype) if declared is not None else layer.dtype
+    return layer.compute_dtype()
 
 
 def kernel_report(model: torch.nn.Module, ms: tuple[int, ...] = (1, 16, 256)) -> list[dict]:

@@ -115,6 +115,11 @@ class QuantLinear(nn.Module):
             return self.kernel.apply(x, self.state, self.bias, lora=epilogue)
         return self.lora.add(x, self.kernel.apply(x, self.state, self.bias), self.lora_step)
 
+    def compute_dtype(self) -> torch.dtype:
+        """What the GEMM's arithmetic runs in: the kernel's declared compute_dtype of the layer's dtype, else that."""
+        declared = getattr(self.kernel, "compute_dtype", None)
+        return declared(self.dtype) if declared is not None else self.dtype
+
     def attach_lora(self, slots, step) -> None:
         """Add each token's adapter products (quanta.lora.slots.LayerSlots, read by `step`) to the output."""
         self.lora, self.lora_step = slots, step

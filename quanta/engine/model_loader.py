@@ -136,8 +136,7 @@ def _tie_head(model: LlamaForCausalLM, head: QuantLinear, table, tied: bool):
     CPU's native ones), it takes float32 activations and gives float32 logits: a 16-bit dtype would only round
     both. Where it is tied to a quantized embedding and its state gives rows back (take_rows), the embedding reads
     them there and lets its own copy of the table go. Returns the table the embedding holds now."""
-    declared = getattr(head.kernel, "compute_dtype", None)
-    if declared is not None and declared(head.dtype) in (torch.float32, torch.int8):
+    if head.compute_dtype() in (torch.float32, torch.int8):
         head.dtype = torch.float32
     if tied and isinstance(table, QTensor) and hasattr(head.state, "take_rows"):
         model.model.embed_tokens.read_rows_from(head.state)

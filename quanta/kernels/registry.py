@@ -41,7 +41,7 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
                         "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
     ("gguf", "cpu"): ("quanta.kernels.cpu.vnni", "quanta.kernels.cpu.int4",   # Q4_0, Q4_1, Q8_0 at their bytes
-                      "quanta.kernels.cpu.ggml", "quanta.kernels.cpu.int8",     # on VNNI (else Q4_1 on torch's
+                      "quanta.kernels.cpu.ggml", "quanta.kernels.cpu.int8",     # on cpu_vnni (else Q4_1 on torch's
                       "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),  # int4); the rest as stored
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
                        "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes

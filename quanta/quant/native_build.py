@@ -26,6 +26,11 @@ def enabled() -> bool:
     return os.environ.get("QUANTA_NATIVE", "1") != "0"
 
 
+def missing(library) -> str | None:
+    """Why kernels on `library` (a function giving the loaded library or None) cannot run here, else None."""
+    return None if enabled() and library() is not None else "no native library (no C compiler, or QUANTA_NATIVE=0)"
+
+
 def load(source: Path, flag_sets: tuple[tuple[str, ...], ...], what: str) -> ctypes.CDLL | None:
     """The library built from `source` with the first of `flag_sets` that compiles, or None (logged, naming
     `what`) where none does."""

@@ -48,6 +48,8 @@ def _is_q4_k(weight) -> bool:
 def finish(y: torch.Tensor, lead: torch.Size, n: int, dtype: torch.dtype,
            bias: torch.Tensor | None) -> torch.Tensor:
     """The GEMM's [rows, N] output as [*lead, N] in the activations' dtype, plus the bias."""
+    if bias is None and len(lead) == 1 and y.dtype == dtype:
+        return y                                # already it (a step's rows in float32): no call on the hot path
     y = y.reshape(*lead, n).to(dtype)
     return y if bias is None else y + bias
 

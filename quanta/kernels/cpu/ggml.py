@@ -49,9 +49,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"no native kernel for {weight.type.name}"
     if dtype not in cpu_affine.DTYPES:
         return f"computes in float32 from bfloat16 or float32, not {dtype}"
-    if not native_build.enabled() or library() is None:
-        return "no native library (no C compiler, or QUANTA_NATIVE=0)"
-    return None
+    return native_build.missing(library)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

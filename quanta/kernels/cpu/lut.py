@@ -46,9 +46,7 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"K={k} is not a multiple of {WIDTH}"
     if isinstance(weight, Codebook) and (k % weight.blocksize and weight.blocksize % k or weight.blocksize % 2):
         return f"blocks of {weight.blocksize} neither divide K={k} nor hold whole rows, in pairs of codes"
-    if not native_build.enabled() or cpu_ggml.library() is None:
-        return "no native library (no C compiler, or QUANTA_NATIVE=0)"
-    return None
+    return native_build.missing(cpu_ggml.library)
 
 
 def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> State:

@@ -32,6 +32,7 @@ TILE = 16                   # weight rows a tile: the int32 lanes of a 512-bit v
 BLOCK = 32                  # columns an activation block
 ZERO_ONE, ZERO_GROUPS, MINS = 0, 1, 2       # how W's offset is held (vnni_matmul.c's modes)
 GGUF_TYPES = ("q4_0", "q4_1", "q8_0")      # the 4- and 8-bit ggml types with an affine form (Q4_K's is float32)
+ISA = {512: "AVX512-VNNI", 256: "AVX2"}    # the instruction set of each vector width vnni_matmul.c builds for
 MAX_PAD = 0.03              # the most a weight's padding to whole tiles may add to what it holds
 
 
@@ -66,8 +67,10 @@ class State:
         scales = self.scales[t, :, r].float()
         offsets = None if self.offsets is None else self.offsets[t, :, r]
         group = self.group_blocks * BLOCK
-        kw = {"mins": offsets.float()} if self.mode == MINS else {"zeros": offsets if self.mode == ZERO_GROUPS
-                                                                           else self.zero}
+        if self.mode == MINS:
+            kw = {"mins": offsets.float()}
+        else:
+            kw = {"zeros": offsets if self.mode == ZERO_GROUPS else self.zero}
         return Affine(codes=codes.reshape(len(ids), -1), scales=scales, bits=self.bits, group_size=group,
                       shape=(len(ids), self.in_features), **kw)
 
@@ -83,8 +86,8 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
         return f"needs plain 4- or 8-bit groups, weight is {weight.describe()}"
     if k % BLOCK or scheme.group_size % BLOCK or k % scheme.group_size:
         return f"groups of {scheme.group_size} with K={k} (needs multiples of {BLOCK} dividing K)"
-    if not native_build.enabled() or _library() is None:
-        return "no native library (no C compiler, or QUANTA_NATIVE=0)"
+    if (why := native_build.missing(_library)) is not None:
+        return why
     if not _library().quanta_vnni_available():
         return "this CPU or build has neither AVX512-VNNI nor AVX2 with FMA and F16C"
     if isinstance(weight, Gguf):            # the legacy types' scales and mins are float16 in the file
@@ -136,15 +139,13 @@ def apply(x: torch.Tensor, state: State, bias: torch.Tensor | None = None) -> to
         done = _library().quanta_vnni_matmul(rows.data_ptr(), rows.shape[0], state.in_features, *state.weight_args,
                                              y.data_ptr(), state.out_features, torch.get_num_threads())
         assert done == 0, (state.bits, state.in_features)          # supports() admitted only what it takes
-    if bias is None and x.dim() == 2 and x.dtype == torch.float32:
-        return y                                                    # (a decode step's rows: as finish() gives it)
     return cpu_affine.finish(y, x.shape[:-1], state.out_features, x.dtype, bias)
 
 
 def path(state: State, m: int) -> tuple[str, str]:
     """(NAME, why) at any M."""
-    return NAME, (f"{state.bits}-bit codes in 16-row tiles, activations to 8-bit blocks of {BLOCK}, VNNI integer "
-                  "dot products")
+    return NAME, (f"{state.bits}-bit codes in 16-row tiles, activations to 8-bit blocks of {BLOCK}, integer dot "
+                  f"products ({ISA[_library().quanta_vnni_available()]})")
 
 
 def _exact_half(v: torch.Tensor) -> bool:

@@ -11,6 +11,7 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_VNNI 1
+#define VECTOR_BITS 512
 typedef __m512 vf;
 typedef __m512i vi;
 static inline vi vi_load64(const uint8_t *p) { return _mm512_loadu_si512(p); }
@@ -52,6 +53,7 @@ static void quantize_row(const float *x, int64_t blocks, int8_t *q, float *d, in
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_VNNI 1
+#define VECTOR_BITS 256
 typedef struct { __m256 a, b; } vf;          /* lanes 0-7, 8-15 */
 typedef struct { __m256i a, b; } vi;
 static inline vi vi_load64(const uint8_t *p) {
@@ -138,6 +140,7 @@ static void quantize_row(const float *x, int64_t blocks, int8_t *q, float *d, in
 }
 #else
 #define HAVE_VNNI 0
+#define VECTOR_BITS 0
 #endif
 
 #endif

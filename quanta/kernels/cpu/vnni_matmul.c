@@ -105,8 +105,9 @@ static void tile(const struct weight *w, const struct acts *a, int64_t m, int64_
 }
 #endif
 
-/* 1 where this build has the kernel (the CPU and compiler have AVX512-VNNI, or AVX2 with FMA and F16C), else 0 */
-int quanta_vnni_available(void) { return HAVE_VNNI; }
+/* the width in bits of the vectors this build computes with (512: AVX512-VNNI, 256: AVX2 with FMA and F16C), 0 where
+ * it has no kernel */
+int quanta_vnni_available(void) { return VECTOR_BITS; }
 
 /* returns 0, or -1 where this build lacks the kernel or the arguments do not describe a weight it takes */
 int quanta_vnni_matmul(const float *x, int64_t m, int64_t k, const uint8_t *codes, int bits, const uint16_t *scales,
