@@ -2,12 +2,14 @@
 Llama-3 8B (or 70B) shapes, beside cuBLAS fp16 on the dequantized weight; the plan's choice and the fastest path.
 
 GGUF types run on the kernels the registry gives them: the K-quants and IQ4 on the ggml kernels (paths mma, gemm,
-cublas), Q4_0 and Q8_0 on the affine ones (mma, cublas, splitk), and a W4A16 g128 weight for comparison.
+cublas), Q4_0 and Q8_0 on the affine ones (mma, cublas, splitk), and W4A16 g128 weights for comparison (w4g128,
+and w4g128-act with a GPTQ act-order column order, on the affine paths and wgmma).
    usage: python3 benchmarks/crossover.py --out crossover.json [--types q4_K,q4_0] [--ms 16,64,256] [--model 70b]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,13 +28,20 @@ from quanta.kernels.ggml import plan as ggml_plan  # noqa: E402
 
 MS = "16,32,48,64,96,128,192,256,384"
 TYPES = "q4_K,q5_K,q6_K,q4_0,q8_0,w4g128"
-AFFINE_TYPES = ("q4_0", "q8_0", "w4g128")
-PATHS = {"ggml": ("mma", "gemm", "cublas"), "affine": ("mma", "cublas", "splitk")}
+AFFINE_TYPES = ("q4_0", "q8_0", "w4g128", "w4g128-act")
+PATHS = {"ggml": ("mma", "gemm", "cublas"), "affine": ("wgmma", "mma", "cublas", "splitk")}
 
 
 def weight_of(name: str, n: int, k: int):
     """(kernels' kind, the weight, its dequantized fp16 form) for type `name` at [n, k]."""
-    w = affine_w(n, k, 4, 128) if name == "w4g128" else random_gguf(n, k, name)
+    if name.startswith("w4g128"):
+        w = affine_w(n, k, 4, 128)
+        if name.endswith("-act"):        # GPTQ desc_act: column order[i] falls in group i // 128
+            g_idx = torch.empty(k, dtype=torch.int32, device="cuda")
+            g_idx[torch.randperm(k, device="cuda")] = torch.arange(k, device="cuda", dtype=torch.int32) // 128
+            w = dataclasses.replace(w, g_idx=g_idx)
+    else:
+        w = random_gguf(n, k, name)
     return ("affine" if name in AFFINE_TYPES else "ggml"), w, w.dequantize(torch.float16).cuda()
 
 
@@ -68,7 +77,8 @@ def summary(results: list[dict]) -> None:
     """Per type and M: each path's µs summed over the layers (one decoder layer's GEMMs), × cuBLAS fp16, and the
     plan's path against the fastest."""
     print("\ntype      M  planned  fastest   paths: µs summed over the layers, x cuBLAS fp16")
-    keys = sorted({(r["type"], r["m"]) for r in results}, key=lambda t: (TYPES.split(",").index(t[0]), t[1]))
+    order = list(dict.fromkeys(r["type"] for r in results))
+    keys = sorted({(r["type"], r["m"]) for r in results}, key=lambda t: (order.index(t[0]), t[1]))
     for name, m in keys:
         rows = [r for r in results if r["type"] == name and r["m"] == m]
         fp16 = sum(r["fp16_us"] for r in rows)

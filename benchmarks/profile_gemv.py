@@ -1,8 +1,10 @@
-"""The M=1 GEMV alone: profile it under Nsight Compute, or sweep its launch configs (W4A16 g128, fp16).
+"""The M=1 GEMV alone: profile it under Nsight Compute, or sweep its launch configs (W4A16 g128, or W8A16 g128 with
+--bits 8; fp16).
 
     ncu --clock-control none --kernel-name regex:gemv --section SpeedOfLight python benchmarks/profile_gemv.py
     python benchmarks/profile_gemv.py --sweep [--models 8b,70b]   # graphed µs per config and shape
     python benchmarks/profile_gemv.py --sweep --configs "[(64, 8, 1, 64.0, 8, True)]"   # other configs
+    python benchmarks/profile_gemv.py --sweep --bits 8 --configs w8      # 8-bit codes, SWEEP_W8
 Each swept config is first checked against the dequantized weight (relative error printed).
 """
 from __future__ import annotations
@@ -27,6 +29,11 @@ from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402
 SWEEP = (None, (256, 4, 2, 8.0, 2, False), (256, 4, 2, 8.0, 2, True), (128, 8, 2, 16.0, 1, True),
          (128, 16, 2, 16.0, 1, True), (128, 8, 2, 32.0, 1, True), (128, 8, 4, 16.0, 1, True),
          (256, 8, 2, 16.0, 1, True), (128, 4, 2, 16.0, 1, True), (64, 8, 2, 16.0, 1, True))
+# 8-bit codes: the PDL table's shapes (GEMV_CONFIGS_PDL_W8), with more programs, wider ones and two stages
+SWEEP_W8 = (None, (256, 8, 4, 8.0, 1, True), (256, 16, 4, 8.0, 1, True), (128, 8, 2, 32.0, 1, True),
+            (256, 8, 4, 16.0, 1, True), (256, 16, 4, 16.0, 1, True), (256, 8, 8, 8.0, 1, True),
+            (512, 8, 8, 8.0, 1, True), (128, 16, 4, 16.0, 1, True), (256, 8, 4, 8.0, 1, True, 2),
+            (256, 16, 4, 8.0, 1, True, 2), (128, 8, 2, 32.0, 1, True, 2))
 
 
 def run(x, st, cfg):
@@ -38,16 +45,19 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="graphed timing of every config instead of profiling")
     ap.add_argument("--models", default="8b")
     ap.add_argument("--out")
-    ap.add_argument("--configs", type=ast.literal_eval, default=SWEEP,
-                    help="the configs to sweep, a Python list of SWEEP's tuples (None = the defaults)")
+    ap.add_argument("--configs", default=None,
+                    help="the configs to sweep, a Python list of SWEEP's tuples (None = the defaults), or w8")
+    ap.add_argument("--bits", type=int, default=4, choices=(4, 8), help="code width of the g128 weight")
     ap.add_argument("--m", type=int, default=1, choices=(1, 2), help="activation rows")
     args = ap.parse_args()
+    default = SWEEP_W8 if args.bits == 8 else SWEEP
+    args.configs = SWEEP_W8 if args.configs == "w8" else ast.literal_eval(args.configs) if args.configs else default
     torch.manual_seed(0)
     bw = copy_bandwidth() if args.sweep else 0.0
     results = []
     for model in args.models.split(","):
         for layer, (n, k) in SHAPES[model].items():
-            w = affine_w(n, k, 4, 128)
+            w = affine_w(n, k, args.bits, 128)
             x = torch.randn(args.m, k, device="cuda").half()
             if not args.sweep:
                 st = affine.prepare(w, "cuda", torch.float16)

@@ -58,16 +58,32 @@ def paths(st, caps, ms) -> list[str]:
     return [plan.choose(st, caps, m).path.name for m in ms]
 
 
+def recorded_path(key: str, m: int) -> str:
+    """The path RECORD holds for M rows of key's weight."""
+    return next(name for lo, hi, name in RECORD[key] if lo <= m <= hi)
+
+
+def expected_path(key: str, m: int) -> str:
+    """The recorded path, but for the one decision changed since: on sm90 an act-order weight takes, from
+    WGMMA_GATHER_MIN_M, the path of the same weight without act-order (its input gathered for the wgmma kernel)."""
+    if key.startswith("sm90|w4g128act|") and m >= plan.WGMMA_GATHER_MIN_M:
+        return recorded_path(key.replace("w4g128act", "w4g128sym"), m)
+    return recorded_path(key, m)
+
+
 @pytest.mark.parametrize("chip", ["sm90", "sm89", "sm80", "sm75"])
 def test_every_m_maps_to_the_path_it_mapped_to_before(chip):
-    """Each recorded M range, every M of it, on the chip's caps: the refactor changed no decision."""
+    """Each recorded M range, every M of it, on the chip's caps: the refactor changed no decision but
+    expected_path's."""
     keys = [key for key in RECORD if key.startswith(chip + "|")]
     assert len(keys) == (100 if chip == "sm75" else 200)
     for key in keys:
         caps, st = recorded(key)
-        for lo, hi, name in RECORD[key]:
-            got = paths(st, caps, range(lo, hi + 1))
-            assert got == [name] * (hi - lo + 1), (key, lo, hi, name, sorted(set(got)))
+        lo, hi = RECORD[key][0][0], RECORD[key][-1][1]
+        got = paths(st, caps, range(lo, hi + 1))
+        want = [expected_path(key, m) for m in range(lo, hi + 1)]
+        bad = [(m, g, w) for m, g, w in zip(range(lo, hi + 1), got, want) if g != w]
+        assert not bad, (key, bad[:3], len(bad))
 
 
 @pytest.mark.parametrize("key", ["sm90|w4g128sym|bfloat16|4096x4096", "sm90|w4g128asym|float16|28672x4096",
@@ -134,7 +150,7 @@ def test_on_sm90_without_gluon_the_mma_kernel_takes_wgmmas_share():
 def test_wgmma_m_range_follows_the_work_a_program_gets(dtype):
     """With 4 SMs a 1024 x 1024 weight (4 blocks x 8 K tiles) gives its programs work enough: M = 2..1024 (bf16
     M = 1 too) go to the wgmma kernel; with 132 SMs M = 17..32 go to the MMA kernel, and bf16 above M = 32 too
-    (its K loop would be split); act-order weights never."""
+    (its K loop would be split); act-order weights from WGMMA_GATHER_MIN_M, where the plain weight does."""
     st = small_state("w4g128sym", dtype)
     st = at_shape(st, 1024, 1024)
     few = dataclasses.replace(PRESETS["sm90"], sm_count=4)
@@ -142,8 +158,11 @@ def test_wgmma_m_range_follows_the_work_a_program_gets(dtype):
     assert paths(st, few, (1, 2, 32, 33, 1024, 1025)) == [m1] + ["wgmma"] * 4 + ["cublas"]
     m33 = "wgmma" if dtype == torch.float16 else "mma"
     assert paths(st, PRESETS["sm90"], (1, 2, 16, 17, 32, 33)) == ["gemv", "wgmma", "wgmma", "mma", "mma", m33]
-    act_order = small_state("w4g128act", dtype)
-    assert "wgmma" not in paths(act_order, PRESETS["sm90"], range(1, 1100))
+    act_order = at_shape(small_state("w4g128act", dtype), 1024, 1024)
+    ms = range(1, 1100)
+    below = {1: "gemv"}                       # under the gather's threshold: the GEMV, then the MMA kernel
+    want = [p if m >= plan.WGMMA_GATHER_MIN_M else below.get(m, "mma") for m, p in zip(ms, paths(st, few, ms))]
+    assert paths(act_order, few, ms) == want
 
 
 def test_wgmma_bf16_above_m32_only_with_its_k_loop_whole():

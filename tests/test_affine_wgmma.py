@@ -34,14 +34,14 @@ def check(w, m, dtype, bias=False, config=None, seed=1):
 
 
 def test_weights_it_takes():
-    """4-bit affine codes with a scale row a K tile (group 128, 256 or per channel), not act-order, 8-bit codes,
-    narrower groups or table codes."""
+    """4-bit affine codes with a scale row a K tile (group 128, 256 or per channel; act-order too, its input gathered
+    first), not 8-bit codes, narrower groups or table codes."""
     def fits(w, dtype=torch.float16):
         return wgmma.weight_fits(affine.prepare(w, DEVICE, dtype))
 
     assert fits(make_affine(64, 256, 4, 128, "sym")) and fits(make_affine(64, 256, 4, 128, "asym"), torch.bfloat16)
     assert fits(make_affine(40, 423, 4, -1, "fmin")) and fits(make_affine(64, 512, 4, 256, "sym"))
-    assert not fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
+    assert fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
     assert not fits(make_affine(64, 256, 8, 128, "sym"))
     assert not fits(make_affine(64, 256, 4, 64, "sym")) and not fits(make_affine(64, 256, 4, 32, "sym"))
     assert not wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
@@ -107,6 +107,15 @@ def test_x_rows_copied_only_when_unaligned():
         padded, k16 = wgmma._aligned_rows(x, k)
         assert k16 == -(-k // 16) * 16 and padded.stride(0) % 16 == 0 and padded.data_ptr() % 16 == 0
         assert torch.equal(padded[:, :k], x) and not padded[:, k:].any()
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m", [2, 17, 64, 300])
+def test_gpu_act_order_input_gathered(m):
+    """An act-order weight (GPTQ desc_act: columns sorted by group at load) against its dequantize() in the model's
+    column order: the kernel reads x gathered through perm."""
+    check(make_affine(4096, 4096, 4, 128, "sym", act_order=True, device="cuda"), m, torch.float16, bias=m == 17)
 
 
 @pytest.mark.gpu

@@ -38,6 +38,10 @@ WGMMA_MIN_TILES_EACH = 2.5
 WGMMA_BF16_M1_MIN_TILES_EACH = 4
 # Above, dequantize + cuBLAS, whose decode costs the same at any M, is faster on most Llama shapes.
 WGMMA_MAX_M = 1024
+# An act-order weight whose input arrives in the model's order (o, down: no norm writes it sorted) takes the wgmma
+# kernel from here, after a gather of x into its column order: the MMA kernel's gather tile by tile grows with M
+# (random columns of x a tile), the gather's launch does not; at M = 2 the launch costs more than it saves.
+WGMMA_GATHER_MIN_M = 4
 # Where the MMA kernel does not run the split-K GEMM takes M up to 255: at 256 the GEMM is compute-bound and its
 # 128x256 tiles lose to cuBLAS on the wider weights (qkv).
 CUBLAS_MIN_M = 256
@@ -59,7 +63,9 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
     if not caps.gluon or wgmma.GLUON_ERROR is not None:
         return f"no Gluon wgmma on {caps.name}" + (f" ({wgmma.GLUON_ERROR})" if wgmma.GLUON_ERROR else "")
     if not wgmma.weight_fits(st):
-        return "takes 4-bit affine codes with a scale row a K tile, without act-order"
+        return "takes 4-bit affine codes with a scale row a K tile"
+    if st.perm is not None and m < WGMMA_GATHER_MIN_M:
+        return f"act-order M={m} < {WGMMA_GATHER_MIN_M}: the input would be gathered in a launch of its own"
     if m > WGMMA_MAX_M:
         return f"M={m} > {WGMMA_MAX_M}"
     if m > wgmma.ONE_WARPGROUP_MAX_M:
@@ -95,8 +101,9 @@ def _cublas_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
 
 
 def _why_wgmma(st: AffineState, caps: DeviceCaps, m: int) -> str:
+    gather = ", the act-order input gathered into the weight's column order first" if st.perm is not None else ""
     return (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register operand "
-            "while the previous ones run (Gluon)")
+            f"while the previous ones run (Gluon){gather}")
 
 
 def _why_gemv(st: AffineState, caps: DeviceCaps, m: int) -> str:
@@ -121,9 +128,9 @@ def _why_splitk(st: AffineState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order, and what each takes:
-#   wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile: M = 2..16, M = 17..32 where its
-#           programs have work enough, M = 33..1024 (bf16 where its K loop is not split), bf16 M = 1 on the
-#           larger weights
+#   wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile (act-order from WGMMA_GATHER_MIN_M):
+#           M = 2..16, M = 17..32 where its programs have work enough, M = 33..1024 (bf16 where its K loop is not
+#           split), bf16 M = 1 on the larger weights
 #   gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)
 #   mma     sm90, affine or 4-bit table codes, M <= 512
 #   cublas  table codes above the GEMV where the MMA kernel does not run, and every weight from M = 256
@@ -139,7 +146,8 @@ PATHS: tuple[Path, ...] = (
 # The M at which a rule or a launch config may change: the thresholds above, the row blocks of x up to 64 (16, 32,
 # 64: the configs' buckets) and the multiples of 128 above (the large-M programs' rows of x). The bucket of M is the
 # first edge >= M; every M of a bucket gets the plan of its edge. Above the last edge, one bucket.
-BUCKET_EDGES = tuple(sorted({0, 1, GEMV_MAX_M, WGMMA_ALWAYS_MAX_M, wgmma.ONE_WARPGROUP_MAX_M, 64,
+BUCKET_EDGES = tuple(sorted({0, 1, GEMV_MAX_M, WGMMA_GATHER_MIN_M - 1, WGMMA_ALWAYS_MAX_M,
+                             wgmma.ONE_WARPGROUP_MAX_M, 64,
                              CUBLAS_MIN_M - 1, CUBLAS_MIN_M, MMA_MAX_M, *range(128, WGMMA_MAX_M + 1, 128)}))
 
 

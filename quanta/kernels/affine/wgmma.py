@@ -1,10 +1,10 @@
 """The wgmma path of the affine kernels, in Gluon (sm90): one asynchronous wgmma per code, decoded into its
 register operand.
 
-For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ without act-order, RTN g128 or per channel; fp16 or
-bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A,
+For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ, RTN g128 or per channel; fp16 or bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A,
 but with a wgmma per code where the MMA kernel has one tl.dot per K tile (_w4_wgmma_kernel says why and how). No
-weight layout of its own: it reads layout.py's packed words. Which M it takes is the plan's (plan.py).
+weight layout of its own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted
+column order first (one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
 """
 from __future__ import annotations
 
@@ -255,9 +255,9 @@ class WgmmaConfig(NamedTuple):
 
 def weight_fits(st: AffineState) -> bool:
     """Whether the kernel computes this weight: 4-bit affine codes with one scale row a K tile (a group of a
-    multiple of 128 columns, or per channel), no act-order, in fp16 or bf16. Narrower groups and act-order stay
-    with the MMA kernel."""
-    return (st.mode == AFFINE and st.bits == 4 and st.perm is None and st.group_size % TILE_K_COLUMNS == 0
+    multiple of 128 columns, or per channel), in fp16 or bf16; act-order too, its input gathered first (matmul).
+    Narrower groups stay with the MMA kernel."""
+    return (st.mode == AFFINE and st.bits == 4 and st.group_size % TILE_K_COLUMNS == 0
             and st.dtype in (torch.float16, torch.bfloat16))
 
 
@@ -335,9 +335,11 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (WgmmaConfig's fields) and `maxnreg` (a register cap, so that
     more programs fit an SM) are forced by tests and benchmarks; `caps` defaults to the device's. Split-K over
     programs (triton_support.split_k; above M = 32 whole_wave_split_k), partial sums added to a zeroed output
-    (fp16, or float32 for bf16)."""
+    (fp16, or float32 for bf16). An act-order weight reads x[:, perm], gathered here."""
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
+    if st.perm is not None:
+        x2 = x2.index_select(1, st.perm)
     caps = caps or device_caps(x2.device)
     config = WgmmaConfig(*config) if config else default_config(st, caps, m)
     bm, stages, _, _, bn, lag, warps = config
