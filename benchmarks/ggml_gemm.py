@@ -60,7 +60,7 @@ def timed(fn, xs: list[torch.Tensor], weights: list, nbytes: int, ref: torch.Ten
 # Launch configs (BLOCK_N, warps, waves, min tiles) --sweep times for the packed-half GEMV (gemv_cols) at M = 1.
 COLS_SWEEP = ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1), (128, 1, 8.0, 2), (128, 1, 16.0, 1),
               (128, 1, 32.0, 1), (128, 2, 16.0, 1), (512, 4, 8.0, 2), (512, 4, 16.0, 1), (256, 4, 16.0, 1),
-              (256, 4, 32.0, 1), (128, 4, 32.0, 1))
+              (256, 4, 32.0, 1), (128, 4, 32.0, 1), (256, 4, 8.0, 2))
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,

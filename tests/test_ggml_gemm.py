@@ -25,7 +25,7 @@ FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "IQ4_NL": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
 
 
-GGML_NAME = {"q4_K": "Q4_K", "q5_K": "Q5_K", "q6_K": "Q6_K"}
+GGML_NAME = {"q2_K": "Q2_K", "q3_K": "Q3_K", "q4_K": "Q4_K", "q5_K": "Q5_K", "q6_K": "Q6_K"}
 
 
 def random_blocks(n: int, k: int, name: str, seed: int = 0) -> np.ndarray:
@@ -68,9 +68,10 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
 
 @pytest.mark.parametrize("name", gemv_cols.TYPES)
 @pytest.mark.parametrize("m", [1, 3])
-def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
-    """The packed-half GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX
-    itself in the -m gpu tests), whole and split over K, with a bias."""
+def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
+    """The column GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX itself in
+    the -m gpu tests, and Q2_K's and Q3_K's code PTX here through the emulator), whole and split over K, with a
+    bias."""
     w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
@@ -79,6 +80,10 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m):
     for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
         y = gemv_cols.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
+    if DEVICE == "cpu" and name in ("q2_K", "q3_K"):
+        ptx_emulator.install(monkeypatch)
+        y_ptx = gemv_cols.matmul(x, st, bias, None, ptx=True)
+        assert torch.equal(y_ptx, gemv_cols.matmul(x, st, bias, None, ptx=False))      # the same floats, exactly
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
@@ -304,10 +309,10 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
-    for other, gemv_path in (("Q4_K", "gemv_cols"), ("Q5_K", "gemv_cols"), ("Q3_K", "gemv")):
+    for other in ("Q4_K", "Q5_K", "Q3_K", "Q2_K"):
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
-        assert plan.choose(other_st, caps, 1).path.name == gemv_path, other
-        assert (plan.choose(other_st, caps, 16).path.name == "mma") == (other != "Q3_K"), other
+        assert plan.choose(other_st, caps, 1).path.name == "gemv_cols", other
+        assert (plan.choose(other_st, caps, 16).path.name == "mma") == (other not in ("Q3_K", "Q2_K")), other
         assert plan.choose(other_st, caps, 129).path.name == "cublas", other
     assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)

@@ -106,44 +106,53 @@ def _one_plus(bits):
 
 # --- K-quants: one 256-value super-block a tile -------------------------------------------------------------
 @triton.jit
-def _q2_k(sc_ptr, qs_ptr, dm_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr):
+def _q2_k(sc_ptr, qs_ptr, dm_ptr, n, mask_n, j, a0, N, AP: tl.constexpr):
     """scales[16] (low nibble scale, high nibble min), qs 2-bit [64], d, dmin: d*sc*q - dmin*m per 16 values.
     Axes (a 4, b 4, w 4, e 4): value 16s + 4w + e of sub-block s = 4a + b (s = 8g + 2t + v: g = a // 2,
-    t = 2(a % 2) + b // 2, v = b % 2) is bits 2t of qs byte 32g + 16v + 4w + e."""
+    t = 2(a % 2) + b // 2, v = b % 2) is bits 2t of qs byte 32g + 16v + 4w + e. Column-major planes (layout.py) of
+    int32 words: the scales four a word, qs, d | dmin << 16."""
     a = a0 + tl.arange(0, AP)
     b, w, e = tl.arange(0, 4), tl.arange(0, 4), tl.arange(0, 4)
-    blk = n * NB + j
-    words = _words(qs_ptr, _r5(blk * 16) + _a5((a // 2) * 8) + _b5((b % 2) * 4) + _c5(w), _r5(mask_n))
+    words = _words(qs_ptr, (j * 16 + _a5((a // 2) * 8) + _b5((b % 2) * 4) + _c5(w)) * N + _r5(n), _r5(mask_n))
     f = _one_plus(_to(words, _d5(e * 8) + _a5((a % 2) * 4) + _b5((b // 2) * 2), 21) & 0x600000)    # 1 + q / 4
     m3 = _r3(mask_n)
-    sc = _u8(sc_ptr, _r3(blk * 16) + _a3(a * 4) + _b3(b), m3)
-    d, dmin = _f16(dm_ptr, _r3(blk * 2), m3), _f16(dm_ptr, _r3(blk * 2 + 1), m3)
-    return f, d * (sc & 0xF).to(tl.float32) * 4.0, dmin * (sc >> 4).to(tl.float32)
+    sc = tl.load(sc_ptr + (j * 4 + _a3(a)) * N + _r3(n), mask=m3, other=0) >> (_b3(b) * 8)
+    dm = tl.load(dm_ptr + j * N + _r3(n), mask=m3, other=0)
+    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return f, d * (sc & 0xF).to(tl.float32) * 4.0, dmin * ((sc >> 4) & 0xF).to(tl.float32)
 
 
 @triton.jit
-def _q3_k(hm_ptr, qs_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, NB, AP: tl.constexpr):
+def _q3_k(hm_ptr, qs_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, N, AP: tl.constexpr):
     """hmask[32], qs 2-bit [64], scales 6-bit [12] (-32), d: d*sc*(q2 - 4 * !hbit) per 16 values. Axes and q2 as
     Q2_K's; the third bit of value i is bit i // 32 (4g + t) of hmask byte i % 32 (16v + 4w + e), set meaning no -4:
-    q2 + 4 * hbit - 4."""
+    q2 + 4 * hbit - 4. Column-major planes (layout.py): hmask, qs and the scales (four bytes a word) as int32
+    words, d as fp16."""
     a = a0 + tl.arange(0, AP)
     b, w, e = tl.arange(0, 4), tl.arange(0, 4), tl.arange(0, 4)
-    blk = n * NB + j
     m5 = _r5(mask_n)
     word = _b5((b % 2) * 4) + _c5(w)
     t = _a5((a % 2) * 2) + _b5(b // 2)
-    low = _to(_words(qs_ptr, _r5(blk * 16) + _a5((a // 2) * 8) + word, m5), _d5(e * 8) + t * 2, 20)
-    high = _to(_words(hm_ptr, _r5(blk * 8) + word, m5), _d5(e * 8) + _a5((a // 2) * 4) + t, 22)
+    low = _to(_words(qs_ptr, (j * 16 + _a5((a // 2) * 8) + word) * N + _r5(n), m5), _d5(e * 8) + t * 2, 20)
+    high = _to(_words(hm_ptr, (j * 8 + word) * N + _r5(n), m5), _d5(e * 8) + _a5((a // 2) * 4) + t, 22)
     f = _one_plus((low & 0x300000) | (high & 0x400000))                          # 1 + (q2 + 4 * hbit) / 8
     s = _a3(a * 4) + _b3(b)
     m3 = _r3(mask_n)
-    base = _r3(blk * 12)
-    # 6-bit scale of sub-block s: low 4 bits from byte s % 8 (nibble s // 8), high 2 bits from byte 8 + s % 4
-    # (bits 2 * (s // 4))
-    lo4 = (_u8(sc_ptr, base + s % 8, m3) >> ((s // 8) * 4)) & 0xF
-    hi2 = (_u8(sc_ptr, base + 8 + s % 4, m3) >> ((s // 4) * 2)) & 3
-    scale = _f16(d_ptr, _r3(blk), m3) * ((lo4 | (hi2 << 4)) - 32).to(tl.float32) * 8.0
+    scale = _f16(d_ptr, j * N + _r3(n), m3) * (_q3k_scale(sc_ptr, j, s, _r3(n), m3, N) - 32).to(tl.float32) * 8.0
     return f, scale, scale
+
+
+@triton.jit
+def _q3k_scale(sc_ptr, j, s, cols, mask, N):
+    """The 6-bit scale (0..63, before its -32) of Q3_K sub-block s of super-block j at columns `cols` of the
+    column-major scale plane (three words a block): low 4 bits from byte s % 8 (nibble s // 8), high 2 bits from
+    byte 8 + s % 4 (bits 2 * (s // 4))."""
+    lo = tl.load(sc_ptr + (j * 3 + (s % 8) // 4) * N + cols, mask=mask, other=0)
+    hi = tl.load(sc_ptr + (j * 3 + 2) * N + cols, mask=mask, other=0)
+    lo4 = (lo >> (((s % 8) % 4) * 8 + (s // 8) * 4)) & 0xF
+    hi2 = (hi >> ((s % 4) * 8 + (s // 4) * 2)) & 3
+    return lo4 | (hi2 << 4)
 
 
 @triton.jit
@@ -258,9 +267,9 @@ def decode(p0, p1, p2, p3, lut_ptr, n, mask_n, j, a0, NB, N, TYPE: tl.constexpr,
     """(f, scale, minus) of values a0 * B*C*D ... (a0 + AP) * B*C*D - 1 of tile j of rows n of N (module docstring);
     minus is meaningful only for the types with mins (layout.GgmlLayout.has_min)."""
     if TYPE == Q2_K:
-        f, scale, minus = _q2_k(p0, p1, p2, n, mask_n, j, a0, NB, AP)
+        f, scale, minus = _q2_k(p0, p1, p2, n, mask_n, j, a0, N, AP)
     elif TYPE == Q3_K:
-        f, scale, minus = _q3_k(p0, p1, p2, p3, n, mask_n, j, a0, NB, AP)
+        f, scale, minus = _q3_k(p0, p1, p2, p3, n, mask_n, j, a0, N, AP)
     elif TYPE == Q4_K:
         f, scale, minus = _q45_k(p0, p1, p2, p2, n, mask_n, j, a0, N, AP, False)
     elif TYPE == Q5_K:

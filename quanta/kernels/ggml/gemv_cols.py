@@ -1,5 +1,5 @@
-"""The K-quants' packed-half GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV
-does (Q4_K, Q5_K, Q6_K).
+"""The K-quants' GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV does
+(Q4_K, Q5_K, Q6_K in packed halves; Q2_K, Q3_K in float32).
 
 In row-major planes a row's super-block is consecutive words, so a program spreads one row's words over several
 threads: each thread rebuilds the activation pairs of its words for only the few rows it holds, and the sums meet
@@ -7,8 +7,10 @@ across threads at the end. Here word w of super-block t of every row lies in row
 plane (the same bytes, transposed at load: layout.GgmlLayout.columns), so a warp's load of one word row is
 contiguous over its columns, a thread holds the same words of four neighbouring columns, and one set of activation
 pairs serves them all. The words meet their activations in gemv_h2's PTX (_q4k_dots ...); scales and mins
-apply in float32. The affine GEMV's ends (gemv_out): split-K sums through its workspace (no zeroed output, no
-memset), the SwiGLU and rotary + KV-store epilogues.
+apply in float32. Q2_K's and Q3_K's 2-bit codes (and Q3_K's third bit) become floats 1 + q / 4 (1 + q / 8) by a
+funnel shift and a lop3 each (_CODE_PTX; decode._one_plus), whose dot with x is corrected by x's sum per 16-value
+sub-block. The affine GEMV's ends (gemv_out): split-K sums through its workspace (no zeroed output, no memset),
+the SwiGLU and rotary + KV-store epilogues.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
+from quanta.kernels.ggml.decode import _one_plus
 from quanta.kernels.ggml.gemv import GemvConfig
 from quanta.kernels.ggml.gemv_h2 import _half, _q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _u8_float, _x_pairs4
 from quanta.kernels.ggml.layout import GgmlState, plane_args
@@ -23,7 +26,7 @@ from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
 
-TYPES = ("q4_K", "q5_K", "q6_K")
+TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
 
 @triton.jit
@@ -35,16 +38,24 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
                       GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
                       FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
                       FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
-                      FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0):
+                      FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0, Q2: tl.constexpr = False,
+                      Q3: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] W[n, k]; program (row m, BLOCK_N columns, split of super-blocks); the planes p0..p3
-    as _q45k_sums (Q4_K, Q5_K) or _q6k_sums (Q6) take them. GLU and ROPE: the affine GEMV's epilogues (gemv_out)."""
+    as _q45k_sums (Q4_K, Q5_K), _q6k_sums (Q6), _q2k_sums (Q2) or _q3k_sums (Q3) take them. GLU and ROPE: the affine
+    GEMV's epilogues (gemv_out)."""
     pdl_launch_dependents(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    if Q6:
+    if Q2:
+        y = _q2k_sums(x_row, p0, p1, p2, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX, STAGES,
+                      PDL)
+    elif Q3:
+        y = _q3k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX,
+                      STAGES, PDL)
+    elif Q6:
         y = _q6k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX,
                       STAGES, PDL)
     elif Q5:
@@ -141,6 +152,179 @@ def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
 
 
 @triton.jit
+def _x4(x_at):
+    """The four activations x_at + 0..3 (scalars) as float32, and their sum."""
+    x0, x1 = tl.load(x_at).to(tl.float32), tl.load(x_at + 1).to(tl.float32)
+    x2, x3 = tl.load(x_at + 2).to(tl.float32), tl.load(x_at + 3).to(tl.float32)
+    return x0, x1, x2, x3, (x0 + x1) + (x2 + x3)
+
+
+@triton.jit
+def _rotate(u, R: tl.constexpr):
+    """uint32 u rotated right by R bits (one funnel shift on the GPU)."""
+    if R == 0:
+        out = u
+    else:
+        out = (u >> R) | (u << (32 - R))
+    return out
+
+
+# A 2-bit code (and Q3_K's third bit) to the float 1 + q / 4 (1 + (q + 4 hbit) / 8) in PTX: the word rotated left by
+# $2 (funnel shift), masked by $3 and ORed with 1.0's bits $4 in one lop3; Q3_K's hmask word ($2, rotated by $4)
+# masked by $6 and ORed in by a second lop3 (the masks and 1.0 in registers: one instruction each).
+_CODE_PTX = tl.constexpr("{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, $2; lop3.b32 $0, t, $3, $4, 0xEA; }")
+_CODE3_PTX = tl.constexpr("{ .reg .b32 t, u; shf.l.wrap.b32 t, $1, $1, $3; shf.l.wrap.b32 u, $2, $2, $4; "
+                          "lop3.b32 t, t, $5, $7, 0xEA; lop3.b32 $0, u, $6, t, 0xEA; }")
+
+
+@triton.jit
+def _code_float(words, high, AT: tl.constexpr, TO: tl.constexpr, MASK: tl.constexpr, HIGH_AT: tl.constexpr,
+                Q3: tl.constexpr, PTX: tl.constexpr):
+    """f = 1 + code / 2**bits: the code's bits of `words` at bit AT moved to bit TO and kept by MASK, with Q3 the
+    third bit from bit HIGH_AT of `high` moved to bit 22. PTX: _CODE_PTX / _CODE3_PTX; else shifts."""
+    if PTX:
+        w = words.to(tl.int32, bitcast=True)
+        zero = tl.zeros_like(w)
+        rot, one = zero + (TO - AT) % 32, zero + 0x3F800000
+        if Q3:
+            args = [w, high.to(tl.int32, bitcast=True), rot, zero + (22 - HIGH_AT) % 32, zero + MASK,
+                    zero + 0x400000, one]
+            bits = tl.inline_asm_elementwise(_CODE3_PTX, "=r,r,r,r,r,r,r,r", args, dtype=tl.int32, is_pure=True,
+                                             pack=1)
+        else:
+            args = [w, rot, zero + MASK, one]
+            bits = tl.inline_asm_elementwise(_CODE_PTX, "=r,r,r,r,r", args, dtype=tl.int32, is_pure=True, pack=1)
+        f = bits.to(tl.float32, bitcast=True)
+    else:
+        bits = _rotate(words, (AT - TO) % 32) & MASK
+        if Q3:
+            bits |= _rotate(high, (HIGH_AT - 22) % 32) & 0x400000
+        f = _one_plus(bits)
+    return f
+
+
+@triton.jit
+def _run_dot(words, high, x_at, J: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
+    """(sum over the word's 4 bytes e of f_e x_e, sum of x_e) for run J of a word: f = 1 + q / 4 from bits 2J of
+    byte e (Q2_K), or with Q3 1 + (q + 4 hbit) / 8, the third bit from bit J' of byte e of `high`, J' the run's
+    hmask bit (passed in J's place: J = 4h + j, the 2-bit field j = J % 4)."""
+    x0, x1, x2, x3, xs = _x4(x_at)
+    dot = tl.zeros(words.shape, tl.float32)
+    for e in tl.static_range(4):
+        if Q3:
+            f = _code_float(words, high, 8 * e + 2 * (J % 4), 20, 0x300000, 8 * e + J, True, PTX)
+        else:
+            f = _code_float(words, high, 8 * e + 2 * J, 21, 0x600000, 0, False, PTX)
+        dot += f * (x0 if e == 0 else x1 if e == 1 else x2 if e == 2 else x3)
+    return dot, xs
+
+
+@triton.jit
+def _nibble_float(word, SHIFT: tl.constexpr):
+    """Bits SHIFT .. SHIFT + 3 of int32 `word` as float32 (the float 2**23 + nibble: no int-to-float conversion)."""
+    return (((word >> SHIFT) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V: tl.constexpr, Q3: tl.constexpr,
+               PTX: tl.constexpr):
+    """The four 16-value sub-blocks 8H + 2j + V (j = 0..3) of super-block t: per j, (sum over its 16 values of
+    f x, one [BLOCK_N] a column, and the sum of their x), from qs words 8H + 4V .. + 3 (and Q3's hmask words
+    4V .. + 3). A thread's columns share each activation it loads."""
+    d0 = tl.zeros(cols.shape, tl.float32)
+    d1, d2, d3 = d0, d0, d0
+    s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
+    for i in tl.static_range(4):
+        w = tl.load(qs_ptr + (t * 16 + 8 * H + 4 * V + i) * N + cols, mask=m2, other=0,
+                    eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        hm = w
+        if Q3:
+            hm = tl.load(hm_ptr + (t * 8 + 4 * V + i) * N + cols, mask=m2, other=0).to(tl.uint32, bitcast=True)
+        x_at = x_t + 128 * H + 16 * V + 4 * i
+        a, b = _run_dot(w, hm, x_at, 4 * H if Q3 else 0, Q3, PTX)
+        d0, s0 = d0 + a, s0 + b
+        a, b = _run_dot(w, hm, x_at + 32, 4 * H + 1 if Q3 else 1, Q3, PTX)
+        d1, s1 = d1 + a, s1 + b
+        a, b = _run_dot(w, hm, x_at + 64, 4 * H + 2 if Q3 else 2, Q3, PTX)
+        d2, s2 = d2 + a, s2 + b
+        a, b = _run_dot(w, hm, x_at + 96, 4 * H + 3 if Q3 else 3, Q3, PTX)
+        d3, s3 = d3 + a, s3 + b
+    return d0, d1, d2, d3, s0, s1, s2, s3
+
+
+@triton.jit
+def _q2k_scaled(sc, d, xs, J: tl.constexpr, V: tl.constexpr):
+    """(sc * dot(q, x) / 4, m * sum x) of sub-block 8H + 2J + V, whose byte is 2 (J % 2) + V of the scale word sc."""
+    at: tl.constexpr = 8 * (2 * (J % 2) + V)
+    return (d - xs) * _nibble_float(sc, at), xs * _nibble_float(sc, at + 4)
+
+
+@triton.jit
+def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr, PTX: tl.constexpr,
+              STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Q2_K's sums [BLOCK_N], as _q45k_sums. Planes: sc [blocks * 4, N] (byte s: scale | min << 4 of 16-value
+    sub-block s), qs [blocks * 16, N] (word 8h + i: bytes 4i .. 4i + 3 of 128-value half h, bits 2j of byte l the
+    value 128h + 32j + l, in sub-block 8h + 2j + l // 16), dm [blocks, N] (d | dmin << 16)."""
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
+        part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of sc * dot(q, x) / 4
+        part_m = tl.zeros(cols.shape, dtype=tl.float32)     # sum of m * sum(x)
+        pdl_wait(PDL)                                        # (returns at once after the first time)
+        for h in tl.static_range(2):
+            lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
+            hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
+            for v in tl.static_range(2):
+                d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, qs_ptr, x_row + t * 256, cols, m2, N, t, h, v,
+                                                            False, PTX)
+                q, m = _q2k_scaled(lo, d0, s0, 0, v)
+                part_q, part_m = part_q + q, part_m + m
+                q, m = _q2k_scaled(lo, d1, s1, 1, v)
+                part_q, part_m = part_q + q, part_m + m
+                q, m = _q2k_scaled(hi, d2, s2, 2, v)
+                part_q, part_m = part_q + q, part_m + m
+                q, m = _q2k_scaled(hi, d3, s3, 3, v)
+                part_q, part_m = part_q + q, part_m + m
+        acc += _half(dm) * part_q * 4.0 - _half(dm >> 16) * part_m
+    return tl.reshape(acc, (BLOCK_N,))
+
+
+@triton.jit
+def _q3k_scaled(s_lo, s_hi, d, xs, H: tl.constexpr, J: tl.constexpr, V: tl.constexpr):
+    """(sc - 32) (8 dot - 12 sum x) of sub-block s = 8H + 2J + V: sc's low 4 bits nibble H of byte s % 8 (word
+    J // 2 of the three, s_lo), its high 2 bits bits 2 (s // 4) of byte 8 + s % 4 (word 2, s_hi)."""
+    byte: tl.constexpr = 8 * (2 * (J % 2) + V)
+    lo4 = (s_lo >> (byte + 4 * H)) & 0xF
+    hi2 = (s_hi >> (byte + 2 * (2 * H + J // 2))) & 3
+    sc = ((lo4 | (hi2 << 4)) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 32.0)
+    return (d * 8.0 - xs * 12.0) * sc
+
+
+@triton.jit
+def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Q3_K's sums [BLOCK_N], as _q2k_sums. Planes: hm [blocks * 8, N] (bit 4h + j of byte l the third bit of value
+    128h + 32j + l, set meaning no -4), qs [blocks * 16, N] (Q2_K's), sc [blocks * 3, N] (the 12 bytes of 6-bit
+    scales, decode._q3k_scale's packing), d [blocks, N] fp16. The value is d (sc - 32) (q2 + 4 hbit - 4)."""
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
+        s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
+        s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
+        s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
+        part = tl.zeros(cols.shape, dtype=tl.float32)
+        pdl_wait(PDL)
+        for h in tl.static_range(2):
+            for v in tl.static_range(2):
+                d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, hm_ptr, x_row + t * 256, cols, m2, N, t, h, v,
+                                                            True, PTX)
+                part += _q3k_scaled(s_lo0, s_hi, d0, s0, h, 0, v) + _q3k_scaled(s_lo0, s_hi, d1, s1, h, 1, v) \
+                    + _q3k_scaled(s_lo1, s_hi, d2, s2, h, 2, v) + _q3k_scaled(s_lo1, s_hi, d3, s3, h, 3, v)
+        acc += d * part
+    return tl.reshape(acc, (BLOCK_N,))
+
+
+@triton.jit
 def _i8(word, shift):
     """The int8 at bit `shift` of int32 `word`, as float32."""
     return ((word >> shift) & 0xFF).to(tl.int8).to(tl.float32)
@@ -196,7 +380,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
         x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
         *(rope.kernel_args() if rope is not None else (x2,) * 7), st.n, per, st.tiles,
         *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
-        Q5=st.name == "q5_K", Q6=st.name == "q6_K", BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        Q5=st.name == "q5_K", Q6=st.name == "q6_K", Q2=st.name == "q2_K", Q3=st.name == "q3_K", BLOCK_N=bn,
+        HAS_BIAS=bias is not None, SPLIT_K=splits,
         PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, GLU=glu, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128,
         **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps, **pdl_launch(caps))

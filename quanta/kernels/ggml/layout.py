@@ -62,9 +62,10 @@ U8, I32, F16 = torch.uint8, torch.int32, torch.float16
 
 # The byte layouts are ggml-common.h's (and blocks.py's decoders'); the axes are decode.py's.
 LAYOUTS: dict[str, GgmlLayout] = {
-    "q2_K": GgmlLayout(10, (4, 4, 4, 4), (Plane(0, 16, U8), Plane(16, 64, I32), Plane(80, 4, F16)), has_min=True),
-    "q3_K": GgmlLayout(11, (4, 4, 4, 4), (Plane(0, 32, I32), Plane(32, 64, I32), Plane(96, 12, U8), Plane(108, 2, F16)),
-                       center=1.5),
+    "q2_K": GgmlLayout(10, (4, 4, 4, 4), (Plane(0, 16, I32), Plane(16, 64, I32), Plane(80, 4, I32)), has_min=True,
+                       columns=True),
+    "q3_K": GgmlLayout(11, (4, 4, 4, 4), (Plane(0, 32, I32), Plane(32, 64, I32), Plane(96, 12, I32),
+                                          Plane(108, 2, F16)), center=1.5, columns=True),
     "q4_K": GgmlLayout(12, (4, 2, 8, 4), (Plane(0, 4, I32), Plane(4, 12, I32, held=16), Plane(16, 128, I32)),
                        has_min=True, columns=True),
     "q5_K": GgmlLayout(13, (4, 2, 8, 4), (Plane(0, 4, I32), Plane(4, 12, I32, held=16), Plane(16, 32, I32),

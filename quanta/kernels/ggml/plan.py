@@ -67,8 +67,9 @@ def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
 
 
 def _why_gemv_cols(st: GgmlState, caps: DeviceCaps, m: int) -> str:
-    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} code words to packed " \
-           "halves, packed-half FMAs"
+    inner = "code words to floats, float32 FMAs" if st.name in ("q2_K", "q3_K") else \
+        "code words to packed halves, packed-half FMAs"
+    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} {inner}"
 
 
 def _gemv_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -105,8 +106,8 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
-#   gemv_cols M <= GEMV_MAX_M, fp16 Q4_K / Q5_K / Q6_K on CUDA: packed-half dot products (PTX) over column-major
-#             words, a thread's columns walking K
+#   gemv_cols M <= GEMV_MAX_M, fp16 Q2_K .. Q6_K on CUDA: dot products (packed halves in PTX; float32 for Q2_K,
+#             Q3_K) over column-major words, a thread's columns walking K
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
 #   mma     M <= mma_max_m(st), fp16 Q4_K / Q6_K on sm90: the code words decoded into wgmma's register operand
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
