@@ -169,31 +169,33 @@ def _rotate(u, R: tl.constexpr):
     return out
 
 
-# A 2-bit code (and Q3_K's third bit) to the float 1 + q / 4 (1 + (q + 4 hbit) / 8) in PTX: the word rotated left by
-# $2 (funnel shift), masked by $3 and ORed with 1.0's bits $4 in one lop3; Q3_K's hmask word ($2, rotated by $4)
-# masked by $6 and ORed in by a second lop3 (the masks and 1.0 in registers: one instruction each).
-_CODE_PTX = tl.constexpr("{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, $2; lop3.b32 $0, t, $3, $4, 0xEA; }")
-_CODE3_PTX = tl.constexpr("{ .reg .b32 t, u; shf.l.wrap.b32 t, $1, $1, $3; shf.l.wrap.b32 u, $2, $2, $4; "
-                          "lop3.b32 t, t, $5, $7, 0xEA; lop3.b32 $0, u, $6, t, 0xEA; }")
+# A 2-bit code (and Q3_K's third bit) to the float 1 + q / 4 (1 + (q + 4 hbit) / 8) in PTX, one string per rotation
+# (the shift an immediate, so that no register holds it): the word rotated left by k (funnel shift), masked and ORed
+# with 1.0's bits (or with $2, the third bit already placed) in one lop3.
+_CODE2_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; "
+                                f"lop3.b32 $0, t, 0x600000, 0x3F800000, 0xEA; }}" for k in range(32)))
+_CODE3_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; lop3.b32 $0, t, 0x300000, $2, 0xEA; }}"
+                                for k in range(32)))
+_HBIT_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; "
+                               f"lop3.b32 $0, t, 0x400000, 0x3F800000, 0xEA; }}" for k in range(32)))
 
 
 @triton.jit
 def _code_float(words, high, AT: tl.constexpr, TO: tl.constexpr, MASK: tl.constexpr, HIGH_AT: tl.constexpr,
                 Q3: tl.constexpr, PTX: tl.constexpr):
     """f = 1 + code / 2**bits: the code's bits of `words` at bit AT moved to bit TO and kept by MASK, with Q3 the
-    third bit from bit HIGH_AT of `high` moved to bit 22. PTX: _CODE_PTX / _CODE3_PTX; else shifts."""
+    third bit from bit HIGH_AT of `high` moved to bit 22. PTX: _CODE2_PTX, or _HBIT_PTX then _CODE3_PTX; else
+    shifts (MASK is 0x600000, or 0x300000 with Q3, as the PTX strings have it)."""
     if PTX:
         w = words.to(tl.int32, bitcast=True)
-        zero = tl.zeros_like(w)
-        rot, one = zero + (TO - AT) % 32, zero + 0x3F800000
         if Q3:
-            args = [w, high.to(tl.int32, bitcast=True), rot, zero + (22 - HIGH_AT) % 32, zero + MASK,
-                    zero + 0x400000, one]
-            bits = tl.inline_asm_elementwise(_CODE3_PTX, "=r,r,r,r,r,r,r,r", args, dtype=tl.int32, is_pure=True,
-                                             pack=1)
+            hbit = tl.inline_asm_elementwise(_HBIT_PTX[(22 - HIGH_AT) % 32], "=r,r", [high.to(tl.int32, bitcast=True)],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+            bits = tl.inline_asm_elementwise(_CODE3_PTX[(TO - AT) % 32], "=r,r,r", [w, hbit], dtype=tl.int32,
+                                             is_pure=True, pack=1)
         else:
-            args = [w, rot, zero + MASK, one]
-            bits = tl.inline_asm_elementwise(_CODE_PTX, "=r,r,r,r,r", args, dtype=tl.int32, is_pure=True, pack=1)
+            bits = tl.inline_asm_elementwise(_CODE2_PTX[(TO - AT) % 32], "=r,r", [w], dtype=tl.int32, is_pure=True,
+                                             pack=1)
         f = bits.to(tl.float32, bitcast=True)
     else:
         bits = _rotate(words, (AT - TO) % 32) & MASK
