@@ -80,6 +80,11 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
         y = gemv_cols.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
+    if name in ("q2_K", "q3_K"):                                     # rows not 8-byte aligned: copied first
+        shifted = torch.empty(m, 769, dtype=x.dtype, device=DEVICE)[:, 1:]
+        shifted.copy_(x)
+        assert shifted.data_ptr() % 8
+        assert torch.equal(gemv_cols.matmul(shifted, st, bias), gemv_cols.matmul(x, st, bias))
     if DEVICE == "cpu" and name in ("q2_K", "q3_K"):
         ptx_emulator.install(monkeypatch)
         y_ptx = gemv_cols.matmul(x, st, bias, None, ptx=True)
