@@ -220,3 +220,19 @@ def test_help_and_flag_errors_come_before_torch_loads(argv):
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().endswith("NO-TORCH"), out.stderr[-2000:]
+
+
+def test_a_signal_wrapped_by_a_lazy_import_still_ends_the_command_as_the_signal():
+    """SIGTERM raised inside an import that transformers wraps (RuntimeError from Terminated) ends the command with
+    143 and the interrupted message, as a bare SIGTERM does; any other error still propagates."""
+    code = ("from quanta.cli.interrupt import Terminated, ends_cleanly\n"
+            "with ends_cleanly('quantize', 'OUT'):\n"
+            "    try:\n"
+            "        raise Terminated()\n"
+            "    except Terminated as e:\n"
+            "        raise RuntimeError('Failed to import transformers.generation.utils') from e\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 143 and "terminated; nothing was written at OUT" in run.stderr
+    other = subprocess.run([sys.executable, "-c", code.replace("raise Terminated()", "raise ValueError()")],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and "ValueError" in other.stderr

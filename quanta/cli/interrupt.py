@@ -25,13 +25,28 @@ def ends_cleanly(command: str, out) -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-    except KeyboardInterrupt as e:
-        terminated = isinstance(e, Terminated)
+    except BaseException as e:
+        interrupt = interrupt_of(e)
+        if interrupt is None:
+            raise
+        terminated = isinstance(interrupt, Terminated)
         print(f"quanta {command}: {'terminated' if terminated else 'interrupted'}; nothing was written at {out}",
               file=sys.stderr)
         exit_now(128 + (signal.SIGTERM if terminated else signal.SIGINT))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_of(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that `e` is or, through its causes, came from, else None. A signal that lands inside
+    a lazy import (transformers re-raises what stops one as a RuntimeError from it) is still the signal."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def exit_now(code: int) -> NoReturn:

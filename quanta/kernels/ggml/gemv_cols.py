@@ -1,16 +1,13 @@
 """The K-quants' GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV does
 (Q4_K, Q5_K, Q6_K in packed halves; Q2_K, Q3_K in float32).
 
-In row-major planes a row's super-block is consecutive words, so a program spreads one row's words over several
-threads: each thread rebuilds the activation pairs of its words for only the few rows it holds, and the sums meet
-across threads at the end. Here word w of super-block t of every row lies in row t * words + w of a [words, N]
-plane (the same bytes, transposed at load: layout.GgmlLayout.columns), so a warp's load of one word row is
-contiguous over its columns, a thread holds the same words of four neighbouring columns, and one set of activation
-pairs serves them all. The words meet their activations in gemv_h2's PTX (_q4k_dots ...); scales and mins
-apply in float32. Q2_K's and Q3_K's 2-bit codes (and Q3_K's third bit) become floats 1 + q / 4 (1 + q / 8) by a
-funnel shift and a lop3 each (_CODE_PTX; decode._one_plus), whose dot with x is corrected by x's sum per 16-value
-sub-block. The affine GEMV's ends (gemv_out): split-K sums through its workspace (no zeroed output, no memset),
-the SwiGLU and rotary + KV-store epilogues.
+Word w of super-block t of every row lies in row t * words + w of a [words, N] plane (the file's bytes, transposed
+at load: layout.GgmlLayout.columns), so a warp's load of one word row is contiguous over its columns, a thread
+holds the same words of four neighbouring columns, and one set of activation pairs serves them all. The words
+meet their activations in gemv_h2's PTX (_q4k_dots ...); scales and mins apply in float32. Q2_K's and Q3_K's codes
+become floats 1 + q / 4 (1 + (q + 4 hbit) / 8) by a funnel shift and a lop3 each (_CODE2_PTX; decode._one_plus),
+whose dot with x is corrected by x's sum per 16-value sub-block. The affine GEMV's ends (gemv_out): split-K sums
+through its workspace (no zeroed output, no memset), the SwiGLU and rotary + KV-store epilogues.
 """
 from __future__ import annotations
 
