@@ -91,7 +91,7 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
         assert torch.equal(y_ptx, gemv_cols.matmul(x, st, bias, None, ptx=False))      # the same floats, exactly
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q2_K"])
 @pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
 def test_column_gemv_glu_epilogue_equals_the_gemv_then_silu_and_mul(name, config):
     """SwiGLU in the column-major GEMV's epilogue is the GEMV then activation.silu_and_mul, rounded as they round;

@@ -1,10 +1,11 @@
 """The wgmma path of the affine kernels, in Gluon (sm90): one asynchronous wgmma per code, decoded into its
 register operand.
 
-For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ, RTN g128 or per channel; fp16 or bf16) it computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A,
-but with a wgmma per code where the MMA kernel has one tl.dot per K tile (_w4_wgmma_kernel says why and how). No
-weight layout of its own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted
-column order first (one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
+For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ, RTN g128 or per channel; fp16 or bf16) it computes,
+like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A, but with a wgmma
+per code where the MMA kernel has one tl.dot per K tile (_w4_wgmma_kernel says why and how). No weight layout of its
+own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted column order first
+(one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
 """
 from __future__ import annotations
 
