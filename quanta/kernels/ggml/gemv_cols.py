@@ -223,13 +223,13 @@ def _run_dot(words, high, x_at, J: tl.constexpr, Q3: tl.constexpr, PTX: tl.const
 
 
 @triton.jit
-def _nibble_float(word, SHIFT: tl.constexpr):
-    """Bits SHIFT .. SHIFT + 3 of int32 `word` as float32 (the float 2**23 + nibble: no int-to-float conversion)."""
-    return (((word >> SHIFT) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+def _nibble_float(word, shift):
+    """Bits shift .. shift + 3 of int32 `word` as float32 (the float 2**23 + nibble: no int-to-float conversion)."""
+    return (((word >> shift) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
-def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V: tl.constexpr, Q3: tl.constexpr,
+def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V, Q3: tl.constexpr,
                PTX: tl.constexpr):
     """The four 16-value sub-blocks 8H + 2j + V (j = 0..3) of super-block t: per j, (sum over its 16 values of
     f x, one [BLOCK_N] a column, and the sum of their x), from qs words 8H + 4V .. + 3 (and Q3's hmask words
@@ -256,9 +256,9 @@ def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V: tl.const
 
 
 @triton.jit
-def _q2k_scaled(sc, d, xs, J: tl.constexpr, V: tl.constexpr):
+def _q2k_scaled(sc, d, xs, J: tl.constexpr, V):
     """(sc * dot(q, x) / 4, m * sum x) of sub-block 8H + 2J + V, whose byte is 2 (J % 2) + V of the scale word sc."""
-    at: tl.constexpr = 8 * (2 * (J % 2) + V)
+    at = 8 * (2 * (J % 2) + V)
     return (d - xs) * _nibble_float(sc, at), xs * _nibble_float(sc, at + 4)
 
 
@@ -277,7 +277,7 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
         for h in tl.static_range(2):
             lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
             hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
-            for v in tl.static_range(2):
+            for v in tl.range(0, 2):
                 d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, qs_ptr, x_row + t * 256, cols, m2, N, t, h, v,
                                                             False, PTX)
                 q, m = _q2k_scaled(lo, d0, s0, 0, v)
@@ -293,10 +293,10 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
 
 
 @triton.jit
-def _q3k_scaled(s_lo, s_hi, d, xs, H: tl.constexpr, J: tl.constexpr, V: tl.constexpr):
+def _q3k_scaled(s_lo, s_hi, d, xs, H: tl.constexpr, J: tl.constexpr, V):
     """(sc - 32) (8 dot - 12 sum x) of sub-block s = 8H + 2J + V: sc's low 4 bits nibble H of byte s % 8 (word
     J // 2 of the three, s_lo), its high 2 bits bits 2 (s // 4) of byte 8 + s % 4 (word 2, s_hi)."""
-    byte: tl.constexpr = 8 * (2 * (J % 2) + V)
+    byte = 8 * (2 * (J % 2) + V)
     lo4 = (s_lo >> (byte + 4 * H)) & 0xF
     hi2 = (s_hi >> (byte + 2 * (2 * H + J // 2))) & 3
     sc = ((lo4 | (hi2 << 4)) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 32.0)
@@ -317,8 +317,8 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
         s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
         part = tl.zeros(cols.shape, dtype=tl.float32)
         pdl_wait(PDL)
-        for h in tl.static_range(2):
-            for v in tl.static_range(2):
+        for v in tl.range(0, 2):
+            for h in tl.static_range(2):
                 d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, hm_ptr, x_row + t * 256, cols, m2, N, t, h, v,
                                                             True, PTX)
                 part += _q3k_scaled(s_lo0, s_hi, d0, s0, h, 0, v) + _q3k_scaled(s_lo0, s_hi, d1, s1, h, 1, v) \
