@@ -9,7 +9,6 @@ and w4g128-act with a GPTQ act-order column order, on the affine paths and wgmma
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from quanta.kernels import affine, ggml_gemm  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402
 from quanta.kernels.device_caps import device_caps  # noqa: E402
 from quanta.kernels.ggml import plan as ggml_plan  # noqa: E402
+from quanta.loaders.synthetic import quantized_weight  # noqa: E402
 
 MS = "16,32,48,64,96,128,192,256,384"
 TYPES = "q4_K,q5_K,q6_K,q4_0,q8_0,w4g128"
@@ -34,12 +34,10 @@ PATHS = {"ggml": ("mma", "gemm", "cublas"), "affine": ("wgmma", "mma", "cublas",
 
 def weight_of(name: str, n: int, k: int):
     """(kernels' kind, the weight, its dequantized fp16 form) for type `name` at [n, k]."""
-    if name.startswith("w4g128"):
+    if name == "w4g128":
         w = affine_w(n, k, 4, 128)
-        if name.endswith("-act"):        # GPTQ desc_act: column order[i] falls in group i // 128
-            g_idx = torch.empty(k, dtype=torch.int32, device="cuda")
-            g_idx[torch.randperm(k, device="cuda")] = torch.arange(k, device="cuda", dtype=torch.int32) // 128
-            w = dataclasses.replace(w, g_idx=g_idx)
+    elif name == "w4g128-act":          # the synthetic loader's GPTQ desc_act weight (a random g_idx order)
+        w = quantized_weight("w4g128act", (n, k), k ** -0.5, torch.Generator("cuda").manual_seed(0), "cuda")
     else:
         w = random_gguf(n, k, name)
     return ("affine" if name in AFFINE_TYPES else "ggml"), w, w.dequantize(torch.float16).cuda()

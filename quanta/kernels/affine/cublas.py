@@ -102,7 +102,6 @@ def dequantize_t(st: AffineState, config: tuple = DequantConfig(), lookup: bool 
 def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias): dequantize to the compute dtype, then cuBLAS."""
-    if st.perm is not None:
-        x2 = x2.index_select(1, st.perm)
+    x2 = st.in_weight_order(x2)
     w_t = dequantize_t(st, config or DequantConfig())
     return torch.addmm(bias, x2, w_t) if bias is not None else x2 @ w_t

@@ -36,7 +36,8 @@ class AffineState:
       the same register layout as a row of codes: with zero points, word g = (s_g | zbias_g << 16) where
       zbias = -s*z (or the float min) folds the zero into w = q*s + zbias; symmetric weights keep their one
       integer zero as a compile-time constant and word g holds (s_2g | s_2g+1 << 16).
-      Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel."""
+      Act-order (g_idx): columns sorted by group once; activations are gathered through `perm` in-kernel, or
+      once a call (in_weight_order)."""
     packed: torch.Tensor            # int32 [K_pad // PACK, N]
     sz: torch.Tensor                # int32 [G_pad or G_pad / 2, N]: scale words (see above)
     has_zb: bool                    # words hold (scale, zbias) pairs; else pairs of symmetric scales
@@ -77,6 +78,11 @@ class AffineState:
         """The kernels' lut_ptr: the table's byte words for the byte-permute lookup, else the float table, else (no
         table) any tensor, never read."""
         return self.lut_bytes if lookup else self.lut if self.lut is not None else self.sz
+
+    def in_weight_order(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] with its columns in the weight's sorted order (x2[:, perm]) for the paths that read x whole
+        (dequantize + cuBLAS, wgmma); x2 itself where the weight has no act-order."""
+        return x2 if self.perm is None else x2.index_select(1, self.perm)
 
 
 # --- decoding in registers, shared by the paths ---------------------------------------------------

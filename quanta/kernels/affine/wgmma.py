@@ -339,8 +339,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     (fp16, or float32 for bf16). An act-order weight reads x[:, perm], gathered here."""
     assert weight_fits(st) and x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     m = x2.shape[0]
-    if st.perm is not None:
-        x2 = x2.index_select(1, st.perm)
+    x2 = st.in_weight_order(x2)
     caps = caps or device_caps(x2.device)
     config = WgmmaConfig(*config) if config else default_config(st, caps, m)
     bm, stages, _, _, bn, lag, warps = config

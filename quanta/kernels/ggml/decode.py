@@ -88,6 +88,12 @@ def _u8(ptr, off, mask):
 
 
 @triton.jit
+def _half(bits):
+    """The fp16 in the low 16 bits of integer `bits`, as float32."""
+    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _to(u, at, to):
     """Word u rotated so that its bit `at` lands on bit `to` (one funnel shift on the GPU)."""
     r = ((at - to) & 31).to(tl.uint32)
@@ -118,9 +124,7 @@ def _q2_k(sc_ptr, qs_ptr, dm_ptr, n, mask_n, j, a0, N, AP: tl.constexpr):
     m3 = _r3(mask_n)
     sc = tl.load(sc_ptr + (j * 4 + _a3(a)) * N + _r3(n), mask=m3, other=0) >> (_b3(b) * 8)
     dm = tl.load(dm_ptr + j * N + _r3(n), mask=m3, other=0)
-    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return f, d * (sc & 0xF).to(tl.float32) * 4.0, dmin * ((sc >> 4) & 0xF).to(tl.float32)
+    return f, _half(dm) * (sc & 0xF).to(tl.float32) * 4.0, _half(dm >> 16) * ((sc >> 4) & 0xF).to(tl.float32)
 
 
 @triton.jit
@@ -139,18 +143,19 @@ def _q3_k(hm_ptr, qs_ptr, sc_ptr, d_ptr, n, mask_n, j, a0, N, AP: tl.constexpr):
     f = _one_plus((low & 0x300000) | (high & 0x400000))                          # 1 + (q2 + 4 * hbit) / 8
     s = _a3(a * 4) + _b3(b)
     m3 = _r3(mask_n)
-    scale = _f16(d_ptr, j * N + _r3(n), m3) * (_q3k_scale(sc_ptr, j, s, _r3(n), m3, N) - 32).to(tl.float32) * 8.0
+    cols = _r3(n)
+    lo = tl.load(sc_ptr + (j * 3 + (s % 8) // 4) * N + cols, mask=m3, other=0)
+    hi = tl.load(sc_ptr + (j * 3 + 2) * N + cols, mask=m3, other=0)
+    scale = _f16(d_ptr, j * N + cols, m3) * (q3k_scale(lo, hi, s) - 32).to(tl.float32) * 8.0
     return f, scale, scale
 
 
 @triton.jit
-def _q3k_scale(sc_ptr, j, s, cols, mask, N):
-    """The 6-bit scale (0..63, before its -32) of Q3_K sub-block s of super-block j at columns `cols` of the
-    column-major scale plane (three words a block): low 4 bits from byte s % 8 (nibble s // 8), high 2 bits from
-    byte 8 + s % 4 (bits 2 * (s // 4))."""
-    lo = tl.load(sc_ptr + (j * 3 + (s % 8) // 4) * N + cols, mask=mask, other=0)
-    hi = tl.load(sc_ptr + (j * 3 + 2) * N + cols, mask=mask, other=0)
-    lo4 = (lo >> (((s % 8) % 4) * 8 + (s // 8) * 4)) & 0xF
+def q3k_scale(lo, hi, s):
+    """The 6-bit scale (0..63, before its -32) of Q3_K sub-block s from its block's scale words (three a block in
+    the column-major plane): `lo` word (s % 8) // 4 gives the low 4 bits (byte s % 8, nibble s // 8), `hi` word 2
+    the high 2 bits (byte 8 + s % 4, bits 2 * (s // 4))."""
+    lo4 = (lo >> ((s % 4) * 8 + (s // 8) * 4)) & 0xF
     hi2 = (hi >> ((s % 4) * 8 + (s // 4) * 2)) & 3
     return lo4 | (hi2 << 4)
 
@@ -178,9 +183,7 @@ def _q45_k(dm_ptr, sc_ptr, qh_ptr, qs_ptr, n, mask_n, j, a0, N, AP: tl.constexpr
     m3 = _r3(mask_n)
     pair = tl.load(sc_ptr + (j * 4 + s // 2) * N + _r3(n), mask=m3, other=0) >> ((s % 2) * 16)
     dm = tl.load(dm_ptr + j * N + _r3(n), mask=m3, other=0)
-    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return f, d * (pair & 0xFF).to(tl.float32) * unit, dmin * ((pair >> 8) & 0xFF).to(tl.float32)
+    return f, _half(dm) * (pair & 0xFF).to(tl.float32) * unit, _half(dm >> 16) * ((pair >> 8) & 0xFF).to(tl.float32)
 
 
 @triton.jit

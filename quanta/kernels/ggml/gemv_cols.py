@@ -15,15 +15,16 @@ import torch
 
 from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.decode import _one_plus
+from quanta.kernels.ggml.decode import _half, _one_plus, q3k_scale
 from quanta.kernels.ggml.gemv import GemvConfig
-from quanta.kernels.ggml.gemv_h2 import _half, _q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _u8_float, _x_pairs4
+from quanta.kernels.ggml.gemv_h2 import _q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _u8_float, _x_pairs4
 from quanta.kernels.ggml.layout import GgmlState, plane_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
 
 TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
+FLOAT32_TYPES = ("q2_K", "q3_K")       # summed in float32 (_q2k_sums, _q3k_sums), four activations a 64-bit load
 
 
 @triton.jit
@@ -153,10 +154,7 @@ def _x4(x_at):
     """The four activations x_at + 0..3 (scalars; x_at 8-byte aligned) as float32, and their sum: one 64-bit load
     (fewer loads in flight, so fewer registers, than four 16-bit ones), its halves split by shifts."""
     q = tl.load(x_at.to(tl.pointer_type(tl.int64)))
-    x0 = (q & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    x1 = ((q >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    x2 = ((q >> 32) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    x3 = ((q >> 48) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    x0, x1, x2, x3 = _half(q), _half(q >> 16), _half(q >> 32), _half(q >> 48)
     return x0, x1, x2, x3, (x0 + x1) + (x2 + x3)
 
 
@@ -182,11 +180,11 @@ _HBIT_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; 
 
 
 @triton.jit
-def _code_float(words, high, AT: tl.constexpr, TO: tl.constexpr, MASK: tl.constexpr, HIGH_AT: tl.constexpr,
-                Q3: tl.constexpr, PTX: tl.constexpr):
-    """f = 1 + code / 2**bits: the code's bits of `words` at bit AT moved to bit TO and kept by MASK, with Q3 the
-    third bit from bit HIGH_AT of `high` moved to bit 22. PTX: _CODE2_PTX, or _HBIT_PTX then _CODE3_PTX; else
-    shifts (MASK is 0x600000, or 0x300000 with Q3, as the PTX strings have it)."""
+def _code_float(words, high, AT: tl.constexpr, HIGH_AT: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
+    """f = 1 + code / 2**bits: the 2-bit code at bit AT of `words`, moved to bits 21-22 (f = 1 + q / 4), or with Q3
+    to bits 20-21 with the third bit from bit HIGH_AT of `high` on bit 22 (f = 1 + (q + 4 hbit) / 8). PTX:
+    _CODE2_PTX, or _HBIT_PTX then _CODE3_PTX; else shifts."""
+    TO: tl.constexpr = 20 if Q3 else 21
     if PTX:
         w = words.to(tl.int32, bitcast=True)
         if Q3:
@@ -199,7 +197,7 @@ def _code_float(words, high, AT: tl.constexpr, TO: tl.constexpr, MASK: tl.conste
                                              pack=1)
         f = bits.to(tl.float32, bitcast=True)
     else:
-        bits = _rotate(words, (AT - TO) % 32) & MASK
+        bits = _rotate(words, (AT - TO) % 32) & (3 << TO)
         if Q3:
             bits |= _rotate(high, (HIGH_AT - 22) % 32) & 0x400000
         f = _one_plus(bits)
@@ -207,25 +205,27 @@ def _code_float(words, high, AT: tl.constexpr, TO: tl.constexpr, MASK: tl.conste
 
 
 @triton.jit
-def _run_dot(words, high, x_at, J: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
-    """(sum over the word's 4 bytes e of f_e x_e, sum of x_e) for run J of a word: f = 1 + q / 4 from bits 2J of
-    byte e (Q2_K), or with Q3 1 + (q + 4 hbit) / 8, the third bit from bit J' of byte e of `high`, J' the run's
-    hmask bit (passed in J's place: J = 4h + j, the 2-bit field j = J % 4)."""
+def _run_dot(words, high, x_at, H: tl.constexpr, J: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
+    """(sum over the word's 4 bytes e of f_e x_e, sum of x_e) for run J of half H: f's code the bits 2J of byte e,
+    with Q3 its third bit bit 4H + J of byte e of `high` (_code_float)."""
     x0, x1, x2, x3, xs = _x4(x_at)
     dot = tl.zeros(words.shape, tl.float32)
     for e in tl.static_range(4):
-        if Q3:
-            f = _code_float(words, high, 8 * e + 2 * (J % 4), 20, 0x300000, 8 * e + J, True, PTX)
-        else:
-            f = _code_float(words, high, 8 * e + 2 * J, 21, 0x600000, 0, False, PTX)
+        f = _code_float(words, high, 8 * e + 2 * J, 8 * e + 4 * H + J, Q3, PTX)
         dot += f * (x0 if e == 0 else x1 if e == 1 else x2 if e == 2 else x3)
     return dot, xs
 
 
 @triton.jit
+def _small_float(v):
+    """Integer 0 <= v < 2**23 as float32, by the float 2**23 + v (no int-to-float conversion)."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _nibble_float(word, shift):
-    """Bits shift .. shift + 3 of int32 `word` as float32 (the float 2**23 + nibble: no int-to-float conversion)."""
-    return (((word >> shift) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    """Bits shift .. shift + 3 of int32 `word` as float32."""
+    return _small_float((word >> shift) & 0xF)
 
 
 @triton.jit
@@ -244,13 +244,13 @@ def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V, Q3: tl.c
         if Q3:
             hm = tl.load(hm_ptr + (t * 8 + 4 * V + i) * N + cols, mask=m2, other=0).to(tl.uint32, bitcast=True)
         x_at = x_t + 128 * H + 16 * V + 4 * i
-        a, b = _run_dot(w, hm, x_at, 4 * H if Q3 else 0, Q3, PTX)
+        a, b = _run_dot(w, hm, x_at, H, 0, Q3, PTX)
         d0, s0 = d0 + a, s0 + b
-        a, b = _run_dot(w, hm, x_at + 32, 4 * H + 1 if Q3 else 1, Q3, PTX)
+        a, b = _run_dot(w, hm, x_at + 32, H, 1, Q3, PTX)
         d1, s1 = d1 + a, s1 + b
-        a, b = _run_dot(w, hm, x_at + 64, 4 * H + 2 if Q3 else 2, Q3, PTX)
+        a, b = _run_dot(w, hm, x_at + 64, H, 2, Q3, PTX)
         d2, s2 = d2 + a, s2 + b
-        a, b = _run_dot(w, hm, x_at + 96, 4 * H + 3 if Q3 else 3, Q3, PTX)
+        a, b = _run_dot(w, hm, x_at + 96, H, 3, Q3, PTX)
         d3, s3 = d3 + a, s3 + b
     return d0, d1, d2, d3, s0, s1, s2, s3
 
@@ -294,13 +294,9 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
 
 @triton.jit
 def _q3k_scaled(s_lo, s_hi, d, xs, H: tl.constexpr, J: tl.constexpr, V):
-    """(sc - 32) (8 dot - 12 sum x) of sub-block s = 8H + 2J + V: sc's low 4 bits nibble H of byte s % 8 (word
-    J // 2 of the three, s_lo), its high 2 bits bits 2 (s // 4) of byte 8 + s % 4 (word 2, s_hi)."""
-    byte = 8 * (2 * (J % 2) + V)
-    lo4 = (s_lo >> (byte + 4 * H)) & 0xF
-    hi2 = (s_hi >> (byte + 2 * (2 * H + J // 2))) & 3
-    sc = ((lo4 | (hi2 << 4)) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 32.0)
-    return (d * 8.0 - xs * 12.0) * sc
+    """(sc - 32) (8 dot - 12 sum x) of sub-block s = 8H + 2J + V, sc from scale word J // 2 of the three (s_lo) and
+    word 2 (s_hi) by decode.q3k_scale."""
+    return (d * 8.0 - xs * 12.0) * (_small_float(q3k_scale(s_lo, s_hi, 8 * H + 2 * J + V)) - 32.0)
 
 
 @triton.jit
@@ -369,7 +365,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     paged caches (rope_applies must hold), as the affine GEMV's epilogues. `config` (GemvConfig's fields), `ptx`
     (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
-    if st.name in ("q2_K", "q3_K") and (x2.data_ptr() % 8 or x2.stride(0) % 4):
+    if st.name in FLOAT32_TYPES and (x2.data_ptr() % 8 or x2.stride(0) % 4):
         x2 = x2.clone()                     # _x4 reads four activations a 64-bit load: rows 8-byte aligned
     caps = caps or device_caps(x2.device)
     config = GemvConfig(*(config or default_config(st, caps, x2.shape[0])))

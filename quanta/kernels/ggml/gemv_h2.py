@@ -233,12 +233,6 @@ def _u8_float(word, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _half(bits):
-    """The fp16 in the low 16 bits of int32 `bits`, as float32."""
-    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _x_pairs4(x_at):
     """The pairs of four consecutive words' activations (x_at, x_at + 4, + 8, + 12) and their float32 sum."""
     p0, r0, s0 = _x_pairs(x_at)

@@ -67,7 +67,7 @@ def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
 
 
 def _why_gemv_cols(st: GgmlState, caps: DeviceCaps, m: int) -> str:
-    inner = "code words to floats, float32 FMAs" if st.name in ("q2_K", "q3_K") else \
+    inner = "code words to floats, float32 FMAs" if st.name in gemv_cols.FLOAT32_TYPES else \
         "code words to packed halves, packed-half FMAs"
     return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} {inner}"
 
