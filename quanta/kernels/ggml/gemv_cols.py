@@ -345,10 +345,15 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 SMALL = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
 LARGE = GemvConfig(block_n=256, warps=2, waves=8.0, min_tiles=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
+# the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); one config fits
+# every shape
+FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
+    if st.name in FLOAT32_TYPES:
+        return FLOAT32
     return LARGE if st.n * st.k >= LARGE_WEIGHT else SMALL
 
 
