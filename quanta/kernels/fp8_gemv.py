@@ -68,6 +68,7 @@ def _fp8_gemv_kernel(
     up] and y = silu(gate) * up, a program's columns being BLOCK_N / 2 gate columns and the same up columns; ROPE,
     W = [q; k; v] and q, k rotated, k and v stored in the paged caches (FP8* constexprs: the cache's format);
     LORA, one more K split, with an empty K range, adds the row's adapter products (lora_epilogue.lora_delta)."""
+    pdl_launch_dependents(PDL)                    # as the affine GEMV: the next kernel waits for this one anyway
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -78,17 +79,21 @@ def _fp8_gemv_kernel(
     s_begin = pid_k * steps_per_split
     s_end = tl.minimum(s_begin + steps_per_split, num_steps)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    pdl_wait(PDL)                                 # x is the previous kernel's output
     for step in range(s_begin, s_end):
         k = step * BLOCK_K + offs_k
         if EVEN_K:
             b = tl.load(w_rows + k[None, :], mask=mask_n[:, None], other=0)
-            x = tl.load(x_row + k).to(tl.float32)
         else:
             b = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & (k < K)[None, :], other=0)
+        # x is the previous kernel's output: wait for it once the first weight bytes are on their way, so a
+        # program's first load overlaps that kernel's tail (returns at once after the first time)
+        pdl_wait(PDL)
+        if EVEN_K:
+            x = tl.load(x_row + k).to(tl.float32)
+        else:
             x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
         acc += _e4m3(b, HW_FP8) * x[None, :]
-    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)                                 # a program with no steps (the LoRA split) waits here
     y = tl.sum(acc, axis=1) * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     if not HW_FP8:
         y = y * 256.0
