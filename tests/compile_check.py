@@ -43,7 +43,8 @@ _E5M2_READ_HW = FP8_FORMATS["fp8_e5m2"].read_constexprs(hardware=True)
 _FP8_GEMV = dict(_P16, w_ptr="*u8", scale_ptr="*fp32")
 _COLS = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp16",
              ws_ptr="*fp32", lock_ptr="*i32", pos_ptr="*i64", freq_ptr="*fp32", k_cache_ptr="*fp16",
-             v_cache_ptr="*fp16", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+             v_cache_ptr="*fp16", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32", b0="*i32", b1="*i32",
+             b2="*i32", b3="*i32")
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -162,6 +163,9 @@ CASES = {
     "ggml_gemv_cols_q3_k_glu": ("ggml.gemv_cols", "_ggml_cols_kernel", dict(_COLS, p3="*fp16"),
                                 dict(Q5=False, Q6=False, Q3=True, BLOCK_N=256, HAS_BIAS=True, SPLIT_K=1, PTX=True,
                                      GLU=True), 2, 1, 75),
+    "ggml_gemv_cols_q4_k_q6_k_rope_pdl": ("ggml.gemv_cols", "_ggml_cols_kernel", dict(_COLS, b3="*fp16"),
+                                          dict(Q5=False, Q6=False, BLOCK_N=256, HAS_BIAS=False, SPLIT_K=2, PTX=True,
+                                               ROPE=True, HEAD_D=128, PDL=True, TWO=True, Q6B=True), 2, 1, 90),
     "ggml_gemm_q6_k": ("ggml.gemm", "_ggml_gemm_kernel", _Q6_K[0],
                        dict(_Q6_K[1], PARTS=4, BLOCK_M=16, BLOCK_N=64, HAS_BIAS=False, SPLIT_K=2), 4, 4, 80),
     "ggml_gemm_q4_k_small_smem": ("ggml.gemm", "_ggml_gemm_kernel", _Q4_K[0],

@@ -93,3 +93,24 @@ def test_merged_linear_equals_its_parts(compatible):
     with pytest.raises(Exception, match="bias missing"):
         MergedQuantLinear(128, {"a": 32, "b": 16}, bias=True).load(parts, [biases[0], None], torch.device("cpu"),
                                                                    torch.float32, names=["a.weight", "b.weight"])
+
+
+def test_mixed_gguf_parts_run_as_runs_of_one_type():
+    """A mixed file's q, k (Q4_K) and v (Q6_K): q and k stack into one GEMM, v stays apart (stack_runs), and the
+    output is the three parts' side by side."""
+    from test_ggml_gemm import make_gguf
+
+    from quanta.engine.layers import MergedQuantLinear, QuantLinear, stack_runs
+    parts = [make_gguf(n, 256, name, seed=n, device="cpu")[0] for n, name in ((32, "Q4_K"), (16, "Q4_K"), (16, "Q6_K"))]
+    assert stack_runs(parts) == [[0, 1], [2]] and stack_runs(parts[::-1]) == [[0], [1, 2]]
+    biases = [torch.randn(n, generator=G) for n in (32, 16, 16)]
+    merged = MergedQuantLinear(256, {"q_proj": 32, "k_proj": 16, "v_proj": 16}, bias=True)
+    merged.load(parts, biases, torch.device("cpu"), torch.float32, names=["q_proj", "k_proj", "v_proj"])
+    assert [name for name, _ in merged.linears()] == ["q_proj+k_proj", "v_proj"]
+    x = torch.randn(2, 256, generator=G)
+    want = []
+    for w, b in zip(parts, biases):
+        single = QuantLinear(256, w.shape[0], bias=True)
+        single.load(w, b, torch.device("cpu"), torch.float32)
+        want.append(single(x))
+    torch.testing.assert_close(merged(x), torch.cat(want, dim=-1), rtol=1e-5, atol=1e-5)

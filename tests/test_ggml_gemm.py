@@ -125,6 +125,51 @@ def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, f
     check_rope_epilogue(fused, lambda: gemv_cols.matmul(x, st, None, config), 1, hq, hk, d, fmt, g)
 
 
+@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K")])
+@pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
+def test_column_gemv_stacks_two_types_in_one_launch(a, b, config):
+    """W = [A; B] of two types (a mixed file's q, k over its v) in one launch: each part's columns against the gguf
+    package's dequantization, with a bias; pair_applies refuses what one launch cannot run."""
+    wa, ref_a = make_gguf(256, 512, a, seed=21)
+    wb, ref_b = make_gguf(40, 512, b, seed=22)
+    sa, sb = (ggml_gemm.prepare(w, DEVICE, torch.float16) for w in (wa, wb))
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(23)).to(DEVICE, torch.float16)
+    bias = torch.randn(296, generator=torch.Generator().manual_seed(24)).to(DEVICE, torch.float16)
+    assert gemv_cols.pair_applies(sa, sb, config) is None
+    y = gemv_cols.matmul(x, sa, bias, config, second=sb)
+    want = x.double() @ torch.cat([ref_a, ref_b]).double().T.to(DEVICE) + bias.double()
+    assert y.shape == (1, 296) and rel_err(y[:, :256], want[:, :256]) < TOL[torch.float16]
+    assert rel_err(y[:, 256:], want[:, 256:]) < TOL[torch.float16]
+
+
+def test_column_gemv_pairs_it_cannot_stack_say_why():
+    q4, q2 = (ggml_gemm.prepare(make_gguf(256, 512, name)[0], DEVICE, torch.float16) for name in ("Q4_K", "Q2_K"))
+    short = ggml_gemm.prepare(make_gguf(40, 512, "Q6_K")[0], DEVICE, torch.float16)
+    wide = ggml_gemm.prepare(make_gguf(256, 768, "Q6_K")[0], DEVICE, torch.float16)
+    assert "summed differently" in gemv_cols.pair_applies(q4, q2)
+    assert "whole blocks of 256" in gemv_cols.pair_applies(short, q4)
+    assert "do not share an input" in gemv_cols.pair_applies(q4, wide)
+    assert ggml_gemm.apply_rows(torch.zeros(1, 512, dtype=torch.float16, device=DEVICE), [q4, short, short]) is None
+
+
+@pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])
+def test_column_gemv_rope_epilogue_over_two_types(fmt):
+    """q, k in Q4_K over v in Q6_K, one launch with the rotary + KV-store epilogue: q and the caches as the same
+    launch without it, then rotary_and_store."""
+    from test_rotary import check_rope_epilogue
+    hq, hk, d = 3, 1, 128
+    sa = ggml_gemm.prepare(make_gguf((hq + hk) * d, 512, "Q4_K", seed=25)[0], DEVICE, torch.float16)
+    sb = ggml_gemm.prepare(make_gguf(hk * d, 512, "Q6_K", seed=26)[0], DEVICE, torch.float16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 512, generator=g).to(DEVICE, torch.float16)
+    config = gemv_cols.pair_config(sa, sb)
+
+    def fused(rope):
+        assert gemv_cols.rope_applies(sa, rope, config, sb)
+        return gemv_cols.matmul(x, sa, None, config, rope=rope, second=sb)
+    check_rope_epilogue(fused, lambda: gemv_cols.matmul(x, sa, None, config, second=sb), 1, hq, hk, d, fmt, g)
+
+
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("m,config", [(3, None), (16, (16, 16, 4, 1, 1e-3, 1)), (20, (16, 16, 2, 1, 64.0, 1))])
 def test_mma_matches_the_gguf_dequantization(name, m, config, monkeypatch):
@@ -381,3 +426,18 @@ def test_gpu_llama_shapes(name, n, k):
             for m, config in ((2, None), (64, (16, 64, 4, 3, 4.0, 2)), (256, (128, 16, 8, 3, 1e-3, 1))):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 assert rel_err(mma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q3_K", "Q2_K")])
+def test_gpu_two_types_in_one_launch(a, b):
+    """Llama-3-8B's q, k (5120 x 4096) in one type over v (1024 x 4096) in another: ggml_gemm.apply_rows runs them
+    in one launch at one row (the PTX), and refuses more rows (the caller then runs each)."""
+    wa, wb = random_gguf_cuda(5120, 4096, a), random_gguf_cuda(1024, 4096, b)
+    sa, sb = (ggml_gemm.prepare(w, torch.device("cuda"), torch.float16) for w in (wa, wb))
+    ref = torch.cat([wa.dequantize(torch.float32), wb.dequantize(torch.float32)]).double()
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    y = ggml_gemm.apply_rows(x, [sa, sb])
+    assert y.shape == (1, 6144) and rel_err(y, x.double() @ ref.T) < TOL[torch.float16]
+    assert ggml_gemm.apply_rows(torch.cat([x, x]), [sa, sb]) is None

@@ -139,10 +139,24 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}->{self.out_features}, {self.scheme}, kernel={kernel}"
 
 
+def stack_runs(weights: list) -> list[list[int]]:
+    """The parts in runs of neighbours that cat_rows stacks (q and k of one type, v of another: [[0, 1], [2]]), so
+    that weights of a mixed file run as few GEMMs as their formats allow."""
+    runs = [[0]]
+    for i in range(1, len(weights)):
+        if cat_rows([weights[j] for j in runs[-1]] + [weights[i]]) is not None:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 class MergedQuantLinear(nn.Module):
     """Linear layers over one input (q/k/v, gate/up) run as one GEMM on their stacked weight, so a decode
     step reads one larger weight with one launch; weights that cannot share a format (say, different
-    act-order permutations) stay separate layers, their outputs concatenated. `triton`: whether SiLU-and-mul,
+    act-order permutations, or a mixed GGUF file's q, k in one type and v in another) stay separate layers, as
+    few as stack_runs allows, their outputs concatenated or made in one launch where their kernel's apply_rows
+    can. `triton`: whether SiLU-and-mul,
     where the GEMM cannot fuse it, runs as the Triton kernel. `cuts`: under tensor parallelism, each
     part's rows this rank holds (`parts` then gives the pieces' sizes); each part is cut on its own."""
 
@@ -154,6 +168,8 @@ class MergedQuantLinear(nn.Module):
         self.sizes = list(self.parts.values())
         self.fused = QuantLinear(in_features, sum(self.sizes), bias)
         self.separate: nn.ModuleList | None = None
+        self.groups: list[list[int]] = []             # the parts each separate layer stacks (stack_runs)
+        self.rows_bias: torch.Tensor | None = None    # the separate layers' biases, stacked
         self.input_order: torch.Tensor | None = None     # the order its input arrives in (take_input_order)
         self.lora = self.lora_step = None
         self.pending = None          # (the norm's output, its LoRAEpilogue) when the norm feeding this made the shrink
@@ -179,16 +195,36 @@ class MergedQuantLinear(nn.Module):
             self.fused.load(merged, bias, device, dtype, name="+".join(names), force_kernel=force_kernel)
             return
         self.fused = None
-        self.separate = nn.ModuleList(QuantLinear(self.in_features, n, self.has_bias) for n in self.sizes)
-        for layer, w, b, name in zip(self.separate, weights, biases, names):
-            layer.load(w, b, device, dtype, name=name, force_kernel=force_kernel)
+        self.groups = stack_runs(weights)
+        self.separate = nn.ModuleList()
+        for group in self.groups:
+            layer = QuantLinear(self.in_features, sum(self.sizes[i] for i in group), self.has_bias)
+            weight = weights[group[0]] if len(group) == 1 else cat_rows([weights[i] for i in group])
+            bias = torch.cat([biases[i] for i in group]) if self.has_bias else None
+            layer.load(weight, bias, device, dtype, name="+".join(names[i] for i in group), force_kernel=force_kernel)
+            self.separate.append(layer)
+        self.rows_bias = torch.cat([layer.bias for layer in self.separate]) if self.has_bias else None
+
+    def _rows(self, x: torch.Tensor, rope=None) -> torch.Tensor | None:
+        """The separate layers in one launch (their kernel's apply_rows, where all share one kernel that has it;
+        with rope, its rotary + KV-store epilogue), or None where it cannot."""
+        kernel = self.separate[0].kernel
+        rows = getattr(kernel, "apply_rows", None)
+        if rows is None or any(layer.kernel is not kernel for layer in self.separate):
+            return None
+        return rows(x, [layer.state for layer in self.separate], self.rows_bias, rope)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., K] -> [..., sum of the parts' N], the parts in order (plus the tokens' adapter products)."""
         epilogue = self._epilogue(x)
         if epilogue is not None:
             return self.fused.kernel.apply(x, self.fused.state, self.fused.bias, lora=epilogue)
-        y = self.fused(x) if self.fused is not None else torch.cat([layer(x) for layer in self.separate], dim=-1)
+        if self.fused is not None:
+            y = self.fused(x)
+        else:
+            y = self._rows(x)
+            if y is None:
+                y = torch.cat([layer(x) for layer in self.separate], dim=-1)
         return self.lora.add(x, y, self.lora_step) if self._adapted() else y
 
     def attach_lora(self, slots, step) -> None:
@@ -239,7 +275,9 @@ class MergedQuantLinear(nn.Module):
         """self(x) for the parts (q, k, v) with q and k rotated and k, v stored in the paged caches by the GEMM's
         epilogue (rotary.RopeStore): [..., sum of N] whose q columns hold the rotated q. None where its kernel
         cannot for this input; the caller then runs self(x) and the rotary kernel."""
-        fused = getattr(self.fused.kernel, "apply_rope_store", None) if self.fused is not None else None
+        if self.fused is None:
+            return self._rows(x, rope) if not self._adapted() else None
+        fused = getattr(self.fused.kernel, "apply_rope_store", None)
         if fused is None:
             return None
         if not self._adapted():
@@ -262,7 +300,8 @@ class MergedQuantLinear(nn.Module):
         """(part name(s), layer) for each GEMM this module runs."""
         if self.fused is not None:
             return [("+".join(self.parts), self.fused)]
-        return list(zip(self.parts, self.separate))
+        parts = list(self.parts)
+        return [("+".join(parts[i] for i in group), layer) for group, layer in zip(self.groups, self.separate)]
 
 
 class RMSNorm(nn.Module):

@@ -48,6 +48,14 @@ def apply_rope_store(x: torch.Tensor, state: GgmlState, bias: torch.Tensor | Non
     return plan.matmul_rope(x, state, bias, rope)
 
 
+def apply_rows(x: torch.Tensor, states: list[GgmlState], bias: torch.Tensor | None = None,
+               rope: RopeStore | None = None) -> torch.Tensor | None:
+    """x @ W.T + bias for W stacking the weights `states` (of different types: a mixed file's q/k/v) in one launch,
+    with apply_rope_store's epilogue where `rope` is given; None where no path runs them together (plan.matmul_pair:
+    two weights, one row), and the caller runs each."""
+    return plan.matmul_pair(x, *states, bias, rope) if len(states) == 2 else None
+
+
 def path(state: GgmlState, m: int) -> tuple[str, str]:
     """(NAME/the path that runs an M-row input on the state's device, why)."""
     name, reason = plan.explain(state, device_caps(state.planes[0].device), m)

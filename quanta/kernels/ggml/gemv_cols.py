@@ -31,42 +31,59 @@ FLOAT32_TYPES = ("q2_K", "q3_K")       # summed in float32 (_q2k_sums, _q3k_sums
 def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
                       pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,   # ROPE only
                       N, tiles_per_split, num_tiles, Q_SIZE, KV_SIZE, stride_xm, stride_ym,
+                      b0, b1, b2, b3, N_A,                                                        # TWO only
                       Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                       SPLIT_K: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False,
                       GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
                       FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
                       FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
                       FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0, Q2: tl.constexpr = False,
-                      Q3: tl.constexpr = False):
+                      Q3: tl.constexpr = False, TWO: tl.constexpr = False, Q2B: tl.constexpr = False,
+                      Q3B: tl.constexpr = False, Q5B: tl.constexpr = False, Q6B: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] W[n, k]; program (row m, BLOCK_N columns, split of super-blocks); the planes p0..p3
-    as _q45k_sums (Q4_K, Q5_K), _q6k_sums (Q6), _q2k_sums (Q2) or _q3k_sums (Q3) take them. GLU and ROPE: the affine
-    GEMV's epilogues (gemv_out)."""
+    as _q45k_sums (Q4_K, Q5_K), _q6k_sums (Q6), _q2k_sums (Q2) or _q3k_sums (Q3) take them. TWO: W stacks two
+    weights of different types, the first's N_A rows (a multiple of BLOCK_N) over planes p0..p3 and types Q2 .. Q6,
+    the rest over b0..b3 and Q2B .. Q6B (a program's columns lie in one of them). GLU and ROPE: the affine GEMV's
+    epilogues (gemv_out)."""
     pdl_launch_dependents(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
     x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
-    if Q2:
-        y = _q2k_sums(x_row, p0, p1, p2, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX, STAGES,
-                      PDL)
-    elif Q3:
-        y = _q3k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX,
-                      STAGES, PDL)
-    elif Q6:
-        y = _q6k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, PTX,
-                      STAGES, PDL)
-    elif Q5:
-        y = _q45k_sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, True,
-                       PTX, STAGES, PDL)
+    if TWO:
+        if pid_n * BLOCK_N < N_A:
+            y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N_A, t_begin, t_end, BLOCK_N, Q2, Q3,
+                      Q5, Q6, PTX, STAGES, PDL)
+        else:
+            y = _sums(x_row, b0, b1, b2, b3, offs_n[None, :] - N_A, mask_n[None, :], N - N_A, t_begin, t_end, BLOCK_N,
+                      Q2B, Q3B, Q5B, Q6B, PTX, STAGES, PDL)
     else:
-        y = _q45k_sums(x_row, p0, p1, p2, p2, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, False,
-                       PTX, STAGES, PDL)
+        y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, Q2, Q3, Q5, Q6,
+                  PTX, STAGES, PDL)
     pdl_wait(PDL)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
                  v_scale_ptr, Q_SIZE, KV_SIZE, ROPE, HEAD_D, FP8, FP8_MAX, FP8_SHIFT, FP8_REBIAS, FP8_MIN_NORMAL,
                  FP8_MAGIC, FP8_MAGIC_BITS)
+
+
+@triton.jit
+def _sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr, Q2: tl.constexpr,
+          Q3: tl.constexpr, Q5: tl.constexpr, Q6: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr,
+          PDL: tl.constexpr):
+    """The sums [BLOCK_N] of columns cols [1, BLOCK_N] of a weight of N columns over planes p0..p3, by its type."""
+    if Q2:
+        y = _q2k_sums(x_row, p0, p1, p2, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+    elif Q3:
+        y = _q3k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+    elif Q6:
+        y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+    elif Q5:
+        y = _q45k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, True, PTX, STAGES, PDL)
+    else:
+        y = _q45k_sums(x_row, p0, p1, p2, p2, cols, m2, N, t_begin, t_end, BLOCK_N, False, PTX, STAGES, PDL)
+    return y
 
 
 @triton.jit
@@ -352,43 +369,77 @@ FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
-    if st.name in FLOAT32_TYPES:
+    return _config(st.name, st.n * st.k)
+
+
+def _config(name: str, values: int) -> GemvConfig:
+    if name in FLOAT32_TYPES:
         return FLOAT32
-    return LARGE if st.n * st.k >= LARGE_WEIGHT else SMALL
+    return LARGE if values >= LARGE_WEIGHT else SMALL
 
 
-def rope_applies(st: GgmlState, rope: RopeStore, config: GemvConfig) -> bool:
-    """Whether the epilogue can finish W = [q; k; v] under `config` (gemv_out.rope_fits)."""
-    return rope_fits(st.n, rope, GemvConfig(*config).block_n)
+def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
+    """The launch config of weights a and b stacked in one launch (matmul's `second`)."""
+    return _config(a.name, (a.n + b.n) * a.k)
+
+
+def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -> str | None:
+    """None where one launch can run a stacked over b (matmul's `second`), else why not: both on this GEMV, over
+    one input, summed alike (both in float32 or both in packed halves: one launch config), and a's rows filling
+    whole column blocks, so that each program's columns lie in one of the two."""
+    why = applies(a) or applies(b)
+    if why is not None:
+        return why
+    if a.k != b.k or a.dtype != b.dtype:
+        return f"{a.name} [{a.n}, {a.k}] and {b.name} [{b.n}, {b.k}] do not share an input"
+    if (a.name in FLOAT32_TYPES) != (b.name in FLOAT32_TYPES):
+        return f"{a.name} and {b.name} are summed differently (float32 / packed halves)"
+    block_n = GemvConfig(*(config or pair_config(a, b))).block_n
+    return None if a.n % block_n == 0 else f"{a.name}'s {a.n} rows are not whole blocks of {block_n} columns"
+
+
+def rope_applies(st: GgmlState, rope: RopeStore, config: GemvConfig, second: GgmlState | None = None) -> bool:
+    """Whether the epilogue can finish W = [q; k; v] (st, or st over `second`) under `config` (gemv_out.rope_fits)."""
+    return rope_fits(st.n + (second.n if second is not None else 0), rope, GemvConfig(*config).block_n)
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None, glu: bool = False, rope: RopeStore | None = None, ptx: bool | None = None,
-           stages: int = 1) -> torch.Tensor:
+           stages: int = 1, second: GgmlState | None = None) -> torch.Tensor:
     """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 and a weight of TYPES in column-major planes. `glu`: W stacks
     [gate; up] and y[M, N/2] = silu(gate) * up; `rope`: W stacks [q; k; v], q and k rotated and k, v stored in the
-    paged caches (rope_applies must hold), as the affine GEMV's epilogues. `config` (GemvConfig's fields), `ptx`
-    (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
+    paged caches (rope_applies must hold), as the affine GEMV's epilogues. `second`: W stacks st over a weight of
+    another type (pair_applies must hold; not with glu), N their rows together, `bias` theirs. `config`
+    (GemvConfig's fields), `ptx` (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     if st.name in FLOAT32_TYPES and (x2.data_ptr() % 8 or x2.stride(0) % 4):
         x2 = x2.clone()                     # _x4 reads four activations a 64-bit load: rows 8-byte aligned
     caps = caps or device_caps(x2.device)
-    config = GemvConfig(*(config or default_config(st, caps, x2.shape[0])))
-    assert rope is None or (not glu and rope_applies(st, rope, config))
-    assert not glu or st.n % 2 == 0
+    config = GemvConfig(*(config or (default_config(st, caps, x2.shape[0]) if second is None
+                                     else pair_config(st, second))))
+    assert second is None or (not glu and pair_applies(st, second, config) is None)
+    assert rope is None or (not glu and rope_applies(st, rope, config, second))
+    n = st.n + (second.n if second is not None else 0)
+    assert not glu or n % 2 == 0
     bn, warps, waves, min_tiles = config
     m = x2.shape[0]
-    column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
+    column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
     splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
-    y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=x2.dtype)
-    ws, locks = workspace(x2.device, st.n, m)
+    y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
+    ws, locks = workspace(x2.device, n, m)
+    b = second if second is not None else st
     _ggml_cols_kernel[(m, column_blocks, splits)](
         x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
-        *(rope.kernel_args() if rope is not None else (x2,) * 7), st.n, per, st.tiles,
+        *(rope.kernel_args() if rope is not None else (x2,) * 7), n, per, st.tiles,
         *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
-        Q5=st.name == "q5_K", Q6=st.name == "q6_K", Q2=st.name == "q2_K", Q3=st.name == "q3_K", BLOCK_N=bn,
-        HAS_BIAS=bias is not None, SPLIT_K=splits,
+        *plane_args(b), st.n, BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
         PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, GLU=glu, ROPE=rope is not None,
-        HEAD_D=rope.head_dim if rope is not None else 128,
-        **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps, **pdl_launch(caps))
+        HEAD_D=rope.head_dim if rope is not None else 128, **_type_flags(st, ""), **_type_flags(b, "B"),
+        TWO=second is not None, **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps,
+        **pdl_launch(caps))
     return y
+
+
+def _type_flags(st: GgmlState, suffix: str) -> dict:
+    """The kernel's type constexprs Q2 .. Q6 (Q2B .. Q6B for the second weight) of st (Q4_K: none set)."""
+    return {f"Q{bits}{suffix}": st.name == f"q{bits}_K" for bits in (2, 3, 5, 6)}

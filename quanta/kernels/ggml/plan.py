@@ -184,3 +184,22 @@ def matmul_rope(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None, rope:
     if choice.path.name != "gemv_cols" or not gemv_cols.rope_applies(st, rope, choice.config):
         return None
     return gemv_cols.matmul(x2, st, bias, choice.config, caps=caps, rope=rope).reshape(*x.shape[:-1], st.n)
+
+
+def matmul_pair(x: torch.Tensor, a: GgmlState, b: GgmlState, bias: torch.Tensor | None = None,
+                rope: RopeStore | None = None) -> torch.Tensor | None:
+    """x @ [A; B].T + bias in one launch for weights of two types over one input (a mixed file's q, k in one type
+    and v in another), with the rotary + KV-store epilogue where `rope` is given: the column-major GEMV where the
+    plan gives both that path (one row) and it can stack them (gemv_cols.pair_applies); else None, and the caller
+    runs each."""
+    if x.numel() == 0:
+        return None
+    x2, caps, choice = _planned(x, a)
+    if choice.path.name != "gemv_cols" or TABLE.pick(b, caps, x2.shape[0], None).path.name != "gemv_cols":
+        return None
+    config = gemv_cols.pair_config(a, b)
+    if gemv_cols.pair_applies(a, b, config) is not None or \
+            (rope is not None and not gemv_cols.rope_applies(a, rope, config, b)):
+        return None
+    y = gemv_cols.matmul(x2, a, bias, config, caps=caps, rope=rope, second=b)
+    return y.reshape(*x.shape[:-1], a.n + b.n)
