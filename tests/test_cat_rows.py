@@ -77,19 +77,14 @@ def test_incompatible_parts_stay_apart(parts):
 def test_merged_linear_equals_its_parts(compatible):
     """MergedQuantLinear runs one GEMM on stacked weights, or each part when they cannot stack; either way
     its output is the parts' outputs side by side."""
-    from quanta.engine.layers import MergedQuantLinear, QuantLinear
+    from quanta.engine.layers import MergedQuantLinear
     parts = [affine(32), affine(16)] if compatible else [affine(32), affine(16, group=64)]
     biases = [torch.randn(32, generator=G), torch.randn(16, generator=G)]
     merged = MergedQuantLinear(128, {"a": 32, "b": 16}, bias=True)
     merged.load(parts, biases, torch.device("cpu"), torch.float32, names=["a.weight", "b.weight"])
     assert (merged.separate is None) == compatible and len(merged.linears()) == (1 if compatible else 2)
     x = torch.randn(3, 128, generator=G)
-    want = []
-    for w, b in zip(parts, biases):
-        single = QuantLinear(128, w.shape[0], bias=True)
-        single.load(w, b, torch.device("cpu"), torch.float32)
-        want.append(single(x))
-    torch.testing.assert_close(merged(x), torch.cat(want, dim=-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged(x), each_alone(parts, biases, x), rtol=1e-5, atol=1e-5)
     with pytest.raises(Exception, match="bias missing"):
         MergedQuantLinear(128, {"a": 32, "b": 16}, bias=True).load(parts, [biases[0], None], torch.device("cpu"),
                                                                    torch.float32, names=["a.weight", "b.weight"])
@@ -100,7 +95,7 @@ def test_mixed_gguf_parts_run_as_runs_of_one_type():
     output is the three parts' side by side."""
     from test_ggml_gemm import make_gguf
 
-    from quanta.engine.layers import MergedQuantLinear, QuantLinear, stack_runs
+    from quanta.engine.layers import MergedQuantLinear, stack_runs
     parts = [make_gguf(n, 256, name, seed=n, device="cpu")[0] for n, name in ((32, "Q4_K"), (16, "Q4_K"), (16, "Q6_K"))]
     assert stack_runs(parts) == [[0, 1], [2]] and stack_runs(parts[::-1]) == [[0], [1, 2]]
     biases = [torch.randn(n, generator=G) for n in (32, 16, 16)]
@@ -108,9 +103,15 @@ def test_mixed_gguf_parts_run_as_runs_of_one_type():
     merged.load(parts, biases, torch.device("cpu"), torch.float32, names=["q_proj", "k_proj", "v_proj"])
     assert [name for name, _ in merged.linears()] == ["q_proj+k_proj", "v_proj"]
     x = torch.randn(2, 256, generator=G)
+    torch.testing.assert_close(merged(x), each_alone(parts, biases, x), rtol=1e-5, atol=1e-5)
+
+
+def each_alone(parts: list, biases: list, x: torch.Tensor) -> torch.Tensor:
+    """The parts' outputs side by side, each from a QuantLinear of its own."""
+    from quanta.engine.layers import QuantLinear
     want = []
     for w, b in zip(parts, biases):
-        single = QuantLinear(256, w.shape[0], bias=True)
+        single = QuantLinear(x.shape[-1], w.shape[0], bias=True)
         single.load(w, b, torch.device("cpu"), torch.float32)
         want.append(single(x))
-    torch.testing.assert_close(merged(x), torch.cat(want, dim=-1), rtol=1e-5, atol=1e-5)
+    return torch.cat(want, dim=-1)
