@@ -384,9 +384,9 @@ def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
 
 
 def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -> str | None:
-    """None where one launch can run a stacked over b (matmul's `second`), else why not: both on this GEMV, over
-    one input, summed alike (both in float32 or both in packed halves: one launch config), and a's rows filling
-    whole column blocks, so that each program's columns lie in one of the two."""
+    """None where one launch can take weight a stacked over b (matmul's `second`), else why not: both on this
+    GEMV, over one input, summed alike (both in float32 or both in packed halves: one launch config), and a's rows
+    filling whole column blocks, so that each program's columns lie in one of the two."""
     why = applies(a) or applies(b)
     if why is not None:
         return why
