@@ -156,9 +156,9 @@ class MergedQuantLinear(nn.Module):
     step reads one larger weight with one launch; weights that cannot share a format (say, different
     act-order permutations, or a mixed GGUF file's q, k in one type and v in another) stay separate layers, as
     few as stack_runs allows, their outputs concatenated or made in one launch where their kernel's apply_rows
-    can. `triton`: whether SiLU-and-mul,
-    where the GEMM cannot fuse it, runs as the Triton kernel. `cuts`: under tensor parallelism, each
-    part's rows this rank holds (`parts` then gives the pieces' sizes); each part is cut on its own."""
+    can. `triton`: whether SiLU-and-mul, where the GEMM cannot fuse it, runs as the Triton kernel. `cuts`: under
+    tensor parallelism, each part's rows this rank holds (`parts` then gives the pieces' sizes); each part is cut
+    on its own."""
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False, triton: bool = False,
                  cuts: list[Cut] | None = None):
