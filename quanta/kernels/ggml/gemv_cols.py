@@ -362,9 +362,10 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 SMALL = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
 LARGE = GemvConfig(block_n=256, warps=2, waves=8.0, min_tiles=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
-# the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); one config fits
-# every shape
+# the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); Q2_K's small
+# weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
 FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
@@ -373,6 +374,8 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
 
 
 def _config(name: str, values: int) -> GemvConfig:
+    if name == "q2_K" and values < LARGE_WEIGHT:
+        return Q2_K_SMALL
     if name in FLOAT32_TYPES:
         return FLOAT32
     return LARGE if values >= LARGE_WEIGHT else SMALL
