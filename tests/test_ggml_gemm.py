@@ -125,7 +125,7 @@ def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, f
     check_rope_epilogue(fused, lambda: gemv_cols.matmul(x, st, None, config), 1, hq, hk, d, fmt, g)
 
 
-@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K")])
+@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K"), ("Q2_K", "Q3_K")])
 @pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
 def test_column_gemv_stacks_two_types_in_one_launch(a, b, config):
     """W = [A; B] of two types (a mixed file's q, k over its v) in one launch: each part's columns against the gguf
