@@ -142,12 +142,18 @@ class QuantLinear(nn.Module):
 def stack_runs(weights: list) -> list[list[int]]:
     """The parts in runs of neighbours that cat_rows stacks (q and k of one type, v of another: [[0, 1], [2]]), so
     that weights of a mixed file run as few GEMMs as their formats allow."""
-    runs = [[0]]
+    return [run for run, _ in stacked_runs(weights)]
+
+
+def stacked_runs(weights: list) -> list[tuple[list[int], object]]:
+    """stack_runs' runs, each with its weight (the run's parts stacked by cat_rows, or the one part)."""
+    runs = [([0], weights[0])]
     for i in range(1, len(weights)):
-        if cat_rows([weights[j] for j in runs[-1]] + [weights[i]]) is not None:
-            runs[-1].append(i)
+        stacked = cat_rows([runs[-1][1], weights[i]])
+        if stacked is not None:
+            runs[-1] = (runs[-1][0] + [i], stacked)
         else:
-            runs.append([i])
+            runs.append(([i], weights[i]))
     return runs
 
 
@@ -168,7 +174,7 @@ class MergedQuantLinear(nn.Module):
         self.sizes = list(self.parts.values())
         self.fused = QuantLinear(in_features, sum(self.sizes), bias)
         self.separate: nn.ModuleList | None = None
-        self.groups: list[list[int]] = []             # the parts each separate layer stacks (stack_runs)
+        self.groups: list[list[int]] = []             # the parts each separate layer stacks (stacked_runs)
         self.rows_bias: torch.Tensor | None = None    # the separate layers' biases, stacked
         self.input_order: torch.Tensor | None = None     # the order its input arrives in (take_input_order)
         self.lora = self.lora_step = None
@@ -195,11 +201,11 @@ class MergedQuantLinear(nn.Module):
             self.fused.load(merged, bias, device, dtype, name="+".join(names), force_kernel=force_kernel)
             return
         self.fused = None
-        self.groups = stack_runs(weights)
+        runs = stacked_runs(weights)
+        self.groups = [group for group, _ in runs]
         self.separate = nn.ModuleList()
-        for group in self.groups:
+        for group, weight in runs:
             layer = QuantLinear(self.in_features, sum(self.sizes[i] for i in group), self.has_bias)
-            weight = weights[group[0]] if len(group) == 1 else cat_rows([weights[i] for i in group])
             bias = torch.cat([biases[i] for i in group]) if self.has_bias else None
             layer.load(weight, bias, device, dtype, name="+".join(names[i] for i in group), force_kernel=force_kernel)
             self.separate.append(layer)

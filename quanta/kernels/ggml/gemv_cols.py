@@ -17,7 +17,8 @@ from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_outp
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, _one_plus, q3k_scale
 from quanta.kernels.ggml.gemv import GemvConfig
-from quanta.kernels.ggml.gemv_h2 import _q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _u8_float, _x_pairs4
+from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _small_float, _u8_float,
+                                         _x_pairs4)
 from quanta.kernels.ggml.layout import GgmlState, plane_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
@@ -234,12 +235,6 @@ def _run_dot(words, high, x_at, H: tl.constexpr, J: tl.constexpr, Q3: tl.constex
 
 
 @triton.jit
-def _small_float(v):
-    """Integer 0 <= v < 2**23 as float32, by the float 2**23 + v (no int-to-float conversion)."""
-    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
 def _nibble_float(word, shift):
     """Bits shift .. shift + 3 of int32 `word` as float32."""
     return _small_float((word >> shift) & 0xF)
@@ -366,6 +361,8 @@ LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
 # weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
 FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
+# type -> (config below LARGE_WEIGHT values, config from there); the packed-half types not named take SMALL, LARGE
+CONFIGS = {"q2_K": (Q2_K_SMALL, FLOAT32), "q3_K": (FLOAT32, FLOAT32)}
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
@@ -374,11 +371,7 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
 
 
 def _config(name: str, values: int) -> GemvConfig:
-    if name == "q2_K" and values < LARGE_WEIGHT:
-        return Q2_K_SMALL
-    if name in FLOAT32_TYPES:
-        return FLOAT32
-    return LARGE if values >= LARGE_WEIGHT else SMALL
+    return CONFIGS.get(name, (SMALL, LARGE))[values >= LARGE_WEIGHT]
 
 
 def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
@@ -401,9 +394,14 @@ def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -
     return None if a.n % block_n == 0 else f"{a.name}'s {a.n} rows are not whole blocks of {block_n} columns"
 
 
+def _rows(st: GgmlState, second: GgmlState | None) -> int:
+    """N of the weight a launch runs: st's rows, or st's over `second`'s."""
+    return st.n + (second.n if second is not None else 0)
+
+
 def rope_applies(st: GgmlState, rope: RopeStore, config: GemvConfig, second: GgmlState | None = None) -> bool:
     """Whether the epilogue can finish W = [q; k; v] (st, or st over `second`) under `config` (gemv_out.rope_fits)."""
-    return rope_fits(st.n + (second.n if second is not None else 0), rope, GemvConfig(*config).block_n)
+    return rope_fits(_rows(st, second), rope, GemvConfig(*config).block_n)
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
@@ -422,7 +420,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
                                      else pair_config(st, second))))
     assert second is None or (not glu and pair_applies(st, second, config) is None)
     assert rope is None or (not glu and rope_applies(st, rope, config, second))
-    n = st.n + (second.n if second is not None else 0)
+    n = _rows(st, second)
     assert not glu or n % 2 == 0
     bn, warps, waves, min_tiles = config
     m = x2.shape[0]

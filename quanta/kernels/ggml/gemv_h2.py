@@ -227,9 +227,15 @@ def _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, x0, x1, PTX: tl.constexpr)
 
 
 @triton.jit
+def _small_float(v):
+    """Integer 0 <= v < 2**23 as float32, by the float 2**23 + v (no int-to-float conversion)."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _u8_float(word, SHIFT: tl.constexpr):
-    """Byte SHIFT / 8 of int32 `word` as float32, by the float 2**23 + byte (no int-to-float conversion)."""
-    return (((word >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    """Byte SHIFT / 8 of int32 `word` as float32."""
+    return _small_float((word >> SHIFT) & 0xFF)
 
 
 @triton.jit
