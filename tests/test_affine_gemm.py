@@ -160,17 +160,19 @@ def test_gemv_pipelined_tile_loop_matches_the_dequantized_weight(act_order):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile_sums", [False, True], ids=["word-sums", "tile-sums"])
 @pytest.mark.parametrize("bits,zero", [(4, "sym"), (4, "asym"), (8, "sym")])
-def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero):
+def test_gpu_gemv_packed_half_path_keeps_large_activations(bits, zero, tile_sums):
     """The fp16x2 GEMV inner loop with activations of LLM outlier size (|x| up to 3000) stays finite and exact
-    to fp16 rounding."""
+    to fp16 rounding, its products summed in packed halves a word or a tile at a time."""
     w = make_affine(4096, 4096, bits, 128 if bits == 4 else -1, zero, device="cuda")
     st = affine.prepare(w, "cuda", torch.float16)
-    assert gemv.use_h2(st, device_caps("cuda"))
+    caps = device_caps("cuda")
+    assert gemv.use_h2(st, caps)
     x = torch.randn(1, 4096, generator=torch.Generator().manual_seed(0)) * 30
     x[0, ::997] = 3000.0 * torch.tensor([1.0, -1.0]).repeat(3)[:5]
     x = x.to("cuda", torch.float16)
-    y = gemv.matmul(x, st)
+    y = gemv.matmul(x, st, config=gemv.default_config(st, caps)._replace(tile_sums=tile_sums))
     ref = x.double() @ w.dequantize().double().T
     # the outputs, and the K split's partial sums, fit in fp16 (unseeded, x * 100 and outliers of one sign made
     # int8 outputs of up to 45000, and a partial sum over 65504 once)
@@ -197,6 +199,20 @@ def test_glu_epilogue_equals_matmul_then_silu_and_mul(case, m):
     gate_up = x.double() @ w.dequantize().double().T + bias.double()
     ref = activation.reference(gate_up)
     assert rel_err(fused, ref) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group", [(8, 128), (4, 128)])
+def test_gpu_glu_epilogue_at_the_8b_gate_up_shape(bits, group):
+    """The stacked gate/up of Llama-3-8B (117M weights) through the GEMV's SwiGLU epilogue under its default
+    config (8-bit: 512 columns in 8 warps, packed-half tile sums) against the float64 reference."""
+    from quanta.kernels import activation
+    w = make_affine(28672, 4096, bits, group, "sym", device="cuda")
+    st = affine.prepare(w, "cuda", torch.float16)
+    x = torch.randn(1, 4096, generator=torch.Generator().manual_seed(2)).to("cuda", torch.float16)
+    fused = affine.apply_glu(x, st)
+    ref = activation.reference(x.double() @ w.dequantize().double().T)
+    assert fused.shape == (1, 14336) and rel_err(fused, ref) < TOL[torch.float16]
 
 
 def test_pack_by_row_chunks_equals_one_pass(monkeypatch):

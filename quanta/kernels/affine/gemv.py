@@ -37,18 +37,16 @@ from quanta.kernels.triton_support import (
 # --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
 # A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
 # 1024 + code), one FMA maps each pair to (code - C) / D exactly (C = 2**(bits-1), D = 16 or 256, so that
-# the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs; the
-# word's two lanes leave as one float32. Per 4-bit code: ~2 instructions instead of 3 in fp32.
+# the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs. Per 4-bit
+# code: ~2 instructions instead of 3 in fp32. The word's two lanes leave as one float32 ($0), or, with TILE_SUMS,
+# the FMAs add to the packed-half sum of the tile's earlier words in the element (the last operand) and the lanes
+# leave once a tile (_h2_lanes): a tile's 16 to 64 products a lane stay far inside fp16's range too.
 _H2_LANES_TO_F32 = """mov.b32 {h0, h1}, acc;
 cvt.f32.f16 f0, h0;
 cvt.f32.f16 f1, h1;
 add.f32 $0, f0, f1;
 }"""                                    # the packed-half sum's two lanes -> one float32 ($0)
-_H2_DOT_INT4 = tl.constexpr("""{
-.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1;
-mov.b32 c_lo, 0x2C002C00;
+_H2_DECODE = {4: """mov.b32 c_lo, 0x2C002C00;
 mov.b32 b_lo, 0xD408D408;
 mov.b32 c_hi, 0x1C001C00;
 mov.b32 b_hi, 0xC480C480;
@@ -56,8 +54,7 @@ lop3.b32 lo, $1, 0x000F000F, 0x64006400, 0xEA;
 lop3.b32 hi, $1, 0x00F000F0, 0x64006400, 0xEA;
 fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
-mul.rn.f16x2 acc, lo, $2;
-fma.rn.f16x2 acc, hi, $3, acc;
+{first}fma.rn.f16x2 acc, hi, $3, acc;
 shr.u32 t, $1, 8;
 lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
 lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
@@ -65,20 +62,34 @@ fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
 fma.rn.f16x2 acc, lo, $4, acc;
 fma.rn.f16x2 acc, hi, $5, acc;
-""" + _H2_LANES_TO_F32)
-_H2_DOT_INT8 = tl.constexpr("""{
-.reg .b32 t, lo, hi, acc, c, b;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1;
-mov.b32 c, 0x1C001C00;
-mov.b32 b, 0xC480C480;
+""", 8: """mov.b32 c_lo, 0x1C001C00;
+mov.b32 b_lo, 0xC480C480;
 lop3.b32 lo, $1, 0x00FF00FF, 0x64006400, 0xEA;
 shr.u32 t, $1, 8;
 lop3.b32 hi, t, 0x00FF00FF, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c, b;
-fma.rn.f16x2 hi, hi, c, b;
-mul.rn.f16x2 acc, lo, $2;
-fma.rn.f16x2 acc, hi, $3, acc;
+fma.rn.f16x2 lo, lo, c_lo, b_lo;
+fma.rn.f16x2 hi, hi, c_lo, b_lo;
+{first}fma.rn.f16x2 acc, hi, $3, acc;
+"""}
+_H2_PAIRS = {4: 4, 8: 2}                # the activation pairs a word's codes meet ($2 ...)
+
+
+def _h2_dot_ptx(bits: int, tile_sums: bool) -> tl.constexpr:
+    """The PTX of one word of `bits`-bit codes: $1 the word, then its activation pairs; with `tile_sums` the packed
+    sum so far last, and the packed sum out; else the float32 sum of its lanes out."""
+    first = f"fma.rn.f16x2 acc, lo, $2, ${2 + _H2_PAIRS[bits]};\n" if tile_sums else "mul.rn.f16x2 acc, lo, $2;\n"
+    end = "mov.b32 $0, acc;\n}" if tile_sums else _H2_LANES_TO_F32
+    return tl.constexpr("{\n.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n"
+                        + _H2_DECODE[bits].format(first=first) + end)
+
+
+_H2_DOT_INT4, _H2_DOT_INT8 = _h2_dot_ptx(4, False), _h2_dot_ptx(8, False)
+_H2_SUM_INT4, _H2_SUM_INT8 = _h2_dot_ptx(4, True), _h2_dot_ptx(8, True)
+_H2_LANES = tl.constexpr("""{
+.reg .b32 acc;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1;
+mov.b32 acc, $1;
 """ + _H2_LANES_TO_F32)
 # A 16-entry table (NF4 / FP4) instead of the magic numbers: 4 codes of a word at a time (nibbles 0-3, then
 # 4-7, each half one scale group) become fp16 table entries with byte permutes (layout.lut_lookup4_ptx),
@@ -132,24 +143,37 @@ def _load_x4(x_row, perm_ptr, k0, K, R: tl.constexpr, HAS_PERM: tl.constexpr, EV
 
 
 @triton.jit
-def _h2_word_dots(p, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
-                  EVEN_K: tl.constexpr):
-    """sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N] (fp32), and sum_i x."""
+def _h2_word_dots(p, acc, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
+                  EVEN_K: tl.constexpr, TILE_SUMS: tl.constexpr):
+    """(sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N], float32; with TILE_SUMS that
+    sum added to the packed halves acc, in packed halves), and sum_i x (float32)."""
     x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
     if BITS == 4:
         x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
-        d = tl.inline_asm_elementwise(
-            _H2_DOT_INT4, "=f,r,r,r,r,r",
-            [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]],
-            dtype=tl.float32, is_pure=True, pack=1)
+        pairs = [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]]
         xs = (x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
               + x4.to(tl.float32) + x5.to(tl.float32) + x6.to(tl.float32) + x7.to(tl.float32))
+        if TILE_SUMS:
+            d = tl.inline_asm_elementwise(_H2_SUM_INT4, "=r,r,r,r,r,r,r", pairs + [acc], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        else:
+            d = tl.inline_asm_elementwise(_H2_DOT_INT4, "=f,r,r,r,r,r", pairs, dtype=tl.float32, is_pure=True,
+                                          pack=1)
     else:
-        d = tl.inline_asm_elementwise(
-            _H2_DOT_INT8, "=f,r,r,r", [p, _pair(x0, x2)[:, None], _pair(x1, x3)[:, None]],
-            dtype=tl.float32, is_pure=True, pack=1)
+        pairs = [p, _pair(x0, x2)[:, None], _pair(x1, x3)[:, None]]
         xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
+        if TILE_SUMS:
+            d = tl.inline_asm_elementwise(_H2_SUM_INT8, "=r,r,r,r,r", pairs + [acc], dtype=tl.int32, is_pure=True,
+                                          pack=1)
+        else:
+            d = tl.inline_asm_elementwise(_H2_DOT_INT8, "=f,r,r,r", pairs, dtype=tl.float32, is_pure=True, pack=1)
     return d, xs
+
+
+@triton.jit
+def _h2_lanes(acc):
+    """The two lanes of packed halves acc, summed as float32."""
+    return tl.inline_asm_elementwise(_H2_LANES, "=f,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -181,7 +205,8 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, GLU: tl.constexpr = False, PDL: tl.constexpr = False, STAGES: tl.constexpr = 1,
+    H2_SCALE: tl.constexpr = 16.0, TILE_SUMS: tl.constexpr = False, GLU: tl.constexpr = False,
+    PDL: tl.constexpr = False, STAGES: tl.constexpr = 1,
     ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
     FP8_MIN_NORMAL: tl.constexpr = 0.0, FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0,
@@ -209,6 +234,7 @@ def _affine_gemv_kernel(
     MODE as in layout.decode: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
     H2 (fp16 activations, CUDA only): packed-half dot products per word (above); AFFINE with TILE_SCALE,
     or LUT with 4-bit codes and a scale per half tile (applied in the assembly, accumulated in acc).
+    TILE_SUMS (H2, AFFINE): a tile's products are summed in packed halves, converted to float32 once a tile.
     GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are
     BLOCK_N/2 gate columns and the same up columns, multiplied in the epilogue (rounded as the separate
     GEMV + activation.silu_and_mul round them).
@@ -245,6 +271,7 @@ def _affine_gemv_kernel(
         kt = t * TILE_K
         part = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
         xsum = tl.zeros((RS,), dtype=tl.float32)
+        acc_h = tl.zeros((RS, BLOCK_N), dtype=tl.int32)       # TILE_SUMS: packed-half sums (0 is +0, +0)
         if H2 and MODE == 1:                     # table codes: each half of a word one scale group
             s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
@@ -257,8 +284,12 @@ def _affine_gemv_kernel(
                 acc += _h2_lut_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, s_lo.to(tl.float32),
                                          s_hi.to(tl.float32), lut_ptr, R, HAS_PERM, EVEN_K)
             elif H2:
-                d, xs = _h2_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K)
-                part += d
+                d, xs = _h2_word_dots(p, acc_h, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K,
+                                      TILE_SUMS)
+                if TILE_SUMS:
+                    acc_h = d
+                else:
+                    part += d
                 xsum += xs
             else:
                 p_hi = p.to(tl.uint32, bitcast=True) >> 16
@@ -299,7 +330,7 @@ def _affine_gemv_kernel(
         if TILE_SCALE:
             s, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             s = s.to(tl.float32)
-            ps = tl.sum(part, axis=0)
+            ps = tl.sum(_h2_lanes(acc_h) if H2 and TILE_SUMS else part, axis=0)
             if H2:                     # part = sum x (q - C) / D: w = (q - C) s + (C s + zbias)
                 acc_n += ps * (s * H2_SCALE)
                 if HAS_ZB:
@@ -333,6 +364,7 @@ class GemvConfig(NamedTuple):
     min_tiles: int
     stages: int = 1         # K tiles in flight per program (software pipelining through shared memory)
     max_registers: int = 0  # ptxas's register cap a thread (0: its own choice); fewer registers, more programs an SM
+    tile_sums: bool = False  # H2 affine codes: a tile's products summed in packed halves (TILE_SUMS)
 
 
 # weight size N*K -> config, by code kind and whether PDL is on (swept on the H100 over the 8 Llama-3 shapes and
@@ -349,9 +381,17 @@ GEMV_CONFIGS_PDL = ((20_000_000, GemvConfig(256, 16, 2, 8.0, 1)), (40_000_000, G
                     (300_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
 # 8-bit codes (twice the bytes a weight) under PDL: 256 columns in 4 warps, 8 word rows a step; all 16 rows of a
 # tile a step where the programs fit one resident wave (its 79 registers leave 6 programs an SM), which the
-# shapes between those bands overflow; 70B gate_up keeps 128 x 8 at 32 waves.
-GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)), (20_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
-                       (30_000_000, GemvConfig(256, 16, 4, 8.0, 1)), (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
+# shapes between those bands overflow; 70B gate_up keeps 128 x 8 at 32 waves. Packed-half tile sums where they
+# are faster (8B o and down); the 70B shapes (60M-100M, 200M-300M) lose with them. 100M-200M holds 7-8B models'
+# stacked gate/up, which decode runs with the SwiGLU epilogue, whose programs read a run of gate and a run of up
+# columns: 512 columns in 8 warps at 16 waves keeps each run 1 KB a word row.
+GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
+                       (20_000_000, GemvConfig(256, 8, 4, 8.0, 1, tile_sums=True)),
+                       (30_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
+                       (60_000_000, GemvConfig(256, 8, 4, 8.0, 1, tile_sums=True)),
+                       (100_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
+                       (200_000_000, GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)),
+                       (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
                        (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
 # 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: about twice the instructions a code of the
 # affine loop, so the W8 table's shape (256 columns in 4 warps, 8 word rows a step) from 20M weights, not W4's 256 x 4
@@ -406,7 +446,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.dtype == st.dtype and x2.stride(1) == 1
     caps = caps or device_caps(x2.device)
     config = GemvConfig(*(config or default_config(st, caps)))
-    bn, rs, warps, waves, min_tiles, stages, max_registers = config
+    bn, rs, warps, waves, min_tiles, stages, max_registers, tile_sums = config
     assert rope is None or (not glu and rope_applies(st, rope, config))
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, caps) if h2 is None else h2
@@ -428,7 +468,8 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits + lora_split,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, GLU=glu, STAGES=stages, ROPE=rope is not None,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, TILE_SUMS=tile_sums and h2 and not table_h2, GLU=glu,
+        STAGES=stages, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128, **fp8_write_constexprs(rope.fmt if rope else None),
         **(lora.constexprs() if lora is not None else {}),
         num_warps=warps,
