@@ -352,10 +352,11 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 
 
 # (BLOCK_N, warps, waves, min tiles): four columns a thread in two warps, the K loop split for sixteen programs an
-# SM on the small weights, eight with two super-blocks each at least on the large ones, as the H100 sweeps of
-# benchmarks/ggml_gemm.py --sweep found
+# SM. Alone (benchmarks/ggml_gemm.py --sweep) the large weights wanted eight with two super-blocks each; in the
+# decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs of a split a
+# super-block are faster (benchmarks/gemv_cols_engine_configs.sh)
 SMALL = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
-LARGE = GemvConfig(block_n=256, warps=2, waves=8.0, min_tiles=2)
+LARGE = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
 # the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); Q2_K's small
 # weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
