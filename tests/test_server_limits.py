@@ -119,14 +119,17 @@ def test_the_default_character_limit_follows_from_max_model_len(offline):
 
 
 class Watched:
-    """A tokenizer that counts its calls, taking `delay` seconds (without the GIL, as the real one) each."""
+    """A tokenizer that counts its calls, taking `delay` seconds (without the GIL, as the real one) each; `started`
+    is set when a call begins."""
 
     def __init__(self, tokenizer, delay: float = 0.0):
         self.tokenizer, self.delay, self.calls, self.threads = tokenizer, delay, 0, set()
+        self.started = threading.Event()
 
     def __call__(self, text, **kw):
         self.calls += 1
         self.threads.add(threading.current_thread().name)
+        self.started.set()
         time.sleep(self.delay)
         return self.tokenizer(text, **kw)
 
@@ -163,7 +166,8 @@ def test_tokenizing_runs_off_the_event_loop(offline):
         tok = Watched(offline.tokenizer, delay=1.5)
         app_tok_swap(http, tok)
         slow = asyncio.create_task(post(http, "/v1/completions", {"prompt": "slow text", "max_tokens": 1}))
-        await asyncio.sleep(0.2)
+        while not tok.started.is_set():                   # the slow tokenization is under way
+            await asyncio.sleep(0.01)
         t0 = time.perf_counter()
         health = await http.get("/health")
         t_health = time.perf_counter() - t0
