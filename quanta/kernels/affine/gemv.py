@@ -40,7 +40,7 @@ from quanta.kernels.triton_support import (
 # the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs. Per 4-bit
 # code: ~2 instructions instead of 3 in fp32. The word's two lanes leave as one float32 ($0), or, with TILE_SUMS,
 # the FMAs add to the packed-half sum of the tile's earlier words in the element (the last operand) and the lanes
-# leave once a tile (_h2_lanes): a tile's 16 to 64 products a lane stay far inside fp16's range too.
+# leave once a tile (_h2_lanes): a lane's R / RS words of PACK / 2 products each stay far inside fp16's range too.
 _H2_LANES_TO_F32 = """mov.b32 {h0, h1}, acc;
 cvt.f32.f16 f0, h0;
 cvt.f32.f16 f1, h1;
