@@ -25,15 +25,16 @@ from linears import SHAPES, affine_w, bench, copies, copy_bandwidth  # noqa: E40
 from quanta.kernels import affine  # noqa: E402
 from quanta.kernels.affine.gemv import matmul as gemv  # noqa: E402
 
-# (BLOCK_N, RS, num_warps, waves, min_tiles, h2[, stages[, max_registers]]); None = the defaults
+# (BLOCK_N, RS, num_warps, waves, min_tiles, h2[, stages[, max_registers[, tile_sums]]]); None = the defaults
 SWEEP = (None, (256, 4, 2, 8.0, 2, False), (256, 4, 2, 8.0, 2, True), (128, 8, 2, 16.0, 1, True),
          (128, 16, 2, 16.0, 1, True), (128, 8, 2, 32.0, 1, True), (128, 8, 4, 16.0, 1, True),
          (256, 8, 2, 16.0, 1, True), (128, 4, 2, 16.0, 1, True), (64, 8, 2, 16.0, 1, True))
-# 8-bit codes: the PDL table's shapes (GEMV_CONFIGS_PDL_W8), with more programs, wider ones and two stages
+# 8-bit codes: the PDL table's shapes (GEMV_CONFIGS_PDL_W8), with more programs, wider ones, two stages and tile sums
 SWEEP_W8 = (None, (256, 8, 4, 8.0, 1, True), (256, 16, 4, 8.0, 1, True), (128, 8, 2, 32.0, 1, True),
             (256, 8, 4, 16.0, 1, True), (256, 16, 4, 16.0, 1, True), (256, 8, 8, 8.0, 1, True),
             (512, 8, 8, 8.0, 1, True), (128, 16, 4, 16.0, 1, True), (256, 8, 4, 8.0, 1, True, 2),
-            (256, 16, 4, 8.0, 1, True, 2), (128, 8, 2, 32.0, 1, True, 2))
+            (256, 16, 4, 8.0, 1, True, 2), (128, 8, 2, 32.0, 1, True, 2), (256, 8, 4, 8.0, 1, True, 1, 0, True),
+            (256, 16, 4, 8.0, 1, True, 1, 0, True), (512, 8, 8, 16.0, 1, True, 1, 0, True))
 
 
 def run(x, st, cfg):
