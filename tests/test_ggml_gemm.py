@@ -117,7 +117,7 @@ def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, f
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 512, generator=g).to(DEVICE, torch.float16)
-    config = gemv_cols.SMALL
+    config = gemv_cols.PACKED_HALF
 
     def fused(rope):
         assert gemv_cols.rope_applies(st, rope, config) and not gemv_cols.rope_applies(st, rope, (64, 2, 8.0, 1))

@@ -71,20 +71,31 @@ fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_lo, b_lo;
 {first}fma.rn.f16x2 acc, hi, $3, acc;
 """}
-_H2_PAIRS = {4: 4, 8: 2}                # the activation pairs a word's codes meet ($2 ...)
+
+
+def _h2_pairs(bits: int) -> int:
+    """The activation pairs ($2 ...) a word of `bits`-bit codes meets: its codes, two a pair."""
+    return 32 // bits // 2
 
 
 def _h2_dot_ptx(bits: int, tile_sums: bool) -> tl.constexpr:
     """The PTX of one word of `bits`-bit codes: $1 the word, then its activation pairs; with `tile_sums` the packed
     sum so far last, and the packed sum out; else the float32 sum of its lanes out."""
-    first = f"fma.rn.f16x2 acc, lo, $2, ${2 + _H2_PAIRS[bits]};\n" if tile_sums else "mul.rn.f16x2 acc, lo, $2;\n"
+    first = f"fma.rn.f16x2 acc, lo, $2, ${2 + _h2_pairs(bits)};\n" if tile_sums else "mul.rn.f16x2 acc, lo, $2;\n"
     end = "mov.b32 $0, acc;\n}" if tile_sums else _H2_LANES_TO_F32
     return tl.constexpr("{\n.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n"
                         + _H2_DECODE[bits].format(first=first) + end)
 
 
+def _h2_constraints(bits: int, tile_sums: bool) -> tl.constexpr:
+    """The asm constraints of _h2_dot_ptx(bits, tile_sums): its output, the word, the pairs (and the packed sum)."""
+    return tl.constexpr(("=r" if tile_sums else "=f") + ",r" * (1 + _h2_pairs(bits) + tile_sums))
+
+
 _H2_DOT_INT4, _H2_DOT_INT8 = _h2_dot_ptx(4, False), _h2_dot_ptx(8, False)
 _H2_SUM_INT4, _H2_SUM_INT8 = _h2_dot_ptx(4, True), _h2_dot_ptx(8, True)
+_H2_DOT_ARGS4, _H2_DOT_ARGS8 = _h2_constraints(4, False), _h2_constraints(8, False)
+_H2_SUM_ARGS4, _H2_SUM_ARGS8 = _h2_constraints(4, True), _h2_constraints(8, True)
 _H2_LANES = tl.constexpr("""{
 .reg .b32 acc;
 .reg .f16 h0, h1;
@@ -153,20 +164,17 @@ def _h2_word_dots(p, acc, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.cons
         pairs = [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]]
         xs = (x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
               + x4.to(tl.float32) + x5.to(tl.float32) + x6.to(tl.float32) + x7.to(tl.float32))
-        if TILE_SUMS:
-            d = tl.inline_asm_elementwise(_H2_SUM_INT4, "=r,r,r,r,r,r,r", pairs + [acc], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        else:
-            d = tl.inline_asm_elementwise(_H2_DOT_INT4, "=f,r,r,r,r,r", pairs, dtype=tl.float32, is_pure=True,
-                                          pack=1)
     else:
         pairs = [p, _pair(x0, x2)[:, None], _pair(x1, x3)[:, None]]
         xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
-        if TILE_SUMS:
-            d = tl.inline_asm_elementwise(_H2_SUM_INT8, "=r,r,r,r,r", pairs + [acc], dtype=tl.int32, is_pure=True,
-                                          pack=1)
-        else:
-            d = tl.inline_asm_elementwise(_H2_DOT_INT8, "=f,r,r,r", pairs, dtype=tl.float32, is_pure=True, pack=1)
+    if TILE_SUMS:
+        d = tl.inline_asm_elementwise(_H2_SUM_INT4 if BITS == 4 else _H2_SUM_INT8,
+                                      _H2_SUM_ARGS4 if BITS == 4 else _H2_SUM_ARGS8, pairs + [acc], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        d = tl.inline_asm_elementwise(_H2_DOT_INT4 if BITS == 4 else _H2_DOT_INT8,
+                                      _H2_DOT_ARGS4 if BITS == 4 else _H2_DOT_ARGS8, pairs, dtype=tl.float32,
+                                      is_pure=True, pack=1)
     return d, xs
 
 

@@ -351,18 +351,17 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
     return None
 
 
-# (BLOCK_N, warps, waves, min tiles): four columns a thread in two warps, the K loop split for sixteen programs an
-# SM. Alone (benchmarks/ggml_gemm.py --sweep) the large weights wanted eight with two super-blocks each; in the
-# decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs of a split a
-# super-block are faster (benchmarks/gemv_cols_engine_configs.sh)
-SMALL = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
-LARGE = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
-LARGE_WEIGHT = 1 << 25          # values (N * K) from which a weight takes LARGE
+# (BLOCK_N, warps, waves, min tiles). The packed-half types: four columns a thread in two warps, the K loop split
+# for sixteen programs an SM at every size. Alone (benchmarks/ggml_gemm.py --sweep) the large weights wanted eight
+# with two super-blocks each; in the decode chain, where the next GEMV's programs start as this one drains (PDL),
+# the shorter programs of a split a super-block are faster (benchmarks/gemv_cols_engine_configs.sh)
+PACKED_HALF = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
+LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
 # the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); Q2_K's small
 # weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
 FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
-# type -> (config below LARGE_WEIGHT values, config from there); the packed-half types not named take SMALL, LARGE
+# type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
 CONFIGS = {"q2_K": (Q2_K_SMALL, FLOAT32), "q3_K": (FLOAT32, FLOAT32)}
 
 
@@ -372,7 +371,7 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
 
 
 def _config(name: str, values: int) -> GemvConfig:
-    return CONFIGS.get(name, (SMALL, LARGE))[values >= LARGE_WEIGHT]
+    return CONFIGS.get(name, (PACKED_HALF, PACKED_HALF))[values >= LARGE_WEIGHT]
 
 
 def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
