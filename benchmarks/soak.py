@@ -21,7 +21,7 @@ for token and a last greedy request still does. Exit status 0 only when every ch
 
 The server runs with prefix caching on (its default) and the oracle without: on the CPU a request's
 tokens do not depend on what ran beside or before it -- batch composition, chunked prefill, a preemption
-and its recompute, cached blocks (kernels/cpu_attention.py, kernels/cpu_matmul.py) -- so equality is
+and its recompute, cached blocks (cpu/attention.py, cpu/matmul.py) -- so equality is
 exact, with no tolerance for near ties.
 """
 from __future__ import annotations

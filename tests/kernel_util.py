@@ -40,7 +40,7 @@ def bf16_rounds_to_nearest() -> bool:
 def cpu_4bit_kernel() -> tuple[str, str]:
     """(kernel, compute dtype) that runs plain 4-bit groups on this CPU: cpu_vnni on its 8-bit activation blocks
     where the CPU has AVX512-VNNI or AVX2 (and a C compiler), else torch's int4 GEMM at bfloat16 input."""
-    from quanta.kernels.cpu import vnni
+    from quanta.cpu import vnni
     if vnni._library() is not None and vnni._library().quanta_vnni_available():
         return "cpu_vnni", "int8"
     return "cpu_int4", "bfloat16"

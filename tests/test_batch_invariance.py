@@ -14,7 +14,7 @@ import torch
 
 from quanta.engine import LLM, SamplingParams
 from quanta.kernels import paged_attention
-from quanta.kernels.cpu import attention as cpu_attention, int4 as cpu_int4, int8 as cpu_int8, matmul as cpu_matmul
+from quanta.cpu import attention as cpu_attention, int4 as cpu_int4, int8 as cpu_int8, matmul as cpu_matmul
 from test_affine_gemm import make_affine
 from test_paged_attention import build
 

@@ -1,4 +1,4 @@
-"""cpu_ggml: GGUF blocks as stored on the CPU (kernels/cpu/ggml_matmul.c), every ggml type quanta reads, against the
+"""cpu_ggml: GGUF blocks as stored on the CPU (cpu/ggml_matmul.c), every ggml type quanta reads, against the
 `gguf` package's dequantization of the same bytes (random valid blocks: every bit pattern of codes and scales) and a
 float64 matmul; a row's result the same bit for bit whatever the batch and the thread count; the file's bytes held,
 not a copy; and a Q4_K_M file written by `quanta convert` generating on it the greedy text of the dequantized path."""
@@ -9,7 +9,7 @@ import torch
 
 from kernel_util import cpu_4bit_kernel  # noqa: I001
 from quanta.kernels import registry
-from quanta.kernels.cpu import ggml as cpu_ggml, int4 as cpu_int4, vnni as cpu_vnni
+from quanta.cpu import ggml as cpu_ggml, int4 as cpu_int4, vnni as cpu_vnni
 from test_ggml_gemm import make_gguf
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")

@@ -5,7 +5,7 @@ import torch
 
 from kernel_util import rel_err  # noqa: I001
 from quanta.kernels import dense, dequantized, registry
-from quanta.kernels.cpu import int4 as cpu_int4, int8 as cpu_int8, vnni as cpu_vnni
+from quanta.cpu import int4 as cpu_int4, int8 as cpu_int8, vnni as cpu_vnni
 from test_affine_gemm import make_affine
 from test_affine_gguf import make_gguf
 
@@ -105,7 +105,7 @@ def test_an_int8_lm_head_refined_picks_the_exact_float32_top():
     """A Q8_0 head on cpu_int8 computes in bfloat16 pieces; its entries that can be a row's largest (each with its
     own Cauchy-Schwarz bound from the rows' norms) are recomputed from the codes in float32, so the argmax and the
     top value are the exact product's, and a row's result does not depend on the rows beside it."""
-    from quanta.kernels.cpu import matmul as cpu_matmul
+    from quanta.cpu import matmul as cpu_matmul
     w, ref_w = make_gguf(4096, 256, "Q8_0", device="cpu")
     st = cpu_int8.prepare(w, torch.device("cpu"), torch.bfloat16)
     assert torch.allclose(st.row_norms(), ref_w.norm(dim=1), rtol=1e-5)

@@ -1,4 +1,4 @@
-"""The CPU layer's native operations (kernels/cpu/layer_ops.c): attention over the paged cache against float64
+"""The CPU layer's native operations (cpu/layer_ops.c): attention over the paged cache against float64
 softmax attention from torch, rotary-and-store against the torch rotation and store (the same bits), RMSNorm and
 SiLU-and-mul against torch; every row the same bit for bit whether it runs alone or in a batch, on one thread or two."""
 import math
@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from quanta.kernels import fused_norm, paged_kv, rotary
-from quanta.kernels.cpu import layer_ops
+from quanta.cpu import layer_ops
+from quanta.quant import fp8_codes
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not layer_ops.usable(torch.zeros(1)),
                                 reason="no C compiler")
@@ -64,8 +65,8 @@ def test_attention_matches_float64_softmax_attention(window, cache):
     q = torch.randn(int(starts[-1]), hq, d)
     rows = layer_ops.rows(tables, lens, starts, window)
     got = layer_ops.attention(q, k, v, rows, 0.125, k_scale, v_scale, fmt)
-    kd = paged_kv.dequantize(k, k_scale, fmt) if fmt else k
-    vd = paged_kv.dequantize(v, v_scale, fmt) if fmt else v
+    kd = fp8_codes.dequantize(k, k_scale, fmt) if fmt else k
+    vd = fp8_codes.dequantize(v, v_scale, fmt) if fmt else v
     for t in range(q.shape[0]):
         b = int(torch.searchsorted(starts, t, right=True)) - 1
         pos = int(lens[b]) - (int(starts[b + 1]) - t)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quanta.kernels import registry
-from quanta.kernels.cpu import lut as cpu_lut
+from quanta.cpu import lut as cpu_lut
 from test_codebook_gemm import make_codebook
 from test_cpu_rows import codebook_oracle, fp8_oracle
 from test_fp8_gemm import make_fp8

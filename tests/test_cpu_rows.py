@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from quanta.kernels import registry
-from quanta.kernels.cpu import affine as cpu_affine, int4 as cpu_int4, rows as cpu_rows
+from quanta.cpu import affine as cpu_affine, int4 as cpu_int4, rows as cpu_rows
 from quanta.quant.ggml import kquantize
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf

@@ -10,7 +10,7 @@ import torch
 
 from kernel_util import rel_err  # noqa: I001
 from quanta.kernels import registry
-from quanta.kernels.cpu import ggml as cpu_ggml, vnni
+from quanta.cpu import ggml as cpu_ggml, vnni
 from quanta.quant import native_build
 from quanta.quant.kinds.affine import Affine
 from test_affine_gemm import make_affine

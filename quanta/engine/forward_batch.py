@@ -13,7 +13,7 @@ import torch
 
 from quanta.engine.kv_cache import PagedKVCache
 from quanta.kernels import paged_attention
-from quanta.kernels.cpu import attention as cpu_attention, layer_ops as cpu_layer_ops
+from quanta.cpu import attention as cpu_attention, layer_ops as cpu_layer_ops
 from quanta.kernels.rotary import RopeStore
 
 ROPE_EPILOGUE = os.environ.get("QUANTA_ROPE_EPILOGUE", "1") != "0"      # 0: the rotary kernel after the GEMM

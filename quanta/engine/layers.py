@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quanta.kernels import activation, fused_norm, registry, rotary
-from quanta.kernels.cpu import layer_ops as cpu_layer_ops
+from quanta.cpu import layer_ops as cpu_layer_ops
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.qtensor import QTensor, cat_rows
 from quanta.quant.shard import cut

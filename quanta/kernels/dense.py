@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quanta.kernels.cpu import matmul as cpu_matmul
+from quanta.cpu import matmul as cpu_matmul
 
 NAME = "dense"
 

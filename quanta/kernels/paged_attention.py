@@ -18,13 +18,13 @@ import triton.language as tl
 
 from quanta.kernels.paged_kv import (
     Fp8Format,
-    dequantize,
     fp8_bits_to_f16_pattern,
     fp8_read_constexprs,
     head_scale,
 )
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, zeroed_scratch
+from quanta.quant.fp8_codes import dequantize
 
 
 def _gather(cache, table, length, scale, fmt: Fp8Format | None) -> torch.Tensor:

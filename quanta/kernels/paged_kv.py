@@ -10,7 +10,6 @@ The kernels write by bit operations (fp32_to_fp8_bits) and read as fp8_read_cons
 """
 from __future__ import annotations
 
-import functools
 
 from dataclasses import dataclass
 
@@ -21,36 +20,9 @@ import triton.language as tl
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait
 from quanta.quant.errors import ConfigError
+from quanta.quant.fp8_codes import FP8_FORMATS, Fp8Format, quantize
 
 
-@dataclass(frozen=True)
-class Fp8Format:
-    name: str
-    code: int                 # the kernels' FP8 constexpr: 0 = no fp8
-    mantissa: int
-    bias: int
-    max: float
-    torch_dtype: torch.dtype
-
-    def write_constexprs(self) -> dict:
-        """The constants of the fp32 -> fp8 conversion (fp32_to_fp8_bits), as kernel constexprs."""
-        sub_unit_exp = 1 - self.bias - self.mantissa           # subnormal step = 2^sub_unit_exp
-        magic = 2.0 ** (sub_unit_exp + 23)                     # fp32 whose ulp is that step
-        return dict(FP8=self.code, FP8_MAX=self.max, FP8_SHIFT=23 - self.mantissa,
-                    FP8_REBIAS=(127 - self.bias) << self.mantissa, FP8_MIN_NORMAL=2.0 ** (1 - self.bias),
-                    FP8_MAGIC=magic, FP8_MAGIC_BITS=int(torch.tensor(magic).view(torch.int32)))
-
-    def read_constexprs(self, hardware: bool = False) -> dict:
-        """The constants of the fp8 -> fp16 reading: by bits (fp8_bits_to_f16_pattern, then times FP8_UP_MUL),
-        or by the sm89+ conversion instruction (FP8_HW; the values come out whole, FP8_UP_MUL = 1)."""
-        return dict(FP8=self.code, FP8_HW=hardware, FP8_UP_SHIFT=10 - self.mantissa,
-                    FP8_UP_MUL=1.0 if hardware else 2.0 ** (15 - self.bias))
-
-
-FP8_FORMATS = {
-    "fp8_e4m3": Fp8Format("fp8_e4m3", 1, 3, 7, 448.0, torch.float8_e4m3fn),
-    "fp8_e5m2": Fp8Format("fp8_e5m2", 2, 2, 15, 57344.0, torch.float8_e5m2),
-}
 # kv_cache_dtype names (LLM, `quanta plan`) -> the FP8_FORMATS entry the cache stores in; "auto" is the model dtype.
 KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -107,23 +79,6 @@ def fp8_read_constexprs(fmt: Fp8Format | None, device: torch.device | str = "cpu
 
 
 # --- torch path (CPU and oracle) ------------------------------------------------------------------
-def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
-    """x [..., Hk, D] float -> uint8 fp8 codes of x / scale[Hk] (saturating)."""
-    y = (x.float() / scale.float()[:, None]).clamp(-fmt.max, fmt.max)
-    return y.to(fmt.torch_dtype).view(torch.uint8)
-
-
-@functools.lru_cache(maxsize=4)
-def fp8_values(torch_dtype: torch.dtype) -> torch.Tensor:
-    """float32 [256]: the value of each code of an fp8 dtype (a table the CPU's native code reads codes through)."""
-    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch_dtype).float()
-
-
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype=torch.float32) -> torch.Tensor:
-    """uint8 codes [..., Hk, D] -> codes * scale[Hk] in `dtype`."""
-    return (codes.view(fmt.torch_dtype).float() * scale.float()[:, None]).to(dtype)
-
-
 def reference_store(k, v, k_cache, v_cache, slot, k_scale=None, v_scale=None, fmt: Fp8Format | None = None):
     """What store() does, in torch: cache.view(-1, Hk, D)[slot] = (quantized) k, v for slot >= 0."""
     if bool((slot < 0).any()):               # padding rows (CUDA-graph batches) write nowhere

@@ -37,17 +37,17 @@ log = logging.getLogger(__name__)
 CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dense", "cpu"): ("quanta.kernels.dense",),
     ("dense", "cuda"): ("quanta.kernels.dense",),
-    ("affine", "cpu"): ("quanta.kernels.cpu.vnni", "quanta.kernels.cpu.int4", "quanta.kernels.cpu.int8",
-                        "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
+    ("affine", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4", "quanta.cpu.int8",
+                        "quanta.cpu.rows", "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
-    ("gguf", "cpu"): ("quanta.kernels.cpu.vnni", "quanta.kernels.cpu.int4",   # Q4_0, Q4_1, Q8_0 at their bytes
-                      "quanta.kernels.cpu.ggml", "quanta.kernels.cpu.int8",     # on cpu_vnni (else Q4_1 on torch's
-                      "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),  # int4); the rest as stored
+    ("gguf", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4",   # Q4_0, Q4_1, Q8_0 at their bytes
+                      "quanta.cpu.ggml", "quanta.cpu.int8",     # on cpu_vnni (else Q4_1 on torch's
+                      "quanta.cpu.rows", "quanta.kernels.dequantized"),  # int4); the rest as stored
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
                        "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes
-    ("codebook", "cpu"): ("quanta.kernels.cpu.lut", "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
+    ("codebook", "cpu"): ("quanta.cpu.lut", "quanta.cpu.rows", "quanta.kernels.dequantized"),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
-    ("fp8", "cpu"): ("quanta.kernels.cpu.lut", "quanta.kernels.cpu.rows", "quanta.kernels.dequantized"),
+    ("fp8", "cpu"): ("quanta.cpu.lut", "quanta.cpu.rows", "quanta.kernels.dequantized"),
     ("fp8", "cuda"): ("quanta.kernels.fp8_gemm", "quanta.kernels.dequantized"),
 }
 

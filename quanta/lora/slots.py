@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from quanta.lora import kernels as lora_kernel
-from quanta.kernels.cpu import matmul as cpu_matmul
+from quanta.cpu import matmul as cpu_matmul
 from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.lora.adapter import Adapter, load_adapter
 from quanta.lora.request import LoRARequest

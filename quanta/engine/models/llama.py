@@ -11,7 +11,7 @@ from torch import nn
 
 from quanta.engine.layers import Cut, Embedding, MergedQuantLinear, QuantLinear, RMSNorm, RotaryEmbedding
 from quanta.engine.parallel.group import TensorParallel, kv_head_range, vocab_range
-from quanta.kernels.cpu import matmul as cpu_matmul
+from quanta.cpu import matmul as cpu_matmul
 from quanta.loaders.checkpoint import ModelConfig
 
 

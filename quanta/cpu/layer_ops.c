@@ -1,4 +1,4 @@
-/* The CPU decoder layer's small operations in native code, for quanta.kernels.cpu.layer_ops: attention over the
+/* The CPU decoder layer's small operations in native code, for quanta.cpu.layer_ops: attention over the
  * paged KV cache, rotary with the KV store, RMSNorm with the residual add, SiLU-and-mul. Activations are float32.
  *
  * Batch invariance: every output row is computed from that row's inputs alone, by the same operations in the same
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "simd.h"
-#include "../../quant/ggml/half.h"
+#include "../quant/ggml/half.h"
 
 enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_F16 = 2, CACHE_TABLE = 3 };
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine
-from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
+from quanta.cpu import affine as cpu_affine
+from quanta.cpu.affine import reference  # noqa: F401  (the oracle)
 from quanta.quant import native_build
 from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine, ggml as cpu_ggml
-from quanta.kernels.cpu.rows import NibbleCodebook, reference  # noqa: F401  (reference: the oracle)
-from quanta.kernels.paged_kv import fp8_values
+from quanta.cpu import affine as cpu_affine, ggml as cpu_ggml
+from quanta.cpu.rows import NibbleCodebook, reference  # noqa: F401  (reference: the oracle)
+from quanta.quant.fp8_codes import fp8_values
 from quanta.quant import native_build
 from quanta.quant.kinds.codebook import Codebook
 from quanta.quant.kinds.fp8 import Fp8

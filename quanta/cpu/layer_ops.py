@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu.ggml import FLAG_SETS
-from quanta.kernels.paged_kv import Fp8Format, fp8_values
+from quanta.cpu.ggml import FLAG_SETS
+from quanta.quant.fp8_codes import Fp8Format, fp8_values
 from quanta.quant import native_build
 
 SOURCE = pathlib.Path(__file__).with_name("layer_ops.c")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine, ggml as cpu_ggml
-from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
+from quanta.cpu import affine as cpu_affine, ggml as cpu_ggml
+from quanta.cpu.affine import reference  # noqa: F401  (the oracle)
 from quanta.quant.kinds.gguf import Gguf
 from quanta.quant.qtensor import QTensor
 

@@ -1,5 +1,5 @@
 /* y = x W^T on the CPU for 4- and 8-bit affine weights with 8-bit activations and integer dot products (AVX512-VNNI,
- * or AVX2's byte products: vnni_lanes.h), for quanta.kernels.cpu.vnni (which lays the weight out and says why).
+ * or AVX2's byte products: vnni_lanes.h), for quanta.cpu.vnni (which lays the weight out and says why).
  *
  * quanta_vnni_matmul(x, m, k, codes, bits, scales, group_blocks, mode, zero, offsets, tiles, y, n, threads):
  *   x float32 [m, k]; y float32 [m, n], n <= 16 tiles. The weight is tiles of 16 rows. For each tile and block j of

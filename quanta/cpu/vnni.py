@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine
-from quanta.kernels.cpu.affine import reference  # noqa: F401  (the oracle)
-from quanta.kernels.cpu.ggml import FLAG_SETS
+from quanta.cpu import affine as cpu_affine
+from quanta.cpu.affine import reference  # noqa: F401  (the oracle)
+from quanta.cpu.ggml import FLAG_SETS
 from quanta.quant import native_build
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.gguf import Gguf

@@ -1,4 +1,4 @@
-/* y = x W^T on the CPU with W in ggml's blocks as the file stores them, for quanta.kernels.cpu.ggml.
+/* y = x W^T on the CPU with W in ggml's blocks as the file stores them, for quanta.cpu.ggml.
  *
  * quanta_ggml_matmul(type, x, m, k, w, n, y, threads): x float32 [m, k], W n rows of k / QK blocks of `type`
  * (a ggml type id), y float32 [m, n]. A thread takes tiles of NR weight rows, dequantizes a tile's rows into a
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "simd.h"
-#include "../../quant/ggml/half.h"
+#include "../quant/ggml/half.h"
 
 #define NR 4                /* weight rows a tile */
 #define AHEAD 4             /* tiles ahead whose weight bytes are prefetched */

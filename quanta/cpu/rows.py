@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.cpu import affine as cpu_affine, matmul as cpu_matmul
+from quanta.cpu import affine as cpu_affine, matmul as cpu_matmul
 from quanta.quant.kinds.codebook import Codebook
 from quanta.quant.kinds.fp8 import Fp8
 from quanta.quant.kinds.gguf import Gguf

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quanta.kernels.paged_kv import Fp8Format, dequantize
+from quanta.quant.fp8_codes import Fp8Format, dequantize
 
 ROWS = 8                    # positions of a row block: [ROWS * i, ROWS * (i + 1)) of its sequence
 KEYS = 256                  # a block's keys end at a multiple of KEYS (and start at one, under a sliding window)
