@@ -384,8 +384,10 @@ GEMV_CONFIGS = ((200_000_000, GemvConfig(128, 8, 2, 16.0, 1)), (1 << 62, GemvCon
 # rows of a tile a step over 256 columns up to 20M (Llama-3.2 1B/3B, 8B o), and 128 x 8 at 32 waves for the
 # largest (70B gate_up). Between 20M and 40M (8B qkv, one rank's qkv of 70B at TP = 4) a program's serial chain
 # (its loads, then the split-K count and sum) is the cost, not the issue rate: 256 x 4 with every K tile its own
-# split, so that all programs' loads are in flight at once.
+# split, so that all programs' loads are in flight at once. 100M-200M (7-8B models' stacked gate/up, run with the
+# SwiGLU epilogue) takes 512 columns in 4 warps: each of a program's gate and up runs is then 1 KB a word row.
 GEMV_CONFIGS_PDL = ((20_000_000, GemvConfig(256, 16, 2, 8.0, 1)), (40_000_000, GemvConfig(256, 4, 2, 64.0, 1)),
+                    (100_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (200_000_000, GemvConfig(512, 4, 4, 8.0, 2)),
                     (300_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
 # 8-bit codes (twice the bytes a weight) under PDL: 256 columns in 4 warps, 8 word rows a step; all 16 rows of a
 # tile a step where the programs fit one resident wave (its 79 registers leave 6 programs an SM), which the
