@@ -1,7 +1,7 @@
 """Where each quantized weight's GEMM paths cross: every path that takes the weight, forced, at each M, on the
 Llama-3 8B (or 70B) shapes, beside cuBLAS fp16 on the dequantized weight; the plan's choice and the fastest path.
 
-GGUF types run on the kernels the registry gives them: the K-quants and IQ4 on the ggml kernels (paths mma, gemm,
+GGUF types run on the kernels the registry gives them: the K-quants and IQ4 on the ggml kernels (paths wgmma, mma, gemm,
 cublas), Q4_0 and Q8_0 on the affine ones (mma, cublas, splitk), and W4A16 g128 weights for comparison (w4g128,
 and w4g128-act with a GPTQ act-order column order, on the affine paths and wgmma).
    usage: python3 benchmarks/crossover.py --out crossover.json [--types q4_K,q4_0] [--ms 16,64,256] [--model 70b]
@@ -29,7 +29,7 @@ from quanta.loaders.synthetic import quantized_weight  # noqa: E402
 MS = "16,32,48,64,96,128,192,256,384"
 TYPES = "q4_K,q5_K,q6_K,q4_0,q8_0,w4g128"
 AFFINE_TYPES = ("q4_0", "q8_0", "w4g128", "w4g128-act")
-PATHS = {"ggml": ("mma", "gemm", "cublas"), "affine": ("wgmma", "mma", "cublas", "splitk")}
+PATHS = {"ggml": ("wgmma", "mma", "gemm", "cublas"), "affine": ("wgmma", "mma", "cublas", "splitk")}
 
 
 def weight_of(name: str, n: int, k: int):

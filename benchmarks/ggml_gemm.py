@@ -27,7 +27,7 @@ from linears import SHAPES, affine_w, bench, check_close, copies, prepared_copie
 from quanta.kernels import ggml_gemm  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402
 from quanta.kernels.device_caps import device_caps  # noqa: E402
-from quanta.kernels.ggml import gemv_cols, mma, plan  # noqa: E402
+from quanta.kernels.ggml import gemv_cols, mma, plan, wgmma  # noqa: E402
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME  # noqa: E402
 from quanta.quant.kinds.gguf import Gguf  # noqa: E402
 
@@ -84,6 +84,8 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
                     if path == "gemv_cols" and gemv_cols.applies(st[0]) is not None:
                         continue
                     if path == "mma" and mma.applies(st[0], device_caps("cuda")) is not None:
+                        continue
+                    if path == "wgmma" and wgmma.applies(st[0], device_caps("cuda")) is not None:
                         continue
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")

@@ -64,6 +64,8 @@ def _ggml(name: str) -> tuple[dict, dict]:
 
 _Q4_K, _Q6_K, _IQ4_XS = _ggml("q4_K"), _ggml("q6_K"), _ggml("iq4_xs")
 _Q4K_MMA = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp32")
+_GGML_WG = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp16")
+_GGML_WGMMA = dict(KIND=4, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=128, STAGES=3, LAG=2, ATOMIC=True, PDL=True)
 _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
@@ -283,6 +285,18 @@ CASES = {
                                              PDL=False), 4, 1, 90),
     "affine_wgmma_w4_m128_two_warpgroups": ("affine.wgmma", "_w4_wgmma_kernel", _WG,
                                             dict(_WGMMA, BLOCK_M=128, ATOMIC=False, STAGES=4, PDL=False), 8, 1, 90),
+    "ggml_wgmma_q4_k": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG, _GGML_WGMMA, 4, 1, 90),
+    "ggml_wgmma_q5_k_m32_bias_stored": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG,
+                                        dict(_GGML_WGMMA, KIND=5, BLOCK_M=32, HAS_BIAS=True, ATOMIC=False, LAG=3,
+                                             PDL=False), 4, 1, 90),
+    "ggml_wgmma_q6_k": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG, dict(_GGML_WGMMA, KIND=6), 4, 1, 90),
+    "ggml_wgmma_q4_k_m128_two_warpgroups": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG,
+                                            dict(_GGML_WGMMA, BLOCK_M=128, BLOCK_N=256, STAGES=4, LAG=3), 8, 1, 90),
+    "ggml_wgmma_q6_k_m64_two_warpgroups": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG,
+                                           dict(_GGML_WGMMA, KIND=6, BLOCK_M=64, BLOCK_N=256, STAGES=4), 8, 1, 90),
+    "ggml_wgmma_q5_k_m128_two_warpgroups": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG,
+                                            dict(_GGML_WGMMA, KIND=5, BLOCK_M=128, BLOCK_N=256, STAGES=3, LAG=3),
+                                            8, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }

@@ -1,6 +1,8 @@
 """GGUF K-quant, IQ4 and 32-value block weights on the ggml kernels (kernels/ggml_gemm.py), against the `gguf`
 package's own dequantization of the same bytes: random valid blocks (random bytes, the fp16 d / dmin fields set to
 small finite values), every path, held at the file's bytes."""
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ import ptx_emulator
 from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
 from quanta.kernels.device_caps import PRESETS
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, plan
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, plan, wgmma
 from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
 from quanta.planner.weight_bytes import gguf_gemm_bytes
@@ -349,11 +351,11 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
     iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
     assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
-    assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64]
-    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["mma"] * 6 + ["cublas"] * 3
+    assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64] and [plan.wgmma_max_m(w) for w in (q4k, st)] == [128] * 2
+    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 6 + ["cublas"] * 3
     assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 5 + \
         ["cublas"] * 4
-    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["mma"] * 5 + ["cublas"] * 4
+    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 6 + ["cublas"] * 3
     assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 2 + \
         ["cublas"] * 7
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
@@ -362,7 +364,7 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     for other in ("Q4_K", "Q5_K", "Q3_K", "Q2_K"):
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
         assert plan.choose(other_st, caps, 1).path.name == "gemv_cols", other
-        assert (plan.choose(other_st, caps, 16).path.name == "mma") == (other not in ("Q3_K", "Q2_K")), other
+        assert plan.choose(other_st, caps, 16).path.name == ("gemm" if other in ("Q3_K", "Q2_K") else "wgmma"), other
         assert plan.choose(other_st, caps, 129).path.name == "cublas", other
     assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
@@ -372,6 +374,44 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     assert "not cublas: M=40 < 65" in ggml_gemm.path(q4k, 40)[1]
     name, reason = ggml_gemm.path(st, 300)
     assert name == "triton_ggml/cublas" and "cuBLAS" in reason
+
+
+def test_wgmma_takes_fp16_q4_k_q5_k_q6_k_on_sm90_with_gluon(monkeypatch):
+    """The Gluon kernel takes Q4_K, Q5_K and Q6_K with fp16 activations on sm90 and says why not otherwise; without
+    Gluon's Hopper API the plan gives the same rows to the MMA kernel."""
+    q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
+    caps = PRESETS["sm90"]
+    for name in ("Q4_K", "Q5_K", "Q6_K"):
+        assert wgmma.applies(ggml_gemm.prepare(make_gguf(40, 256, name)[0], DEVICE, torch.float16), caps) is None
+    assert "q3_K: no wgmma decoder" in wgmma.applies(ggml_gemm.prepare(make_gguf(40, 256, "Q3_K")[0], DEVICE,
+                                                                       torch.float16), caps)
+    assert "odd number of blocks" in wgmma.applies(ggml_gemm.prepare(make_gguf(41, 256, "Q6_K")[0], DEVICE,
+                                                                     torch.float16), caps)
+    assert "bfloat16 activations" in wgmma.applies(ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE,
+                                                                     torch.bfloat16), caps)
+    assert "sm90" in wgmma.applies(q4k, PRESETS["sm80"])
+    assert plan.explain(q4k, caps, 16) == ("wgmma", plan._why_wgmma(q4k, caps, 16) + "; not gemv_cols: M=16 > 1; "
+                                                      "not gemv: M=16 > 1")
+    monkeypatch.setattr(wgmma, "GLUON_ERROR", "Gluon's Hopper API is not importable (test)")
+    fresh = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)      # an empty plan cache
+    assert plan.choose(fresh, caps, 16).path.name == "mma"
+    assert "not importable" in plan.explain(fresh, caps, 16)[1]
+
+
+@pytest.mark.parametrize("name", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("m,block_m,warps,rows", [(1, 16, 4, 128), (16, 16, 4, 128), (17, 32, 4, 128),
+                                                  (33, 64, 8, 256), (64, 64, 8, 256), (65, 128, 8, 256)])
+def test_wgmma_config_by_rows(name, m, block_m, warps, rows):
+    """One warpgroup and 16 or 32 rows of x up to M = 32, split for two waves; above, two warpgroups share 64 rows
+    of x (Q4_K's 128 from M = 65) over 256 weight rows, split for whole waves; every split at least its least K
+    steps."""
+    st = types.SimpleNamespace(n=14336, k=4096, name=name)
+    config = wgmma.default_config(st, PRESETS["sm90"], m)
+    block_m = 64 if m > 64 and name == "q6_K" else block_m
+    assert (config.block_m, config.warps, config.rows) == (block_m, warps, rows)
+    tiles, splits, per = wgmma.grid(st, 132, config, m)
+    assert tiles == -(-14336 // rows) * -(-m // block_m) and splits * per >= 4096 // wgmma.STEP > (splits - 1) * per
+    assert per >= config.min_tiles and (config.waves is None) == (m > wgmma.ONE_WARPGROUP_MAX_M)
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS", "Q2_K", "Q4_1"])
@@ -422,10 +462,35 @@ def test_gpu_llama_shapes(name, n, k):
         for path, m in (("gemv", 8), ("gemm", 1), ("gemv", 1), ("cublas", 16)):   # paths at an M the plan gives another
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             assert rel_err(plan.matmul(x, st, path=path), x.double() @ ref_w.T) < TOL[dtype], (dtype, path)
+        if name in ("Q4_K", "Q5_K", "Q6_K") and dtype == torch.float16:     # the wgmma kernel's configs, split or not
+            large = (128, 4, None, 2, 256, 3, 8) if name == "Q4_K" else (64, 4, None, 2, 256, 2, 8)
+            for m, config in ((2, None), (16, (16, 3, 1e-3, 1, 128, 1, 4)), (48, None), (256, None), (300, large),
+                              (40, (64, 3, 4.0, 2, 128, 2, 8))):
+                x = torch.randn(m, k, device="cuda", dtype=dtype)
+                assert rel_err(wgmma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)
         if name in ("Q4_K", "Q5_K", "Q6_K") and dtype == torch.float16:     # the MMA kernel's configs, split over K or not
             for m, config in ((2, None), (64, (16, 64, 4, 3, 4.0, 2)), (256, (128, 16, 8, 3, 1e-3, 1))):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 assert rel_err(mma.matmul(x, st, None, config), x.double() @ ref_w.T) < TOL[dtype], (m, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("m,config", [(5, None), (16, (16, 3, 1e-3, 1, 128, 2, 4)), (31, (32, 2, 1e-3, 1, 128, 3, 4)),
+                                      (70, None), (70, (64, 3, None, 1, 128, 1, 8))])
+def test_gpu_wgmma_edges(name, m, config):
+    """The Gluon kernel against the gguf package on 200 rows (no multiple of a program's rows) and five super-blocks
+    (an odd number of K steps' halves), x a strided view: its K order, each sub-block's scale (and min, fifth or
+    top bits), masked rows of W and x, one program over the whole K loop and split over it, a bias."""
+    w, ref = make_gguf(200, 1280, name, seed=m, device="cuda")
+    st = ggml_gemm.prepare(w, torch.device("cuda"), torch.float16)
+    x = torch.randn(m, 1280 + 64, device="cuda", dtype=torch.float16)[:, 32:1312]
+    bias = torch.randn(200, device="cuda", dtype=torch.float16)
+    y = wgmma.matmul(x, st, bias, config)
+    assert y.dtype == torch.float16
+    assert rel_err(y, x.double() @ ref.double().T.cuda() + bias.double()) < TOL[torch.float16]
 
 
 @pytest.mark.gpu

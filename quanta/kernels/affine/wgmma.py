@@ -118,6 +118,38 @@ if GLUON_ERROR is None:
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
 
     @gluon.jit
+    def _retire(acc, w, p1, p2, p3, LAG: gl.constexpr):
+        """After code slice w's wgmma is issued: wait until LAG wgmmas are left in flight (which frees the oldest
+        operand), then (acc, the operands in flight, newest first: w, p1, p2)."""
+        if LAG == 1:
+            acc, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p1))
+        elif LAG == 2:
+            acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
+        else:
+            acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
+        return acc, w, p1, p2
+
+    @gluon.jit
+    def _write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, first_split, has_work, HAS_BIAS: gl.constexpr,
+                   ATOMIC: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
+        """y[m0.., n0..] (+)= the accumulator [BLOCK_N, BLOCK_M]ᵀ (+ bias where first_split), in y's column order
+        (8 adjacent columns a thread, so stores and atomics are vectors); nothing where not has_work."""
+        OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, OUT))
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, OUT))
+        out = gl.convert_layout(acc, OUT)
+        if HAS_BIAS:
+            if first_split:
+                b = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+                out += gl.expand_dims(b.to(gl.float32), 1)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = (offs_n < N)[:, None] & (offs_m < M)[None, :] & has_work
+        if ATOMIC:
+            gl.atomic_add(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+        else:
+            gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
     def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
                          stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -208,38 +240,17 @@ if GLUON_ERROR is None:
             for c in gl.static_range(8):
                 w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
-                if LAG == 1:
-                    acc, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p1))
-                elif LAG == 2:
-                    acc, p2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p2))
-                else:
-                    acc, p3 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, p3))
+                acc, p1, p2, p3 = _retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
                                 n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
-                p3 = p2
-                p2 = p1
-                p1 = w
         acc, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p1, p2, p3))
         async_copy.wait_group(0)
         if PDL:
             gdc_launch_dependents()
 
-        # in y's column order (8 adjacent columns a thread), so stores and atomics are vectors
-        OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, WARPS], [0, 1])
-        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, OUT))
-        offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, OUT))
-        out = gl.convert_layout(acc, OUT)
-        if HAS_BIAS:
-            if t_begin == 0:
-                b = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
-                out += gl.expand_dims(b.to(gl.float32), 1)
-        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-        mask = (offs_n < N)[:, None] & (offs_m < M)[None, :] & (n_tiles > 0)
-        if ATOMIC:
-            gl.atomic_add(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask, sem="relaxed")
-        else:
-            gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+        _write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, HAS_BIAS, ATOMIC,
+                   BLOCK_N, BLOCK_M)
 
 
 class WgmmaConfig(NamedTuple):

@@ -3,6 +3,10 @@
     layout   the plane layout (GgmlState, prepare): each block field in a plane of its own, the same bytes
     decode   per-type bit-level decoding of a tile into codes, scales and mins (Triton helpers)
     gemv     M <= a few rows, no tensor cores          gemm     the tiled tl.dot GEMM
+    gemv_cols, gemv_h2   one row over column-major / row-major planes, packed-half PTX
+    mma, wgmma           the K-quants' code words decoded into the tensor cores' register operand (tl.dot; Gluon)
+    cublas   the weight dequantized for the length of a call
     plan     which path runs M rows, from DeviceCaps
-The path modules import only `layout`, `decode` and the Triton helpers; `plan` imports them.
+The path modules import `layout`, `decode`, the Triton helpers and the affine family's PTX (wgmma: mma's PTX and
+the affine wgmma kernel's config); `plan` imports them.
 """

@@ -1,5 +1,6 @@
 """The MMA path of the ggml kernels for Q4_K, Q5_K and Q6_K: the affine MMA kernel's register operand (affine/mma.py),
-decoded straight from ggml's own code planes, for the small and middle M between the GEMV and dequantize + cuBLAS.
+decoded straight from ggml's own code planes, for the small and middle M between the GEMV and dequantize + cuBLAS
+where the Gluon kernel (wgmma.py, which decodes by this module's PTX) cannot run.
 
 The product is computed transposed, yᵀ = W · xᵀ, so that the decoded weight is the MMA's A operand, read from
 registers (wgmma on sm90); x, operand B, goes through shared memory. A K step is half a super-block, 128 values of

@@ -11,7 +11,7 @@ import torch
 
 from quanta.kernels import activation
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, wgmma
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.path_table import Path, PathTable
 from quanta.kernels.rotary import RopeStore
@@ -27,10 +27,11 @@ CUBLAS_MIN_M = 65
 
 
 class TypeRule(NamedTuple):
-    """A ggml type's M thresholds: dequantize + cuBLAS from `cublas_min_m` rows; the MMA path up to `mma_max_m`
-    (0: the plan does not give it the MMA path)."""
+    """A ggml type's M thresholds: dequantize + cuBLAS from `cublas_min_m` rows; the wgmma path up to `wgmma_max_m`
+    and the MMA path (where wgmma cannot run) up to `mma_max_m` (0: the plan does not give it that path)."""
     cublas_min_m: int = CUBLAS_MIN_M
     mma_max_m: int = 0
+    wgmma_max_m: int = 0
 
 
 # One row per type that differs from the default, from the crossovers on the Llama-3-8B shapes on the H200.
@@ -41,7 +42,10 @@ class TypeRule(NamedTuple):
 #   hundred-odd rows (Q4_K), where the decode repeated for each tile of rows costs more than the copy's one decode;
 #   Q6_K's decode (two planes a code) costs more, so its copy wins from fewer rows; Q5_K's (Q4_K's and a fifth bit)
 #   still beats the copy to 128 rows.
-RULES = {"q4_K": TypeRule(mma_max_m=128), "q5_K": TypeRule(mma_max_m=128), "q6_K": TypeRule(17, mma_max_m=64),
+# - The wgmma path (Gluon, sm90) decodes as the MMA path but overlaps each slice's decode with the previous slice's
+#   wgmma: faster than the MMA path at every M and than the copy up to 128 rows for all three, Q6_K included.
+RULES = {"q4_K": TypeRule(mma_max_m=128, wgmma_max_m=128), "q5_K": TypeRule(mma_max_m=128, wgmma_max_m=128),
+         "q6_K": TypeRule(17, mma_max_m=64, wgmma_max_m=128),
          "q3_K": TypeRule(17), "iq4_nl": TypeRule(2), "iq4_xs": TypeRule(2)}
 LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *(r.cublas_min_m for r in RULES.values()))
 
@@ -53,6 +57,11 @@ def _rule(st: GgmlState) -> TypeRule:
 def mma_max_m(st: GgmlState) -> int:
     """The most rows the plan gives the MMA path for this weight (0: none)."""
     return _rule(st).mma_max_m
+
+
+def wgmma_max_m(st: GgmlState) -> int:
+    """The most rows the plan gives the wgmma path for this weight (0: none)."""
+    return _rule(st).wgmma_max_m
 
 
 def cublas_min_m(st: GgmlState) -> int:
@@ -88,6 +97,18 @@ def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
     return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
 
 
+def _wgmma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+    if not wgmma_max_m(st):
+        return f"{st.name}: not planned on the wgmma path"
+    if m > wgmma_max_m(st):
+        return f"M={m} > {wgmma_max_m(st)}"
+    return "not CUDA (PTX)" if not caps.is_cuda else wgmma.applies(st, caps)
+
+
+def _why_wgmma(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return f"M={m}: Gluon wgmma, {st.name} code slices decoded in PTX, each into its own asynchronous wgmma"
+
+
 def _why_mma(st: GgmlState, caps: DeviceCaps, m: int) -> str:
     return f"M={m}: tensor-core GEMM, {st.name} code words decoded in PTX into the MMA's register operand"
 
@@ -109,21 +130,24 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 #   gemv_cols M <= GEMV_MAX_M, fp16 Q2_K .. Q6_K on CUDA: dot products (packed halves in PTX; float32 for Q2_K,
 #             Q3_K) over column-major words, a thread's columns walking K
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
-#   mma     M <= mma_max_m(st), fp16 Q4_K / Q6_K on sm90: the code words decoded into wgmma's register operand
+#   wgmma   M <= wgmma_max_m(st), fp16 Q4_K / Q5_K / Q6_K on sm90 with Gluon: mma's decode, a wgmma a slice of 16
+#   mma     M <= mma_max_m(st), fp16 Q4_K / Q5_K / Q6_K on sm90: the code words decoded into wgmma's register operand
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
     Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
+    Path("wgmma", _wgmma_fits, wgmma.default_config, wgmma.matmul, _why_wgmma),
     Path("mma", _mma_fits, mma.default_config, mma.matmul, _why_mma),
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("gemm", lambda st, caps, m: None, gemm.default_config, gemm.matmul, _why_gemm),
 )
 
 
-# the tops of the GEMM's and the MMA kernel's config buckets (the last MMA bucket is open), and the MMA path's ends
+# the tops of the GEMM's and the MMA kernels' config buckets (the last MMA bucket is open), and the MMA paths' ends
 BUCKET_TOPS = sorted({top for top, _ in gemm.GEMM_CONFIGS} | {top for top, _ in mma.MMA_CONFIGS[:-1]}
-                     | {r.mma_max_m for r in RULES.values() if r.mma_max_m})
+                     | {r.mma_max_m for r in RULES.values() if r.mma_max_m}
+                     | {r.wgmma_max_m for r in RULES.values() if r.wgmma_max_m})
 
 
 def bucket_edge(m: int) -> int:
