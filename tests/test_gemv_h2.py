@@ -1,6 +1,8 @@
 """The GEMV's packed-half (H2) inner loop on the CPU: Triton's interpreter runs the kernel with its inline
 PTX executed by tests/ptx_emulator.py (PTX ISA semantics), against Affine.dequantize() and against the
 fp32 inner loop of the same kernel."""
+import types
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPR
 import ptx_emulator
 from quanta.kernels import affine
 from quanta.kernels.affine import gemv
+from quanta.kernels.affine.layout import AFFINE, LUT
 from quanta.kernels.device_caps import PRESETS
 from test_affine_gemm import make_affine
 
@@ -67,6 +70,25 @@ def test_default_config_by_code_kind(kind):
              "nf4": gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
     assert gemv.default_config(st, PRESETS["sm90"]) == table[0][1]
     assert gemv.default_config(st, PRESETS["sm80"]) == gemv.GEMV_CONFIGS[0][1]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_glu_calls_take_their_own_config_in_the_glu_band(bits):
+    """A call with the SwiGLU epilogue on 7-8B models' stacked gate/up (GLU_BAND, under PDL) takes GLU_CONFIGS_PDL's
+    config for its code width; the same weight without the epilogue, other sizes, table codes, bf16 and devices
+    without PDL keep the plan's."""
+    def state(n, k, mode=AFFINE, dtype=torch.float16, table=False):
+        return types.SimpleNamespace(n=n, k=k, bits=bits, mode=mode, dtype=dtype, tile_scale=True,
+                                     table_lookup=table, group_size=64, tile_k=128)
+
+    plain = gemv.GemvConfig(256, 4, 2, 8.0, 2)
+    gate_up = state(28672, 4096)                                     # Llama-3-8B: 117M weights
+    assert gemv.glu_config(gate_up, PRESETS["sm90"], plain) == gemv.GLU_CONFIGS_PDL[bits] != plain
+    assert gemv.glu_config(state(57344, 8192), PRESETS["sm90"], plain) == plain      # 70B: 470M
+    assert gemv.glu_config(state(8192, 4096), PRESETS["sm90"], plain) == plain
+    assert gemv.glu_config(state(28672, 4096, dtype=torch.bfloat16), PRESETS["sm90"], plain) == plain
+    assert gemv.glu_config(state(28672, 4096, mode=LUT, table=True), PRESETS["sm90"], plain) == plain
+    assert gemv.glu_config(gate_up, PRESETS["sm80"], plain) == plain
 
 
 def test_h2_keeps_outlier_activations_finite(monkeypatch):

@@ -384,25 +384,24 @@ GEMV_CONFIGS = ((200_000_000, GemvConfig(128, 8, 2, 16.0, 1)), (1 << 62, GemvCon
 # rows of a tile a step over 256 columns up to 20M (Llama-3.2 1B/3B, 8B o), and 128 x 8 at 32 waves for the
 # largest (70B gate_up). Between 20M and 40M (8B qkv, one rank's qkv of 70B at TP = 4) a program's serial chain
 # (its loads, then the split-K count and sum) is the cost, not the issue rate: 256 x 4 with every K tile its own
-# split, so that all programs' loads are in flight at once. 100M-200M (7-8B models' stacked gate/up, run with the
-# SwiGLU epilogue) takes 512 columns in 4 warps: each of a program's gate and up runs is then 1 KB a word row.
+# split, so that all programs' loads are in flight at once.
 GEMV_CONFIGS_PDL = ((20_000_000, GemvConfig(256, 16, 2, 8.0, 1)), (40_000_000, GemvConfig(256, 4, 2, 64.0, 1)),
-                    (100_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (200_000_000, GemvConfig(512, 4, 4, 8.0, 2)),
                     (300_000_000, GemvConfig(256, 4, 2, 8.0, 2)), (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
 # 8-bit codes (twice the bytes a weight) under PDL: 256 columns in 4 warps, 8 word rows a step; all 16 rows of a
 # tile a step where the programs fit one resident wave (its 79 registers leave 6 programs an SM), which the
 # shapes between those bands overflow; 70B gate_up keeps 128 x 8 at 32 waves. Packed-half tile sums where they
-# are faster (8B o and down); the 70B shapes (60M-100M, 200M-300M) lose with them. 100M-200M holds 7-8B models'
-# stacked gate/up, which decode runs with the SwiGLU epilogue, whose programs read a run of gate and a run of up
-# columns: 512 columns in 8 warps at 16 waves keeps each run 1 KB a word row.
+# are faster (8B o and down); the 70B shapes (60M-100M, 200M-300M) lose with them.
 GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
                        (20_000_000, GemvConfig(256, 8, 4, 8.0, 1, tile_sums=True)),
                        (30_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
                        (60_000_000, GemvConfig(256, 8, 4, 8.0, 1, tile_sums=True)),
-                       (100_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
-                       (200_000_000, GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)),
                        (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
                        (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
+# The SwiGLU epilogue's programs read a run of gate and a run of up columns (output_columns): on 7-8B models'
+# stacked gate/up (GLU_BAND) 512 columns keep each run 1 KB a word row, which the call with the epilogue gains and
+# the plain call loses, so only GLU calls under PDL take these (by code width; W8's in 8 warps with tile sums).
+GLU_BAND = (100_000_000, 200_000_000)
+GLU_CONFIGS_PDL = {4: GemvConfig(512, 4, 4, 8.0, 2), 8: GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)}
 # 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: about twice the instructions a code of the
 # affine loop, so the W8 table's shape (256 columns in 4 warps, 8 word rows a step) from 20M weights, not W4's 256 x 4
 # in 2 warps; 256 x 8 in 2 warps below; 70B gate_up keeps 128 x 8 at 32 waves.
@@ -433,6 +432,15 @@ def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     else:
         table = GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL
     return next(c for top, c in table if st.n * st.k <= top)
+
+
+def glu_config(st: AffineState, caps: DeviceCaps, config: GemvConfig) -> GemvConfig:
+    """The config of a call with the SwiGLU epilogue: GLU_CONFIGS_PDL's for affine codes on the packed-half loop
+    under PDL within GLU_BAND, else `config` (the plan's)."""
+    lo, hi = GLU_BAND
+    if caps.pdl and st.mode != LUT and use_h2(st, caps) and st.bits in GLU_CONFIGS_PDL and lo < st.n * st.k <= hi:
+        return GLU_CONFIGS_PDL[st.bits]
+    return config
 
 
 def rope_applies(st: AffineState, rope: RopeStore, config: GemvConfig) -> bool:

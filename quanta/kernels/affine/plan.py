@@ -200,7 +200,7 @@ def matmul_glu(x: torch.Tensor, st: AffineState, bias: torch.Tensor | None = Non
     `lora`: as matmul's."""
     x2, caps, choice = _planned(x, st)
     if choice.path.name == "gemv":
-        y = gemv.matmul(x2, st, bias, choice.config, caps=caps, glu=True, lora=lora)
+        y = gemv.matmul(x2, st, bias, gemv.glu_config(st, caps, choice.config), caps=caps, glu=True, lora=lora)
     else:
         assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
