@@ -118,7 +118,7 @@ if GLUON_ERROR is None:
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
 
     @gluon.jit
-    def _retire(acc, w, p1, p2, p3, LAG: gl.constexpr):
+    def retire(acc, w, p1, p2, p3, LAG: gl.constexpr):
         """After code slice w's wgmma is issued: wait until LAG wgmmas are left in flight (which frees the oldest
         operand), then (acc, the operands in flight, newest first: w, p1, p2)."""
         if LAG == 1:
@@ -130,7 +130,7 @@ if GLUON_ERROR is None:
         return acc, w, p1, p2
 
     @gluon.jit
-    def _write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, first_split, has_work, HAS_BIAS: gl.constexpr,
+    def write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, first_split, has_work, HAS_BIAS: gl.constexpr,
                    ATOMIC: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
         """y[m0.., n0..] (+)= the accumulator [BLOCK_N, BLOCK_M]ᵀ (+ bias where first_split), in y's column order
         (8 adjacent columns a thread, so stores and atomics are vectors); nothing where not has_work."""
@@ -240,7 +240,7 @@ if GLUON_ERROR is None:
             for c in gl.static_range(8):
                 w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
-                acc, p1, p2, p3 = _retire(acc, w, p1, p2, p3, LAG)
+                acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
                                 n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
@@ -249,7 +249,7 @@ if GLUON_ERROR is None:
         if PDL:
             gdc_launch_dependents()
 
-        _write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, HAS_BIAS, ATOMIC,
+        write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, HAS_BIAS, ATOMIC,
                    BLOCK_N, BLOCK_M)
 
 

@@ -33,7 +33,7 @@ def _q5k_pair_ptx(high: bool) -> tl.constexpr:
                         "lop3.b32 t, t, h, 0, 0xFC; fma.rn.f16x2 t, t, $9, $10; fma.rn.f16x2 $0, t, $11, $12; }")
 
 
-_Q5K_LOW, _Q5K_HIGH = _q5k_pair_ptx(False), _q5k_pair_ptx(True)
+Q5K_LOW, Q5K_HIGH = _q5k_pair_ptx(False), _q5k_pair_ptx(True)
 
 
 @triton.jit
@@ -59,7 +59,7 @@ def _q4k_slice(p, qh, bit, t: tl.constexpr, HIGH: tl.constexpr, s, zb, Q5: tl.co
         addend = tl.full(shape, ADDEND, tl.float32).to(tl.float16)
         if Q5:
             args = [p, qh, tl.full(shape, SEL, tl.int32), bit, factor, addend, s, zb]
-            w = tl.inline_asm_elementwise(_Q5K_HIGH if HIGH else _Q5K_LOW, "=r" + ",r" * 12, args, dtype=tl.float16,
+            w = tl.inline_asm_elementwise(Q5K_HIGH if HIGH else Q5K_LOW, "=r" + ",r" * 12, args, dtype=tl.float16,
                                           is_pure=True, pack=2)
         else:
             args = [p, tl.full(shape, SEL, tl.int32), tl.full(shape, MASK, tl.int32), factor, addend, s, zb]
@@ -173,14 +173,14 @@ def _q6k_pair_ptx(high: bool) -> tl.constexpr:
                         "mul.rn.f16x2 $0, t, $9; }")
 
 
-_Q6K_LOW, _Q6K_HIGH = _q6k_pair_ptx(False), _q6k_pair_ptx(True)
+Q6K_LOW, Q6K_HIGH = _q6k_pair_ptx(False), _q6k_pair_ptx(True)
 # PTX of a pair's scale (pack 2) from its scale word ($1, or $2 for the high nibbles' slices: WORD), the shift of
 # its int8 byte $3 and d's bits $5: the byte, flipped to offset 128, joins 0x6400 in both halves as
 # 1024 + 128 + scale, 1152 comes off exactly, and one multiply by (d, d) gives d * scale rounded once.
 _Q6K_SCALE = ("{{ .reg .b32 s, c; shr.u32 s, {word}, $3; and.b32 s, s, 0xFF; shl.b32 c, s, 16; "
               "lop3.b32 s, s, c, 0x00800080, 0x56; lop3.b32 s, s, 0x64006400, 0, 0xFC; mov.b32 c, 0x64806480; "
               "sub.rn.f16x2 s, s, c; prmt.b32 c, $5, $5, 0x1010; mul.rn.f16x2 $0, s, c; }}")
-_Q6K_SCALE_LOW, _Q6K_SCALE_HIGH = tl.constexpr(_Q6K_SCALE.format(word="$1")), tl.constexpr(_Q6K_SCALE.format(word="$2"))
+Q6K_SCALE_LOW, Q6K_SCALE_HIGH = tl.constexpr(_Q6K_SCALE.format(word="$1")), tl.constexpr(_Q6K_SCALE.format(word="$2"))
 
 
 @triton.jit
@@ -193,7 +193,7 @@ def _q6k_scales(sc, d, HIGH: tl.constexpr, H2: tl.constexpr, BN: tl.constexpr):
     shift = 8 * ((q % 4) // 2 + 2 * (q // 4))
     if H2:
         args = [sc, tl.broadcast_to(shift, (BN, 8, 2)), d]
-        s = tl.inline_asm_elementwise(_Q6K_SCALE_HIGH if HIGH else _Q6K_SCALE_LOW, "=r,r,r,r,r,r,r", args,
+        s = tl.inline_asm_elementwise(Q6K_SCALE_HIGH if HIGH else Q6K_SCALE_LOW, "=r,r,r,r,r,r,r", args,
                                       dtype=tl.float16, is_pure=True, pack=2)
     else:
         first, last = tl.split(sc)
@@ -219,7 +219,7 @@ def _q6k_slice(ql, qh, t: tl.constexpr, HIGH: tl.constexpr, s, H2: tl.constexpr,
     if H2:
         SEL: tl.constexpr = BYTE | (BYTE << 4) | ((BYTE + 1) << 8) | ((BYTE + 1) << 12)
         args = [ql, qh, tl.full(shape, SEL, tl.int32), field, s]
-        w = tl.inline_asm_elementwise(_Q6K_HIGH if HIGH else _Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r", args,
+        w = tl.inline_asm_elementwise(Q6K_HIGH if HIGH else Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r", args,
                                       dtype=tl.float16, is_pure=True, pack=2)
     else:
         lw, hw, at = _slice_words(ql, qh, t)

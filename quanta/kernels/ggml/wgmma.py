@@ -13,17 +13,17 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine.layout import H2_PAIR_F16
-from quanta.kernels.ggml.mma import _Q5K_HIGH, _Q5K_LOW, _Q6K_HIGH, _Q6K_LOW, _Q6K_SCALE_HIGH, _Q6K_SCALE_LOW
 from quanta.kernels.affine.wgmma import GLUON_ERROR, WgmmaConfig
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.layout import GgmlState, plane_args
+from quanta.kernels.ggml.mma import Q5K_HIGH, Q5K_LOW, Q6K_HIGH, Q6K_LOW, Q6K_SCALE_HIGH, Q6K_SCALE_LOW
 from quanta.kernels.triton_support import cdiv, gdc_launch_dependents, gdc_wait, pdl_launch, split_k, \
     whole_wave_split_k, zero_
 
 TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND
 CAPABILITY = (9, 0)
 STEP = 128                  # values of a row a K step: half a super-block, 16 code words
-ONE_WARPGROUP_MAX_M = 32    # above, two warpgroups share each stage of x (large_config)
+ONE_WARPGROUP_MAX_M = 32    # above, two warpgroups share each stage of x (default_config)
 LARGE_M_MIN_STEPS = 2
 
 if GLUON_ERROR is None:
@@ -32,7 +32,7 @@ if GLUON_ERROR is None:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from quanta.kernels.affine.wgmma import _retire, _write_out
+    from quanta.kernels.affine.wgmma import retire, write_out
 
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     STEP_COLS = gl.constexpr(STEP)
@@ -73,12 +73,12 @@ if GLUON_ERROR is None:
         layout: gl.constexpr = words.type.layout
         sel = gl.full(shape, SEL, gl.int32, layout)
         if KIND == 6:
-            return gl.inline_asm_elementwise(_Q6K_HIGH if HIGH else _Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r",
+            return gl.inline_asm_elementwise(Q6K_HIGH if HIGH else Q6K_LOW, "=r,r,r,r,r,r,r,r,r,r",
                                              [words, qh, sel, bit, s], dtype=gl.float16, is_pure=True, pack=2)
         factor = gl.full(shape, 0.0625 if HIGH else 1.0, gl.float32, layout).to(gl.float16)
         addend = gl.full(shape, -64.0 if HIGH else -1024.0, gl.float32, layout).to(gl.float16)
         if KIND == 5:
-            return gl.inline_asm_elementwise(_Q5K_HIGH if HIGH else _Q5K_LOW, "=r" + ",r" * 12,
+            return gl.inline_asm_elementwise(Q5K_HIGH if HIGH else Q5K_LOW, "=r" + ",r" * 12,
                                              [words, qh, sel, bit, factor, addend, s, zb], dtype=gl.float16,
                                              is_pure=True, pack=2)
         mask = gl.full(shape, 0x00F000F0 if HIGH else 0x000F000F, gl.int32, layout)
@@ -95,7 +95,7 @@ if GLUON_ERROR is None:
         sc = gl.where(c % 2 == 0, gl.expand_dims(first, 1), gl.expand_dims(second, 1))
         shift = (8 * (((c // 2) % 4) // 2 + 2 * (c // 8))).broadcast_to(sc.shape)
         dd = gl.expand_dims(d, 1).broadcast_to(sc.shape)
-        return gl.inline_asm_elementwise(_Q6K_SCALE_HIGH if HIGH else _Q6K_SCALE_LOW, "=r,r,r,r,r,r,r",
+        return gl.inline_asm_elementwise(Q6K_SCALE_HIGH if HIGH else Q6K_SCALE_LOW, "=r,r,r,r,r,r,r",
                                          [sc, shift, dd], dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
@@ -225,7 +225,7 @@ if GLUON_ERROR is None:
                         bit = field + 4 * (step % 2) + c // 4
                 w = _decode_slice(words, qh, c % 4, c // 4, sc, zb, bit, KIND)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
-                acc, o1, o2, o3 = _retire(acc, w, o1, o2, o3, LAG)
+                acc, o1, o2, o3 = retire(acc, w, o1, o2, o3, LAG)
                 if c == REFILL_AFTER:
                     j = i + AHEAD
                     ring = j % STAGES
@@ -238,7 +238,7 @@ if GLUON_ERROR is None:
         if PDL:
             gdc_launch_dependents()
 
-        _write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, s_begin == 0, n_steps > 0, HAS_BIAS, ATOMIC,
+        write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, s_begin == 0, n_steps > 0, HAS_BIAS, ATOMIC,
                    BLOCK_N, BLOCK_M)
 
 
