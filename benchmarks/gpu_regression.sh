@@ -6,6 +6,8 @@
 #   STAGES="kernels latency throughput gguf sm75"   the stages to run (default: all)
 #   BASELINE=DIR     a checkout of the build to compare with (quanta/ and benchmarks/ of another commit): the
 #                    latency and throughput stages then run it too, alternating with this build, on one machine
+#   KERNELS_TIMEOUT, GGUF_TIMEOUT, SM75_TIMEOUT   seconds for those stages (a cold machine compiles every kernel
+#                    the tests run first: the GGUF stage's 80 s ended it after four tests)
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${STAGES:-kernels latency throughput gguf sm75}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -39,11 +41,11 @@ if has throughput; then
 fi
 if has gguf; then
   echo "== GGUF on the GPU"
-  timeout 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gguf_engine_gpu.py tests/test_affine_gguf.py \
-    2>&1 | tail -n 4
+  timeout "${GGUF_TIMEOUT:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gguf_engine_gpu.py \
+    tests/test_affine_gguf.py 2>&1 | tail -n 4
 fi
 if has sm75; then
   echo "== engine GPU tests as sm75"
-  QUANTA_DEVICE_CAPS=sm75 timeout 100 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_engine_gpu.py \
-    2>&1 | tail -n 4
+  QUANTA_DEVICE_CAPS=sm75 timeout "${SM75_TIMEOUT:-150}" python3 -m pytest -m gpu -q -x -p no:cacheprovider \
+    tests/test_engine_gpu.py 2>&1 | tail -n 4
 fi
