@@ -81,11 +81,8 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
             rec["fp16_us"] = timed(lambda x, d: x @ d.t(), xs, dense, 2 * n * k, ref, "cuBLAS")
             if paths and m <= 16:
                 for path in plan.TABLE.by_name:
-                    if path == "gemv_cols" and gemv_cols.applies(st[0]) is not None:
-                        continue
-                    if path == "mma" and mma.applies(st[0], device_caps("cuda")) is not None:
-                        continue
-                    if path == "wgmma" and wgmma.applies(st[0], device_caps("cuda")) is not None:
+                    kernel = {"gemv_cols": gemv_cols, "mma": mma, "wgmma": wgmma}.get(path)
+                    if kernel is not None and kernel.applies(st[0], device_caps("cuda")) is not None:
                         continue
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")

@@ -101,10 +101,10 @@ def test_x_rows_copied_only_when_unaligned():
     """The kernel copies x by 16-byte cp.async: K and the row stride a multiple of 16 elements, else a zero-padded
     copy and K rounded up."""
     x = torch.randn(3, 256, dtype=torch.float16)
-    assert wgmma._aligned_rows(x, 256)[0] is x
+    assert wgmma.aligned_rows(x, 256)[0] is x
     for x, k in ((torch.randn(3, 213, dtype=torch.float16), 213), (torch.randn(3, 264)[:, 8:].half(), 256),
                  (torch.randn(3, 272, dtype=torch.float16)[:, 3:259], 256)):
-        padded, k16 = wgmma._aligned_rows(x, k)
+        padded, k16 = wgmma.aligned_rows(x, k)
         assert k16 == -(-k // 16) * 16 and padded.stride(0) % 16 == 0 and padded.data_ptr() % 16 == 0
         assert torch.equal(padded[:, :k], x) and not padded[:, k:].any()
 

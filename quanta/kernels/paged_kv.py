@@ -10,7 +10,6 @@ The kernels write by bit operations (fp32_to_fp8_bits) and read as fp8_read_cons
 """
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 import torch

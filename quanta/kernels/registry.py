@@ -40,9 +40,9 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("affine", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4", "quanta.cpu.int8",
                         "quanta.cpu.rows", "quanta.kernels.dequantized"),
     ("affine", "cuda"): ("quanta.kernels.affine", "quanta.kernels.dequantized"),
-    ("gguf", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4",   # Q4_0, Q4_1, Q8_0 at their bytes
-                      "quanta.cpu.ggml", "quanta.cpu.int8",     # on cpu_vnni (else Q4_1 on torch's
-                      "quanta.cpu.rows", "quanta.kernels.dequantized"),  # int4); the rest as stored
+    ("gguf", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4",                   # Q4_0, Q4_1, Q8_0 at their bytes
+                      "quanta.cpu.ggml", "quanta.cpu.int8",                   # on cpu_vnni (else Q4_1 on torch's
+                      "quanta.cpu.rows", "quanta.kernels.dequantized"),       # int4); the rest as stored
     ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
                        "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes
     ("codebook", "cpu"): ("quanta.cpu.lut", "quanta.cpu.rows", "quanta.kernels.dequantized"),

@@ -118,6 +118,17 @@ if GLUON_ERROR is None:
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
 
     @gluon.jit
+    def program_work(M, per_split, num_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """(m0, n0, first K tile, K tiles) of this program: program (output tile, split). The programs of one weight
+        block are adjacent (x's blocks vary fastest), so at large M a block is read from DRAM once while x stays in
+        L2."""
+        tile = gl.program_id(0)
+        m_blocks = gl.cdiv(M, BLOCK_M)
+        begin = gl.program_id(1) * per_split
+        return ((tile % m_blocks) * BLOCK_M, (tile // m_blocks) * BLOCK_N, begin,
+                gl.minimum(begin + per_split, num_tiles) - begin)
+
+    @gluon.jit
     def retire(acc, w, p1, p2, p3, LAG: gl.constexpr):
         """After code slice w's wgmma is issued: wait until LAG wgmmas are left in flight (which frees the oldest
         operand), then (acc, the operands in flight, newest first: w, p1, p2)."""
@@ -181,20 +192,13 @@ if GLUON_ERROR is None:
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        # the programs of one weight block are adjacent (x's blocks vary fastest), so at large M a block is read
-        # from DRAM once while x stays in L2
-        tile = gl.program_id(0)
-        m_blocks = gl.cdiv(M, BLOCK_M)
-        m0 = (tile % m_blocks) * BLOCK_M
-        n0 = (tile // m_blocks) * BLOCK_N
+        m0, n0, t_begin, n_tiles = program_work(M, tiles_per_split, num_tiles, BLOCK_M, BLOCK_N)
         # the refill of a stage: one warpgroup refills the stage its own wgmmas just left, STAGES - 1 tiles ahead,
         # once the previous tile's wgmmas are done (after code LAG - 1). With two, the other may still read it, so
         # the refill takes the stage of two tiles ago (free since the CTA barrier), STAGES - 2 ahead, once code 0's
         # wgmma is in flight, so that the copies overlap code 0's wgmma rather than delay it
         AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
         REFILL_AFTER: gl.constexpr = LAG - 1 if WARPS == 4 else 0
-        t_begin = gl.program_id(1) * tiles_per_split
-        n_tiles = gl.minimum(t_begin + tiles_per_split, num_tiles) - t_begin
 
         # words [16, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R_ROWS, BLOCK_N],
@@ -303,12 +307,17 @@ ROW_STEP_COST = {256: 1.0, 128: 0.57}   # the time of a K tile of a 128-row prog
 
 
 def grid(st: AffineState, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
-    """(output tiles, K splits, K tiles a split) of a launch of `config` for M rows: the K loop split for about
-    `waves` programs an SM (triton_support.split_k), or with waves None for whole waves of one an SM
-    (whole_wave_split_k)."""
-    tiles = cdiv(st.n, config.rows) * cdiv(m, config.block_m)
-    splits, per = (whole_wave_split_k(tiles, st.num_tiles, sms, config.min_tiles) if config.waves is None
-                   else split_k(tiles, st.num_tiles, sms, config.waves, config.min_tiles))
+    """(output tiles, K splits, K tiles a split) of a launch of `config` for M rows (grid_of)."""
+    return grid_of(st.n, st.num_tiles, sms, config, m)
+
+
+def grid_of(n: int, k_tiles: int, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
+    """(output tiles, K splits, K tiles a split) of a launch of `config` for M rows over N weight rows and K tiles:
+    the K loop split for about `waves` programs an SM (triton_support.split_k), or with waves None for whole waves
+    of one an SM (whole_wave_split_k)."""
+    tiles = cdiv(n, config.rows) * cdiv(m, config.block_m)
+    splits, per = (whole_wave_split_k(tiles, k_tiles, sms, config.min_tiles) if config.waves is None
+                   else split_k(tiles, k_tiles, sms, config.waves, config.min_tiles))
     return tiles, splits, per
 
 
@@ -330,10 +339,11 @@ def large_m_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     return config(256 if bm == 64 else min(ROW_STEP_COST, key=cost))
 
 
-def _aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
-    """(x2, K) as the kernel's 16-byte cp.async copies of x need them: K and the row stride multiples of 16 elements
-    (Triton's divisibility hint; a copy of less than 4 bytes does not compile), 16-byte aligned rows. Otherwise a
-    copy of x, zero past K, and K rounded up to 16 (the padded codes meet zeros)."""
+def aligned_rows(x2: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    """(x2, K) as the wgmma kernels' cp.async copies of x need them (16 bytes here, the ggml kernel's permuted
+    pairs 4): K and the row stride multiples of 16 elements (Triton's divisibility hint; a copy of less than 4 bytes
+    does not compile), 16-byte aligned rows. Otherwise a copy of x, zero past K, and K rounded up to 16 (the padded
+    codes meet zeros)."""
     if k % 16 == 0 and x2.stride(0) % 16 == 0 and x2.data_ptr() % 16 == 0:
         return x2, k
     k16 = cdiv(k, 16) * 16
@@ -360,7 +370,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     atomic = splits > 1
     y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
-    xa, k = _aligned_rows(x2, st.k)
+    xa, k = aligned_rows(x2, st.k)
     _w4_wgmma_kernel[(tiles, splits)](
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles,
         xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,

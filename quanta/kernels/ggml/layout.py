@@ -191,6 +191,12 @@ def plane_args(st: GgmlState) -> tuple[torch.Tensor, ...]:
     return st.planes + (st.planes[0],) * (4 - len(st.planes))
 
 
+def word_planes(st: GgmlState) -> list[torch.Tensor]:
+    """plane_args as flat int32 words, as the tensor-core kernels read every plane (Q6_K's fp16 d plane too, whose
+    n * blocks those kernels require even)."""
+    return [plane.reshape(-1).view(torch.int32) for plane in plane_args(st)]
+
+
 def type_constexprs(st: GgmlState) -> dict:
     """The constexprs that tell a kernel the weight's type: its decoder (TYPE), axes, center and mins."""
     a, b, c, d = st.layout.axes

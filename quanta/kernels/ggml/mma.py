@@ -16,7 +16,7 @@ import torch
 
 from quanta.kernels.affine.layout import H2_PAIR_F16
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.layout import GgmlState, plane_args, split_output
+from quanta.kernels.ggml.layout import GgmlState, split_output, word_planes
 from quanta.kernels.triton_support import cdiv, split_k, tl, triton
 
 TYPES = ("q4_K", "q5_K", "q6_K")
@@ -89,11 +89,12 @@ def _slice_words(p, qh, t: tl.constexpr):
     return word, hw, (8 * (2 * (t % 2) + tl.arange(0, 2)))[None, None, :]
 
 
-# PTX of a sub-block's (scale, zbias) in fp16 from its scale word's pair of bytes (scale, min) selected by $4 and
-# the block's halves (d, -dmin) $3: the bytes join 0x64 bytes into the halves 1024 + byte (prmt), 1024 comes off
-# exactly, and one packed multiply gives d * scale and -dmin * min, each rounded once as float32's product would be.
-_SCALE_PAIR = tl.constexpr("{ .reg .b32 t, c; mov.b32 c, 0x64006400; prmt.b32 t, $2, c, $4; sub.rn.f16x2 t, t, c; "
-                           "mul.rn.f16x2 t, t, $3; mov.b32 {$0, $1}, t; }")
+# PTX of a sub-block's (scale, zbias) in fp16, as one register's low and high halves, from its scale word's pair of
+# bytes (scale, min) $1 selected by $3 and the block's halves (d, -dmin) $2: the bytes join 0x64 bytes into the
+# halves 1024 + byte (prmt), 1024 comes off exactly, and one packed multiply gives d * scale and -dmin * min, each
+# rounded once as float32's product would be. The wgmma kernel (wgmma.py) decodes its scales by it too.
+SCALE_PAIR = tl.constexpr("{ .reg .b32 c; mov.b32 c, 0x64006400; prmt.b32 $0, $1, c, $3; sub.rn.f16x2 $0, $0, c; "
+                          "mul.rn.f16x2 $0, $0, $2; }")
 
 
 @triton.jit
@@ -102,8 +103,10 @@ def _scale_pair(word, dm, HIGH: tl.constexpr, H2: tl.constexpr):
     `dm` the block's (d, dmin) halves as one int32."""
     if H2:
         SEL: tl.constexpr = 0x5352 if HIGH else 0x5150      # bytes 2, 3 or 0, 1 of word; c's 0x64
-        s, zb = tl.inline_asm_elementwise(_SCALE_PAIR, "=h,=h,r,r,r", [word, dm ^ -2147483648, tl.full(word.shape,
-                                          SEL, tl.int32)], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        v = tl.inline_asm_elementwise(SCALE_PAIR, "=r,r,r,r", [word, dm ^ -2147483648, tl.full(word.shape, SEL,
+                                      tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
+        s = (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        zb = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
     else:
         d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -333,10 +336,11 @@ MMA_CONFIGS = ((16, MmaConfig(16, 32, 4, 3, 2.0, 4)), (32, MmaConfig(32, 32, 4, 
                (64, MmaConfig(64, 16, 8, 3, 2.0, 4)), (1 << 62, MmaConfig(128, 16, 8, 3, 1.0, 8)))
 
 
-def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
-    """None if the kernel runs this weight on a device of these caps, else why not."""
+def refusal(st: GgmlState, caps: DeviceCaps, decoder: str) -> str | None:
+    """Why a tensor-core kernel decoding by this module's PTX (`decoder`: its name) cannot run this weight on a
+    device of these caps, or None: this kernel's and the wgmma kernel's rule."""
     if st.name not in TYPES:
-        return f"{st.name}: no MMA decoder (it takes {', '.join(TYPES)})"
+        return f"{st.name}: no {decoder} decoder (it takes {', '.join(TYPES)})"
     if st.name == "q6_K" and st.n * st.blocks % 2:
         return f"q6_K {[st.n, st.k]}: an odd number of blocks (its d plane is read as int32 words)"
     if st.dtype != torch.float16:
@@ -344,6 +348,11 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
     if caps.capability != CAPABILITY:
         return f"{caps.name}: the register operand is sm90's wgmma"
     return None
+
+
+def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
+    """None if the kernel runs this weight on a device of these caps, else why not."""
+    return refusal(st, caps, "MMA")
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> MmaConfig:
@@ -364,7 +373,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     tiles = cdiv(m, bm) * cdiv(st.n, bn)
     splits, per = split_k(tiles, steps, caps.sm_count, waves, min_steps)
     y = split_output(x2, st, splits)
-    planes = [plane.reshape(-1).view(torch.int32) for plane in plane_args(st)]   # Q6_K's d plane: n * blocks even
+    planes = word_planes(st)
     _ggml_mma_kernel[(tiles, splits)](
         x2, *planes, bias if bias is not None else x2, y, m, st.n, per, steps, x2.stride(0), y.stride(0),
         Q6=st.name == "q6_K", Q5=st.name == "q5_K", BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None,

@@ -89,20 +89,16 @@ def _why_gemv(st: GgmlState, caps: DeviceCaps, m: int) -> str:
     return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV, {st.name} blocks decoded in registers, fp32 FMAs"
 
 
-def _mma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if not mma_max_m(st):
-        return f"{st.name}: not planned on the MMA path"
-    if m > mma_max_m(st):
-        return f"M={m} > {mma_max_m(st)}"
-    return "not CUDA (PTX)" if not caps.is_cuda else mma.applies(st, caps)
-
-
-def _wgmma_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if not wgmma_max_m(st):
-        return f"{st.name}: not planned on the wgmma path"
-    if m > wgmma_max_m(st):
-        return f"M={m} > {wgmma_max_m(st)}"
-    return "not CUDA (PTX)" if not caps.is_cuda else wgmma.applies(st, caps)
+def _fits_to_max_m(name: str, max_m, kernel):
+    """fits() of a tensor-core path: the rows its rule gives it (max_m(st); none where 0), on CUDA, where
+    kernel.applies runs the weight."""
+    def fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+        if not max_m(st):
+            return f"{st.name}: not planned on the {name} path"
+        if m > max_m(st):
+            return f"M={m} > {max_m(st)}"
+        return "not CUDA (PTX)" if not caps.is_cuda else kernel.applies(st, caps)
+    return fits
 
 
 def _why_wgmma(st: GgmlState, caps: DeviceCaps, m: int) -> str:
@@ -137,8 +133,8 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 PATHS: tuple[Path, ...] = (
     Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
-    Path("wgmma", _wgmma_fits, wgmma.default_config, wgmma.matmul, _why_wgmma),
-    Path("mma", _mma_fits, mma.default_config, mma.matmul, _why_mma),
+    Path("wgmma", _fits_to_max_m("wgmma", wgmma_max_m, wgmma), wgmma.default_config, wgmma.matmul, _why_wgmma),
+    Path("mma", _fits_to_max_m("MMA", mma_max_m, mma), mma.default_config, mma.matmul, _why_mma),
     Path("cublas", _cublas_fits, cublas.default_config, cublas.matmul, _why_cublas),
     Path("gemm", lambda st, caps, m: None, gemm.default_config, gemm.matmul, _why_gemm),
 )

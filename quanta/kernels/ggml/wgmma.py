@@ -13,15 +13,14 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine.layout import H2_PAIR_F16
-from quanta.kernels.affine.wgmma import GLUON_ERROR, WgmmaConfig
+from quanta.kernels.affine.wgmma import GLUON_ERROR, WgmmaConfig, aligned_rows, grid_of
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.layout import GgmlState, plane_args
-from quanta.kernels.ggml.mma import Q5K_HIGH, Q5K_LOW, Q6K_HIGH, Q6K_LOW, Q6K_SCALE_HIGH, Q6K_SCALE_LOW
-from quanta.kernels.triton_support import cdiv, gdc_launch_dependents, gdc_wait, pdl_launch, split_k, \
-    whole_wave_split_k, zero_
+from quanta.kernels.ggml import mma
+from quanta.kernels.ggml.layout import GgmlState, word_planes
+from quanta.kernels.ggml.mma import Q5K_HIGH, Q5K_LOW, Q6K_HIGH, Q6K_LOW, Q6K_SCALE_HIGH, Q6K_SCALE_LOW, SCALE_PAIR
+from quanta.kernels.triton_support import gdc_launch_dependents, gdc_wait, pdl_launch, zero_
 
-TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND
-CAPABILITY = (9, 0)
+TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND (mma.TYPES, the decoders it shares)
 STEP = 128                  # values of a row a K step: half a super-block, 16 code words
 ONE_WARPGROUP_MAX_M = 32    # above, two warpgroups share each stage of x (default_config)
 LARGE_M_MIN_STEPS = 2
@@ -32,14 +31,10 @@ if GLUON_ERROR is None:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from quanta.kernels.affine.wgmma import retire, write_out
+    from quanta.kernels.affine.wgmma import program_work, retire, write_out
 
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     STEP_COLS = gl.constexpr(STEP)
-    # PTX of a sub-block's (d * scale, -dmin * min) as one fp16 pair (low, high) from the byte pair of its scale word
-    # that $3 selects and the block's (d, -dmin) halves $2: mma._SCALE_PAIR's arithmetic, one output register
-    _SCALE_PAIR_WORD = gl.constexpr("{ .reg .b32 c; mov.b32 c, 0x64006400; prmt.b32 $0, $1, c, $3; "
-                                    "sub.rn.f16x2 $0, $0, c; mul.rn.f16x2 $0, $0, $2; }")
 
     @gluon.jit
     def _half(v, lane: gl.constexpr):
@@ -54,10 +49,10 @@ if GLUON_ERROR is None:
         SEL: gl.constexpr = 0x5352 if HIGH else 0x5150          # bytes 2, 3 or 0, 1 of the word; c's 0x64
         neg = dm ^ -2147483648                                   # (d, -dmin)
         sel = gl.full(first.shape, SEL, gl.int32, first.type.layout)
-        a = gl.inline_asm_elementwise(_SCALE_PAIR_WORD, "=r,r,r,r", [first, neg, sel], dtype=gl.int32,
-                                      is_pure=True, pack=1)
-        b = gl.inline_asm_elementwise(_SCALE_PAIR_WORD, "=r,r,r,r", [second, neg, sel], dtype=gl.int32,
-                                      is_pure=True, pack=1)
+        a = gl.inline_asm_elementwise(SCALE_PAIR, "=r,r,r,r", [first, neg, sel], dtype=gl.int32, is_pure=True,
+                                      pack=1)
+        b = gl.inline_asm_elementwise(SCALE_PAIR, "=r,r,r,r", [second, neg, sel], dtype=gl.int32, is_pure=True,
+                                      pack=1)
         pair = gl.where(gl.expand_dims(cols >= 8, 0), gl.expand_dims(b, 1), gl.expand_dims(a, 1))
         return _half(pair, 0), _half(pair, 1)
 
@@ -159,14 +154,9 @@ if GLUON_ERROR is None:
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         ROWS: gl.constexpr = gl.SliceLayout(1, A)
-        tile = gl.program_id(0)
-        m_blocks = gl.cdiv(M, BLOCK_M)
-        m0 = (tile % m_blocks) * BLOCK_M
-        n0 = (tile // m_blocks) * BLOCK_N
+        m0, n0, s_begin, n_steps = program_work(M, steps_per_split, num_steps, BLOCK_M, BLOCK_N)
         AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
         REFILL_AFTER: gl.constexpr = LAG - 1 if WARPS == 4 else 0
-        s_begin = gl.program_id(1) * steps_per_split
-        n_steps = gl.minimum(s_begin + steps_per_split, num_steps) - s_begin
 
         WORDS: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BLOCK_N], WORDS)
@@ -244,17 +234,7 @@ if GLUON_ERROR is None:
 
 def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
     """None if the kernel runs this weight on a device of these caps, else why not."""
-    if GLUON_ERROR is not None:
-        return GLUON_ERROR
-    if st.name not in TYPES:
-        return f"{st.name}: no wgmma decoder (it takes {', '.join(TYPES)})"
-    if st.name == "q6_K" and st.n * st.blocks % 2:
-        return f"q6_K {[st.n, st.k]}: an odd number of blocks (its d plane is read as int32 words)"
-    if st.dtype != torch.float16:
-        return f"{str(st.dtype).removeprefix('torch.')} activations (the decode is packed fp16)"
-    if caps.capability != CAPABILITY:
-        return f"{caps.name}: Gluon's wgmma is sm90's"
-    return None
+    return GLUON_ERROR or mma.refusal(st, caps, "wgmma")
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
@@ -270,12 +250,8 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
 
 
 def grid(st: GgmlState, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
-    """(output tiles, K splits, K steps a split) of a launch of `config` for M rows (affine/wgmma.grid's rule)."""
-    tiles = cdiv(st.n, config.rows) * cdiv(m, config.block_m)
-    steps = st.k // STEP
-    splits, per = (whole_wave_split_k(tiles, steps, sms, config.min_tiles) if config.waves is None
-                   else split_k(tiles, steps, sms, config.waves, config.min_tiles))
-    return tiles, splits, per
+    """(output tiles, K splits, K steps a split) of a launch of `config` for M rows (affine/wgmma.grid_of's rule)."""
+    return grid_of(st.n, st.k // STEP, sms, config, m)
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
@@ -289,15 +265,14 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     bm, stages, _, _, bn, lag, warps = config
     assert bm in (16, 32, 64, 128) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
         and stages >= (2 if warps == 4 else 3), config
-    if x2.stride(0) % 2 or x2.data_ptr() % 4:       # x's copies move pairs of values, 4 bytes each
-        x2 = x2.clone(memory_format=torch.contiguous_format)
+    x2, _ = aligned_rows(x2, st.k)
     tiles, splits, per = grid(st, caps.sm_count, config, m)
     # split-K partial sums are added in fp16, as the affine kernels' are: a float32 sum would take a cast, one launch
     # more, and zero_ keeps the zeroing in the PDL chain
     y = torch.empty(m, st.n, device=x2.device, dtype=torch.float16)
     if splits > 1:
         zero_(y)
-    planes = [plane.reshape(-1).view(torch.int32) for plane in plane_args(st)]
+    planes = word_planes(st)
     _ggml_wgmma_kernel[(tiles, splits)](
         x2, *planes, bias if bias is not None else x2, y, m, st.n, per, st.k // STEP, x2.stride(0), y.stride(0),
         KIND=TYPES[st.name], HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag,
