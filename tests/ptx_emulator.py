@@ -4,10 +4,11 @@
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
 (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2`
-arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b and `sub.rn` a - b
-once to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy
+arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b and
+`sub.rn` a - b once to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy
 rounds float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /
-`mul.f32` / `fma.rn.f32` work in float32. Anything else raises, so a kernel using a new instruction fails loudly.
+`mul.f32` / `fma.rn.f32` work in float32; `%laneid` reads 0 (the interpreter runs a program as one thread). Anything
+else raises, so a kernel using a new instruction fails loudly.
 """
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
         dst, *args = [t.strip() for t in rest.split(",")]
         if op == "mov.b32":
             regs[dst] = val(args[0]).copy()
+        elif op == "mov.u32" and args == ["%laneid"]:    # the interpreter runs a program as one thread: lane 0
+            regs[dst] = np.zeros(shape, dtype=np.uint32)
         elif op == "lop3.b32":
             regs[dst] = _lop3(val(args[0]), val(args[1]), val(args[2]), int(args[3], 0))
         elif op == "shr.u32":
@@ -104,6 +107,9 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
         elif op == "fma.rn.f16x2":
             (a0, a1), (b0, b1), (c0, c1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 * b0 + c0, a1 * b1 + c1)
+        elif op == "add.rn.f16x2":
+            (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
+            regs[dst] = _pack(a0 + b0, a1 + b1)
         elif op == "sub.rn.f16x2":
             (a0, a1), (b0, b1) = (_halves(val(x)) for x in args)
             regs[dst] = _pack(a0 - b0, a1 - b1)

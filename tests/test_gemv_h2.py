@@ -72,6 +72,30 @@ def test_default_config_by_code_kind(kind):
     assert gemv.default_config(st, PRESETS["sm80"]) == gemv.GEMV_CONFIGS[0][1]
 
 
+def test_table_configs_keep_a_steps_rows_in_one_thread():
+    """The table codes' packed-half row sums reduce a step's rows: every launch config of their table puts its warps
+    side by side along N (128 columns a warp, 4 words a thread), so that the rows of a column lie in one thread and
+    the reduction needs no shared memory."""
+    for _, c in gemv.GEMV_CONFIGS_PDL_TABLE:
+        assert c.block_n == 128 * c.warps
+
+
+@pytest.mark.parametrize("qt", ["nf4", "fp4"])
+def test_table_words_hold_the_halved_table_twice(qt):
+    """AffineState.lut_bytes: the table's byte words for the other kernels, then the halved table's twice (the
+    GEMV's lanes read the copy of their parity), each byte word the fp16 bits of table / 2 exactly."""
+    from quanta.kernels import codebook_gemm
+    from quanta.kernels.affine.layout import lut_byte_words
+    from test_codebook_gemm import make_codebook
+    st = codebook_gemm.prepare(make_codebook(64, 256, 64, qt), DEVICE, torch.float16)
+    table = st.lut.half()
+    assert torch.equal(st.lut_bytes[:8], lut_byte_words(st.lut))
+    assert torch.equal(st.lut_bytes[8:16], st.lut_bytes[16:])
+    assert torch.equal(st.lut_bytes[8:16], lut_byte_words(st.lut / 2))
+    halved = (table.float() / 2).half()
+    assert torch.equal(halved.float() * 2, table.float())        # halving loses no bit of any entry
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_glu_calls_take_their_own_config_in_the_glu_band(bits):
     """A call with the SwiGLU epilogue on 7-8B models' stacked gate/up (GLU_BAND, under PDL) takes GLU_CONFIGS_PDL's

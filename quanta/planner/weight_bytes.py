@@ -16,7 +16,7 @@ from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
 from quanta.quant.shard import widened_range
 
 AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
-LUT_BYTES = 16 * 4 + 8 * 4                # codebook table: float32 [16] + its byte words int32 [8]
+LUT_BYTES = 16 * 4 + 24 * 4               # codebook table: float32 [16] + its byte words int32 [24]
 # GGUF types with an exact affine form (ggml.types' `affine`) run on the affine kernels, a group per ggml
 # block; an integer zero packs as a symmetric scale, a float min as a zero point. The types the ggml kernels decode
 # (K-quants, IQ4) run at their blocks' bytes. Other types are dequantized.
@@ -56,7 +56,7 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
         dtype's size; the dequantized fallback (affine codes the kernels do not pack) holds the same;
       affine (AWQ, GPTQ; codebook and fp8 reuse its layout): pack_bytes;
       codebook (NF4): 4-bit codes, one 16-bit absmax per block of 64 (double quantization undone at load),
-        and the 16-entry table twice (float32 [16] + int32 [8]) per GEMM;
+        and the 16-entry table as float32 [16] and byte words int32 [24] (AffineState.lut_bytes) per GEMM;
       fp8: one byte a weight, one scale per output channel (K_pad = K rounded to 64 in the weight-only
         layout; sm89's W8A8 holds the [K, N] bytes and float32 scales: the same for K a multiple of 64);
       GGUF: gguf_gemm_bytes."""

@@ -17,7 +17,7 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
     store_output,
     workspace,
 )
-from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_lut_words, load_scales, lut_lookup4_ptx
+from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_half_lut_words, load_scales, lut_lookup8_ptx
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
@@ -102,25 +102,19 @@ _H2_LANES = tl.constexpr("""{
 .reg .f32 f0, f1;
 mov.b32 acc, $1;
 """ + _H2_LANES_TO_F32)
-# A 16-entry table (NF4 / FP4) instead of the magic numbers: 4 codes of a word at a time (nibbles 0-3, then
-# 4-7, each half one scale group) become fp16 table entries with byte permutes (layout.lut_lookup4_ptx),
-# which meet the activations in packed-half FMAs. $1 the word, $2..$5 the activation pairs (x0, x1), (x2, x3),
-# (x4, x5), (x6, x7), $6 / $7 the two halves' scales (f32), $8..$15 the table bytes (lut_byte_words).
-# It compiles to fewer instructions a code than the fp32 loop's global gather per code, and a fifth of its loads.
-_H2_LUT_DOT = """mul.rn.f16x2 acc, e01, {xa};
-fma.rn.f16x2 acc, e23, {xb}, acc;
-mov.b32 {{h0, h1}}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 f0, f0, f1;
-"""
-_H2_DOT_LUT = tl.constexpr("""{
-.reg .b32 w, sel, t, m, lo, lo2, hi, hi2, e01, e23, acc;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1, part;
-""" + lut_lookup4_ptx("$1", 8) + _H2_LUT_DOT.format(xa="$2", xb="$3") + """mul.f32 part, f0, $6;
-shr.u32 w, $1, 16;
-""" + lut_lookup4_ptx("w", 8) + _H2_LUT_DOT.format(xa="$4", xb="$5") + """fma.rn.f32 $0, f0, $7, part;
+# A 16-entry table (NF4 / FP4) instead of the magic numbers: a word's 8 codes become fp16 entries of the halved
+# table (layout.lut_lookup8_ptx) and meet the activations in packed-half FMAs that add to two packed sums, one per
+# scale group (nibbles 0-3, 4-7); the kernel sums a step's rows in packed halves and converts a column's two sums to
+# float32 once a tile. $0 $1 the sums out, $2 the word, $3..$6 the activation pairs (x0, x1) ... (x6, x7), $7 $8 the
+# sums in, $9..$16 the halved table's byte words.
+_H2_LUT_SUMS = tl.constexpr("""{
+.reg .b32 sel, t, m, lo, lo2, hi, hi2, e01, e23, e45, e67, a, b;
+""" + lut_lookup8_ptx("$2", 9) + """fma.rn.f16x2 a, e01, $3, $7;
+fma.rn.f16x2 a, e23, $4, a;
+fma.rn.f16x2 b, e45, $5, $8;
+fma.rn.f16x2 b, e67, $6, b;
+mov.b32 $0, a;
+mov.b32 $1, b;
 }""")
 # D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
 # (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
@@ -185,17 +179,23 @@ def _h2_lanes(acc):
 
 
 @triton.jit
-def _h2_lut_word_dots(p, x_row, perm_ptr, k0, K, s_lo, s_hi, lut_ptr, R: tl.constexpr, HAS_PERM: tl.constexpr,
+def _h2_add(a, b):
+    """Packed halves a + b (the combine of a packed-half row sum)."""
+    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], tl.int32, True, 1)
+
+
+@triton.jit
+def _h2_lut_word_sums(p, sum_lo, sum_hi, x_row, perm_ptr, k0, K, lut_ptr, R: tl.constexpr, HAS_PERM: tl.constexpr,
                       EVEN_K: tl.constexpr):
-    """sum_i x[k0 + i*R] * table[code_i] * (s_lo for i < 4, else s_hi) over the 4-bit codes of words p."""
+    """Packed-half sums + x[k0 + i*R] * table[code_i] / 2 over the codes i < 4 (sum_lo), i >= 4 (sum_hi) of words p."""
     x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
     x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
-    lut = load_lut_words(lut_ptr)
+    lut = load_half_lut_words(lut_ptr)
     return tl.inline_asm_elementwise(
-        _H2_DOT_LUT, "=f,r,r,r,r,r,f,f,r,r,r,r,r,r,r,r",
+        _H2_LUT_SUMS, "=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
         [p, _pair(x0, x1)[:, None], _pair(x2, x3)[:, None], _pair(x4, x5)[:, None], _pair(x6, x7)[:, None],
-         s_lo[None, :], s_hi[None, :], lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
-        dtype=tl.float32, is_pure=True, pack=1)
+         sum_lo, sum_hi, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
+        dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -240,12 +240,11 @@ def _affine_gemv_kernel(
     in its dtype and resets the count, so the workspace is clean for the next call and no memset runs.
 
     MODE as in layout.decode: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
-    H2 (fp16 activations, CUDA only): packed-half dot products per word (above); AFFINE with TILE_SCALE,
-    or LUT with 4-bit codes and a scale per half tile (applied in the assembly, accumulated in acc).
-    TILE_SUMS (H2, AFFINE): a tile's products are summed in packed halves, converted to float32 once a tile.
-    GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are
-    BLOCK_N/2 gate columns and the same up columns, multiplied in the epilogue (rounded as the separate
-    GEMV + activation.silu_and_mul round them).
+    H2 (fp16 activations, CUDA only): packed-half dot products per word (above); AFFINE with TILE_SCALE, or LUT
+    with 4-bit codes and a scale per half tile (each half's sums in packed halves, scaled once a tile in acc_n);
+    TILE_SUMS (H2, AFFINE): a tile's products summed in packed halves, converted to float32 once a tile.
+    GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are BLOCK_N/2 gate
+    columns and the same up columns, multiplied in the epilogue (rounded as GEMV + activation.silu_and_mul round them).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
     ROPE: W stacks [q; k; v] of one attention layer (Q_SIZE, KV_SIZE columns) and the epilogue finishes the
     rows as rotary.rotary_and_store would (rotary.rope_store_epilogue): y keeps only q, rotated; k and v go
@@ -273,13 +272,14 @@ def _affine_gemv_kernel(
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
     acc = tl.zeros((RS, BLOCK_N), dtype=tl.float32)          # scaled per code (the group changes in a tile)
-    acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)           # scaled per tile (TILE_SCALE)
+    acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)           # scaled per tile (TILE_SCALE, H2 table codes)
     # --- main loop over tiles of TILE_K input columns, RS word rows at a time
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         kt = t * TILE_K
         part = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
         xsum = tl.zeros((RS,), dtype=tl.float32)
-        acc_h = tl.zeros((RS, BLOCK_N), dtype=tl.int32)       # TILE_SUMS: packed-half sums (0 is +0, +0)
+        acc_h = tl.zeros((RS, BLOCK_N), dtype=tl.int32)       # packed-half sums (0 is +0, +0): TILE_SUMS, H2 table
+        acc_h2 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)      # codes (acc_h a tile's first half, this its second)
         if H2 and MODE == 1:                     # table codes: each half of a word one scale group
             s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
@@ -289,8 +289,8 @@ def _affine_gemv_kernel(
                         eviction_policy="evict_first")
             pdl_wait(PDL)                        # (returns at once after the first time)
             if H2 and MODE == 1:
-                acc += _h2_lut_word_dots(p, x_row, perm_ptr, kt + a * RS + offs_r, K, s_lo.to(tl.float32),
-                                         s_hi.to(tl.float32), lut_ptr, R, HAS_PERM, EVEN_K)
+                acc_h, acc_h2 = _h2_lut_word_sums(p, acc_h, acc_h2, x_row, perm_ptr, kt + a * RS + offs_r, K, lut_ptr,
+                                                  R, HAS_PERM, EVEN_K)
             elif H2:
                 d, xs = _h2_word_dots(p, acc_h, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K,
                                       TILE_SUMS)
@@ -335,6 +335,9 @@ def _affine_gemv_kernel(
                         q = f - (1 << (23 - BITS * (i % HALF)))
                         acc += x[:, None] * (q * s.to(tl.float32) + zb.to(tl.float32))
         # --- once per tile: scale, and the zero point times the activations' sum
+        if H2 and MODE == 1:                     # the halved table's sums, each half's rows in packed halves
+            acc_n += _h2_lanes(tl.reduce(acc_h, 0, _h2_add)) * (s_lo.to(tl.float32) * 2.0)
+            acc_n += _h2_lanes(tl.reduce(acc_h2, 0, _h2_add)) * (s_hi.to(tl.float32) * 2.0)
         if TILE_SCALE:
             s, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             s = s.to(tl.float32)
@@ -402,11 +405,13 @@ GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
 # the plain call loses, so only GLU calls under PDL take these (by code width; W8's in 8 warps with tile sums).
 GLU_BAND = (100_000_000, 200_000_000)
 GLU_CONFIGS_PDL = {4: GemvConfig(512, 4, 4, 8.0, 2), 8: GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)}
-# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL: about twice the instructions a code of the
-# affine loop, so the W8 table's shape (256 columns in 4 warps, 8 word rows a step) from 20M weights, not W4's 256 x 4
-# in 2 warps; 256 x 8 in 2 warps below; 70B gate_up keeps 128 x 8 at 32 waves.
-GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (300_000_000, GemvConfig(256, 8, 4, 8.0, 1)),
-                          (1 << 62, GemvConfig(128, 8, 2, 32.0, 1)))
+# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL (more instructions a code than the affine
+# loop's): its row sums want a step's rows in one thread, so every config has its warps side by side along N (128
+# columns a warp); all 16 word rows a step at 20M-40M weights (8B qkv), 512 x 4 at two tiles a program above.
+GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (40_000_000, GemvConfig(256, 16, 2, 8.0, 1)),
+                          (1 << 62, GemvConfig(512, 4, 4, 8.0, 2)))
+
+
 def h2_applies(st: AffineState) -> bool:
     """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
     codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""

@@ -51,7 +51,7 @@ class AffineState:
     dtype: torch.dtype
     mode: int = AFFINE              # AFFINE, LUT (codebook_gemm) or FP8_* (fp8_gemm)
     lut: torch.Tensor | None = None  # float32 [2**bits] for LUT
-    lut_bytes: torch.Tensor | None = None  # int32 [8]: the 16-bit table's low bytes, then high bytes
+    lut_bytes: torch.Tensor | None = None  # int32 [24]: lut_byte_words of the table, then twice of it halved
     plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)   # plan.choose's cache
 
     @property
@@ -139,6 +139,16 @@ def load_lut_words(lut_ptr):
             tl.load(lut_ptr + 5), tl.load(lut_ptr + 6), tl.load(lut_ptr + 7))
 
 
+@triton.jit
+def load_half_lut_words(lut_ptr):
+    """The 8 byte words of the halved table (AffineState.lut_bytes' second or third 8), the copy by the thread's lane
+    parity: ptxas holds values it proves uniform in uniform registers and copies each into a thread register before
+    every prmt that reads it, which a lane-dependent address prevents."""
+    lane_odd = tl.inline_asm_elementwise("{ .reg .b32 lane; mov.u32 lane, %laneid; and.b32 $0, lane, 1; }", "=r,r",
+                                         [tl.full((), 0, tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
+    return load_lut_words(lut_ptr + 8 + 8 * lane_odd)
+
+
 def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23", step: int = 1,
                     pairs: tuple[int, int] = (0x5140, 0x7362)) -> str:
     """PTX of a 16-entry table lookup of 4 codes, the nibbles 0-3 of the word register `w`, into two pairs of 16-bit
@@ -148,11 +158,29 @@ def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23", step
     `table`: the operand number of the first of the 8 table words (lut_byte_words), $table, $table + step, ...
     (step 2 under pack 2, where each input comes twice). `pairs`: the two interleaving selectors, (codes 0, 1) and
     (codes 2, 3) by default. Uses the registers sel, t, m, lo, lo2, hi, hi2 (declared by the caller)."""
+    mask = f"shl.b32 t, {w}, 4;\nprmt.b32 m, t, {w}, 0xD9C8;\n"
+    return f"and.b32 sel, {w}, 0x7777;\n" + _lut_permutes(table, step, mask, e01, e23, pairs)
+
+
+def lut_lookup8_ptx(w: str, table: int) -> str:
+    """PTX of the lookup of all 8 codes of the word register `w`, as lut_lookup4_ptx's: nibbles 0-3 into e01, e23,
+    then 4-7 into e45, e67. One mask of w serves both halves' selectors (prmt reads a selector's low 16 bits), and
+    one shifted copy t both halves' bit-3 masks (its bytes 0, 1, then 2, 3). Uses the registers of lut_lookup4_ptx
+    and e01, e23, e45, e67 (declared by the caller)."""
+    pairs = (0x5140, 0x7362)
+    low = _lut_permutes(table, 1, f"shl.b32 t, {w}, 4;\nprmt.b32 m, t, {w}, 0xD9C8;\n", "e01", "e23", pairs)
+    high = _lut_permutes(table, 1, f"prmt.b32 m, t, {w}, 0xFBEA;\n", "e45", "e67", pairs)
+    return f"and.b32 sel, {w}, 0x77777777;\n" + low + "shr.u32 sel, sel, 16;\n" + high
+
+
+def _lut_permutes(table: int, step: int, mask: str, e_a: str, e_b: str, pairs: tuple[int, int]) -> str:
+    """The lookups' permutes by the selectors in `sel`: low and high bytes among entries 0-7 and 8-15, the `mask`
+    PTX (bit 3 of each code spread to its byte of m), the selects by m, the interleaves into e_a, e_b."""
     t = [f"${table + step * i}" for i in range(8)]
-    return (f"and.b32 sel, {w}, 0x7777;\nprmt.b32 lo, {t[0]}, {t[1]}, sel;\nprmt.b32 lo2, {t[2]}, {t[3]}, sel;\n"
-            f"prmt.b32 hi, {t[4]}, {t[5]}, sel;\nprmt.b32 hi2, {t[6]}, {t[7]}, sel;\nshl.b32 t, {w}, 4;\n"
-            f"prmt.b32 m, t, {w}, 0xD9C8;\nlop3.b32 lo, lo, lo2, m, 0xD8;\nlop3.b32 hi, hi, hi2, m, 0xD8;\n"
-            f"prmt.b32 {e01}, lo, hi, {pairs[0]:#06x};\nprmt.b32 {e23}, lo, hi, {pairs[1]:#06x};\n")
+    return (f"prmt.b32 lo, {t[0]}, {t[1]}, sel;\nprmt.b32 lo2, {t[2]}, {t[3]}, sel;\n"
+            f"prmt.b32 hi, {t[4]}, {t[5]}, sel;\nprmt.b32 hi2, {t[6]}, {t[7]}, sel;\n{mask}"
+            f"lop3.b32 lo, lo, lo2, m, 0xD8;\nlop3.b32 hi, hi, hi2, m, 0xD8;\n"
+            f"prmt.b32 {e_a}, lo, hi, {pairs[0]:#06x};\nprmt.b32 {e_b}, lo, hi, {pairs[1]:#06x};\n")
 
 
 # PTX of one pair of affine codes decoded together (H2), used by the MMA and wgmma kernels: $1 $2 words of columns
@@ -259,7 +287,15 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
         sz = s[0::2] | s[1::2] << 16
     return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
                        bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
-                       lut_byte_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
+                       _lookup_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
+
+
+def _lookup_words(lut: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """AffineState.lut_bytes: the table's byte words, then the halved table's twice. The GEMV's packed-half sums use
+    the halved one so that their range is the affine codes' ((q - 8) / 16, within +-0.5; halving is exact for 16-bit
+    floats), odd lanes the second copy, which keeps ptxas from holding the words as uniform values."""
+    half = lut_byte_words(lut / 2, dtype)
+    return torch.cat([lut_byte_words(lut, dtype), half, half])
 
 
 def lut_byte_words(lut: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
