@@ -407,9 +407,9 @@ GLU_BAND = (100_000_000, 200_000_000)
 GLU_CONFIGS_PDL = {4: GemvConfig(512, 4, 4, 8.0, 2), 8: GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)}
 # 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL (more instructions a code than the affine
 # loop's): its row sums want a step's rows in one thread, so every config has its warps side by side along N (128
-# columns a warp); all 16 word rows a step at 20M-40M weights (8B qkv), 512 x 4 at two tiles a program above.
-GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (40_000_000, GemvConfig(256, 16, 2, 8.0, 1)),
-                          (1 << 62, GemvConfig(512, 4, 4, 8.0, 2)))
+# columns a warp); above 20M weights 512 x 4, at 16 waves or, from 60M to 200M (8B gate_up, 70B qkv, o), 8 waves.
+GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (60_000_000, GemvConfig(512, 4, 4, 16.0, 1)),
+                          (200_000_000, GemvConfig(512, 4, 4, 8.0, 2)), (1 << 62, GemvConfig(512, 4, 4, 16.0, 1)))
 
 
 def h2_applies(st: AffineState) -> bool:
