@@ -50,7 +50,7 @@ def run(name: str, model: str, layers: list[str], ms: list[int], results: list[d
         kind, w, dense = weight_of(name, n, k)
         kernels, plan = (affine, affine_plan) if kind == "affine" else (ggml_gemm, ggml_plan)
         states = copies(lambda: kernels.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
-        denses = copies(lambda: dense.clone(), 2 * n * k)
+        denses = copies(dense.clone, 2 * n * k)
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
             ref = xs[0].float() @ dense.float().t()
