@@ -58,8 +58,8 @@ def test_h2_gemv_whole_tile_steps(case, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["int4", "int8", "nf4"])
 def test_default_config_by_code_kind(kind):
-    """Under PDL (sm90), 8-bit codes (twice the bytes a weight) and table codes (about twice the instructions a code)
-    take their own launch tables, swept apart from 4-bit affine codes; without PDL (sm80) one table for all."""
+    """Under PDL (sm90), 8-bit codes (twice the bytes a weight) and table codes (more instructions a code) take their
+    own launch tables, swept apart from 4-bit affine codes; without PDL (sm80) table codes theirs, the others one."""
     from quanta.kernels import codebook_gemm
     from test_codebook_gemm import make_codebook
     if kind == "nf4":
@@ -69,14 +69,15 @@ def test_default_config_by_code_kind(kind):
     table = {"int4": gemv.GEMV_CONFIGS_PDL, "int8": gemv.GEMV_CONFIGS_PDL_W8,
              "nf4": gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
     assert gemv.default_config(st, PRESETS["sm90"]) == table[0][1]
-    assert gemv.default_config(st, PRESETS["sm80"]) == gemv.GEMV_CONFIGS[0][1]
+    no_pdl = gemv.GEMV_CONFIGS_TABLE if kind == "nf4" else gemv.GEMV_CONFIGS
+    assert gemv.default_config(st, PRESETS["sm80"]) == no_pdl[0][1]
 
 
 def test_table_configs_keep_a_steps_rows_in_one_thread():
     """The table codes' packed-half row sums reduce a step's rows: every launch config of their table puts its warps
     side by side along N (128 columns a warp, 4 words a thread), so that the rows of a column lie in one thread and
     the reduction needs no shared memory."""
-    for _, c in gemv.GEMV_CONFIGS_PDL_TABLE:
+    for _, c in gemv.GEMV_CONFIGS_PDL_TABLE + gemv.GEMV_CONFIGS_TABLE:
         assert c.block_n == 128 * c.warps
 
 

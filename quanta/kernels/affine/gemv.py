@@ -405,11 +405,12 @@ GEMV_CONFIGS_PDL_W8 = ((12_000_000, GemvConfig(256, 16, 4, 8.0, 1)),
 # the plain call loses, so only GLU calls under PDL take these (by code width; W8's in 8 warps with tile sums).
 GLU_BAND = (100_000_000, 200_000_000)
 GLU_CONFIGS_PDL = {4: GemvConfig(512, 4, 4, 8.0, 2), 8: GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True)}
-# 4-bit table codes (NF4 / FP4) through the byte-permute loop under PDL (more instructions a code than the affine
-# loop's): its row sums want a step's rows in one thread, so every config has its warps side by side along N (128
-# columns a warp); above 20M weights 512 x 4, at 16 waves or, from 60M to 200M (8B gate_up, 70B qkv, o), 8 waves.
+# 4-bit table codes (NF4 / FP4) on the byte-permute loop: its row sums want a step's rows in one thread, so every
+# config has its warps side by side along N (128 columns a warp). Under PDL 512 x 4 above 20M weights, at 16 waves or,
+# from 60M to 200M (8B gate_up, 70B qkv, o), 8 waves; without PDL (sm80, sm89) 256 x 8 at 16 waves for every size.
 GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (60_000_000, GemvConfig(512, 4, 4, 16.0, 1)),
                           (200_000_000, GemvConfig(512, 4, 4, 8.0, 2)), (1 << 62, GemvConfig(512, 4, 4, 16.0, 1)))
+GEMV_CONFIGS_TABLE = ((1 << 62, GemvConfig(256, 8, 2, 16.0, 1)),)
 
 
 def h2_applies(st: AffineState) -> bool:
@@ -430,12 +431,10 @@ def use_h2(st: AffineState, caps: DeviceCaps) -> bool:
 
 def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     """The launch config of the weight on a device of these caps: the tables above, by weight count (any M)."""
-    if not caps.pdl:
-        table = GEMV_CONFIGS
-    elif st.mode == LUT and use_h2(st, caps):
-        table = GEMV_CONFIGS_PDL_TABLE
+    if st.mode == LUT and use_h2(st, caps):
+        table = GEMV_CONFIGS_PDL_TABLE if caps.pdl else GEMV_CONFIGS_TABLE
     else:
-        table = GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL
+        table = (GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL) if caps.pdl else GEMV_CONFIGS
     return next(c for top, c in table if st.n * st.k <= top)
 
 
