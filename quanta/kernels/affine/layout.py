@@ -149,8 +149,11 @@ def load_half_lut_words(lut_ptr):
     return load_lut_words(lut_ptr + 8 + 8 * lane_odd)
 
 
+LUT_PAIRS = (0x5140, 0x7362)    # prmt selectors interleaving low and high bytes into entries (codes 0, 1), (2, 3)
+
+
 def lut_lookup4_ptx(w: str, table: int, e01: str = "e01", e23: str = "e23", step: int = 1,
-                    pairs: tuple[int, int] = (0x5140, 0x7362)) -> str:
+                    pairs: tuple[int, int] = LUT_PAIRS) -> str:
     """PTX of a 16-entry table lookup of 4 codes, the nibbles 0-3 of the word register `w`, into two pairs of 16-bit
     entries `e01` (codes 0, 1) and `e23` (codes 2, 3) by byte permutes: the codes' low 3 bits select a byte from 8
     (prmt), once among entries 0-7 and once among 8-15, for the low and the high bytes; each code's bit 3, spread to a
@@ -167,9 +170,8 @@ def lut_lookup8_ptx(w: str, table: int) -> str:
     then 4-7 into e45, e67. One mask of w serves both halves' selectors (prmt reads a selector's low 16 bits), and
     one shifted copy t both halves' bit-3 masks (its bytes 0, 1, then 2, 3). Uses the registers of lut_lookup4_ptx
     and e01, e23, e45, e67 (declared by the caller)."""
-    pairs = (0x5140, 0x7362)
-    low = _lut_permutes(table, 1, f"shl.b32 t, {w}, 4;\nprmt.b32 m, t, {w}, 0xD9C8;\n", "e01", "e23", pairs)
-    high = _lut_permutes(table, 1, f"prmt.b32 m, t, {w}, 0xFBEA;\n", "e45", "e67", pairs)
+    low = _lut_permutes(table, 1, f"shl.b32 t, {w}, 4;\nprmt.b32 m, t, {w}, 0xD9C8;\n", "e01", "e23", LUT_PAIRS)
+    high = _lut_permutes(table, 1, f"prmt.b32 m, t, {w}, 0xFBEA;\n", "e45", "e67", LUT_PAIRS)
     return f"and.b32 sel, {w}, 0x77777777;\n" + low + "shr.u32 sel, sel, 16;\n" + high
 
 

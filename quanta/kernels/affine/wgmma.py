@@ -141,10 +141,16 @@ if GLUON_ERROR is None:
         return acc, w, p1, p2
 
     @gluon.jit
-    def write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, first_split, has_work, HAS_BIAS: gl.constexpr,
-                   ATOMIC: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
-        """y[m0.., n0..] (+)= the accumulator [BLOCK_N, BLOCK_M]ᵀ (+ bias where first_split), in y's column order
-        (8 adjacent columns a thread, so stores and atomics are vectors); nothing where not has_work."""
+    def finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, first_split, has_work, PDL: gl.constexpr,
+               HAS_BIAS: gl.constexpr, ATOMIC: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
+        """The end of a program: the wgmmas still in flight (operands p1..p3) and the copies drained, the next
+        kernel let launch (PDL), then y[m0.., n0..] (+)= the accumulator [BLOCK_N, BLOCK_M]ᵀ (+ bias where
+        first_split), in y's column order (8 adjacent columns a thread, so stores and atomics are vectors); nothing
+        where not has_work."""
+        acc, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p1, p2, p3))
+        async_copy.wait_group(0)
+        if PDL:
+            gdc_launch_dependents()
         OUT: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, gl.num_warps()], [0, 1])
         offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, OUT))
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, OUT))
@@ -248,13 +254,8 @@ if GLUON_ERROR is None:
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
                                 n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
-        acc, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p1, p2, p3))
-        async_copy.wait_group(0)
-        if PDL:
-            gdc_launch_dependents()
-
-        write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, HAS_BIAS, ATOMIC,
-                   BLOCK_N, BLOCK_M)
+        finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, PDL, HAS_BIAS,
+               ATOMIC, BLOCK_N, BLOCK_M)
 
 
 class WgmmaConfig(NamedTuple):

@@ -18,7 +18,7 @@ from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml import mma
 from quanta.kernels.ggml.layout import GgmlState, word_planes
 from quanta.kernels.ggml.mma import Q5K_HIGH, Q5K_LOW, Q6K_HIGH, Q6K_LOW, Q6K_SCALE_HIGH, Q6K_SCALE_LOW, SCALE_PAIR
-from quanta.kernels.triton_support import gdc_launch_dependents, gdc_wait, pdl_launch, zero_
+from quanta.kernels.triton_support import gdc_wait, pdl_launch, zero_
 
 TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND (mma.TYPES, the decoders it shares)
 STEP = 128                  # values of a row a K step: half a super-block, 16 code words
@@ -28,10 +28,9 @@ LARGE_M_MIN_STEPS = 2
 if GLUON_ERROR is None:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
 
-    from quanta.kernels.affine.wgmma import program_work, retire, write_out
+    from quanta.kernels.affine.wgmma import finish, program_work, retire
 
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     STEP_COLS = gl.constexpr(STEP)
@@ -94,11 +93,17 @@ if GLUON_ERROR is None:
                                          [sc, shift, dd], dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _issue_weights(p0, p1, p2, p3, w_buf, h_buf, dm_buf, f_buf, s_buf, step, n0, N, pred, KIND: gl.constexpr,
-                       BLOCK_N: gl.constexpr):
-        """cp.async K step `step`'s planes into one stage (nothing when not pred): its 16 code word rows [16,
+    def _issue_weights(p0, p1, p2, p3, w_ring, h_ring, dm_ring, f_ring, s_ring, ring, step, n0, N, pred,
+                       KIND: gl.constexpr, BLOCK_N: gl.constexpr):
+        """cp.async K step `step`'s planes into stage `ring` (nothing when not pred): its 16 code word rows [16,
         BLOCK_N]; Q5_K's and Q6_K's 8 qh word rows of the step, twice over (operand A's columns c and c + 8 read
-        row c % 8); Q4_K's and Q5_K's block (d, dmin) words; the step's two scale words."""
+        row c % 8); Q4_K's and Q5_K's block (d, dmin) words; the step's two scale words. A type without qh words
+        (Q4_K) or (d, dmin) words (Q6_K) has one unused stage of that ring."""
+        w_buf = w_ring.index(ring)
+        h_buf = h_ring.index(ring if KIND != 4 else 0)
+        dm_buf = dm_ring.index(ring if KIND != 6 else 0)
+        f_buf = f_ring.index(ring)
+        s_buf = s_ring.index(ring)
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         r = gl.arange(0, 16, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
@@ -168,9 +173,8 @@ if GLUON_ERROR is None:
         x_ring = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, STEP_COLS],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
-            _issue_weights(p0, p1, p2, p3, w_ring.index(p), h_ring.index(p if KIND != 4 else 0),
-                           dm_ring.index(p if KIND != 6 else 0), f_ring.index(p), s_ring.index(p), s_begin + p, n0,
-                           N, p < n_steps, KIND, BLOCK_N)
+            _issue_weights(p0, p1, p2, p3, w_ring, h_ring, dm_ring, f_ring, s_ring, p, s_begin + p, n0, N, p < n_steps,
+                           KIND, BLOCK_N)
         if PDL:
             gdc_wait()
         for p in gl.static_range(AHEAD):
@@ -219,17 +223,11 @@ if GLUON_ERROR is None:
                 if c == REFILL_AFTER:
                     j = i + AHEAD
                     ring = j % STAGES
-                    _issue_weights(p0, p1, p2, p3, w_ring.index(ring), h_ring.index(ring if KIND != 4 else 0),
-                                   dm_ring.index(ring if KIND != 6 else 0), f_ring.index(ring), s_ring.index(ring),
-                                   s_begin + j, n0, N, j < n_steps, KIND, BLOCK_N)
+                    _issue_weights(p0, p1, p2, p3, w_ring, h_ring, dm_ring, f_ring, s_ring, ring, s_begin + j, n0,
+                                   N, j < n_steps, KIND, BLOCK_N)
                     _issue_x(x_ptr, x_ring.index(ring), s_begin + j, m0, M, stride_xm, j < n_steps, KIND, BLOCK_M)
-        acc, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, o1, o2, o3))
-        async_copy.wait_group(0)
-        if PDL:
-            gdc_launch_dependents()
-
-        write_out(acc, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, s_begin == 0, n_steps > 0, HAS_BIAS, ATOMIC,
-                   BLOCK_N, BLOCK_M)
+        finish(acc, o1, o2, o3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, s_begin == 0, n_steps > 0, PDL, HAS_BIAS,
+               ATOMIC, BLOCK_N, BLOCK_M)
 
 
 def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
