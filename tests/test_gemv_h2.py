@@ -16,7 +16,7 @@ from test_affine_gemm import make_affine
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the GPU runs the real PTX (test_affine_gemm.py)")
 
-CASES = [  # n, k, bits, group, zero, act_order: every case H2 takes (fp16, a scale per K tile)
+CASES = [  # n, k, bits, group, zero, act_order: every case H2 takes (fp16, a scale per K, half or quarter tile)
     (72, 256, 4, 128, "sym", False),
     (64, 384, 4, 128, "asym", False),      # integer zero points: the xsum correction
     (40, 423, 4, -1, "asym", False),       # per-channel, K not a multiple of the tile
@@ -24,6 +24,14 @@ CASES = [  # n, k, bits, group, zero, act_order: every case H2 takes (fp16, a sc
     (48, 256, 8, 128, "sym", False),
     (33, 130, 8, -1, "fmin", False),       # int8, odd N, ragged K
     (56, 320, 8, 64, "asym", True),
+    (64, 256, 4, 64, "sym", False),        # two groups a tile: a packed sum's two lanes
+    (40, 384, 4, 64, "fmin", False),       # float mins: the activations' sum per group
+    (72, 256, 4, 32, "sym", False),        # four groups a tile (GGUF Q4_0): two packed sums' lanes
+    (48, 416, 4, 32, "asym", True),        # per-group zero points, act-order, K not a multiple of the tile
+    (33, 256, 4, 32, "fmin", False),       # GGUF Q4_1's min
+    (64, 192, 8, 32, "sym", False),        # 8-bit, two groups a 64-column tile (GGUF Q8_0)
+    (40, 256, 8, 32, "asym", False),
+    (40, 256, 5, 32, "sym", False),        # 5-bit codes in 8-bit fields (GGUF Q5_0): zero 16, not the centre
 ]
 
 
@@ -103,7 +111,7 @@ def test_glu_calls_take_their_own_config_in_the_glu_band(bits):
     config for its code width; the same weight without the epilogue, other sizes, table codes, bf16 and devices
     without PDL keep the plan's."""
     def state(n, k, mode=AFFINE, dtype=torch.float16, table=False):
-        return types.SimpleNamespace(n=n, k=k, bits=bits, mode=mode, dtype=dtype, tile_scale=True,
+        return types.SimpleNamespace(n=n, k=k, bits=bits, mode=mode, dtype=dtype, tile_scale=True, off_centre=False,
                                      table_lookup=table, group_size=64, tile_k=128)
 
     plain = gemv.GemvConfig(256, 4, 2, 8.0, 2)
@@ -130,11 +138,14 @@ def test_h2_keeps_outlier_activations_finite(monkeypatch):
 
 
 def test_h2_refuses_weights_it_cannot_run():
-    w = make_affine(64, 256, 4, 32, "sym")                 # the group changes inside a 128-column tile
+    w = make_affine(64, 256, 4, 16, "sym")                 # 8 groups a 128-column tile: more than a word's lanes
     st = affine.prepare(w, DEVICE, torch.float16)
     assert not gemv.use_h2(st, PRESETS["sm90"])
     with pytest.raises(AssertionError):
         gemv.matmul(torch.randn(1, 256).half(), st, h2=True)
+    # 5-bit codes with mins (GGUF Q5_1) in 8-bit fields sit far below the field's centre of 128
+    off = affine.prepare(make_affine(64, 256, 5, 32, "fmin"), DEVICE, torch.float16)
+    assert off.off_centre and not gemv.h2_applies(off)
 
 
 def test_ptx_emulator_against_numpy():
@@ -183,11 +194,12 @@ def test_h2_with_the_glu_epilogue(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("n,k,blocksize,qt,dq", [(72, 256, 64, "nf4", True), (40, 192, 64, "fp4", False),
-                                                 (33, 384, 128, "nf4", False)])
+                                                 (33, 384, 128, "nf4", False), (48, 256, 32, "nf4", False),
+                                                 (40, 160, 32, "fp4", True)])
 @pytest.mark.parametrize("m", [1, 2])
 def test_h2_table_gemv_matches_dequantize(n, k, blocksize, qt, dq, m, monkeypatch):
-    """NF4 / FP4 through the byte-permute lookup: every code of the table, groups of 64 (two per K tile)
-    and 128, K not a multiple of the tile, against Codebook.dequantize() and the fp32 gather loop."""
+    """NF4 / FP4 through the byte-permute lookup: every code of the table, groups of 32 and 64 (four and two per K
+    tile) and 128, K not a multiple of the tile, against Codebook.dequantize() and the fp32 gather loop."""
     from quanta.kernels import codebook_gemm
     from test_codebook_gemm import make_codebook
     ptx_emulator.install(monkeypatch)

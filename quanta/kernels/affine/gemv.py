@@ -17,7 +17,8 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
     store_output,
     workspace,
 )
-from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_half_lut_words, load_scales, lut_lookup8_ptx
+from quanta.kernels.affine.gemv_words import H2_DIVISOR, h2_add, lane, lanes, load_x, lut_word_sums, word_dots
+from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_scales
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
@@ -34,168 +35,19 @@ from quanta.kernels.triton_support import (
 )
 
 
-# --- fp16x2 dot products of one word of codes (H2): PTX, since Triton has no packed-half arithmetic -----
-# A word's codes become pairs of fp16 with one LOP3 each (Marlin's trick: (code | 0x6400) is the half
-# 1024 + code), one FMA maps each pair to (code - C) / D exactly (C = 2**(bits-1), D = 16 or 256, so that
-# the products stay far inside fp16's range), and the pairs meet the activations in packed-half FMAs. Per 4-bit
-# code: ~2 instructions instead of 3 in fp32. The word's two lanes leave as one float32 ($0), or, with TILE_SUMS,
-# the FMAs add to the packed-half sum of the tile's earlier words in the element (the last operand) and the lanes
-# leave once a tile (_h2_lanes): a lane's R / RS words of PACK / 2 products each stay far inside fp16's range too.
-_H2_LANES_TO_F32 = """mov.b32 {h0, h1}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 $0, f0, f1;
-}"""                                    # the packed-half sum's two lanes -> one float32 ($0)
-_H2_DECODE = {4: """mov.b32 c_lo, 0x2C002C00;
-mov.b32 b_lo, 0xD408D408;
-mov.b32 c_hi, 0x1C001C00;
-mov.b32 b_hi, 0xC480C480;
-lop3.b32 lo, $1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, $1, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c_lo, b_lo;
-fma.rn.f16x2 hi, hi, c_hi, b_hi;
-{first}fma.rn.f16x2 acc, hi, $3, acc;
-shr.u32 t, $1, 8;
-lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c_lo, b_lo;
-fma.rn.f16x2 hi, hi, c_hi, b_hi;
-fma.rn.f16x2 acc, lo, $4, acc;
-fma.rn.f16x2 acc, hi, $5, acc;
-""", 8: """mov.b32 c_lo, 0x1C001C00;
-mov.b32 b_lo, 0xC480C480;
-lop3.b32 lo, $1, 0x00FF00FF, 0x64006400, 0xEA;
-shr.u32 t, $1, 8;
-lop3.b32 hi, t, 0x00FF00FF, 0x64006400, 0xEA;
-fma.rn.f16x2 lo, lo, c_lo, b_lo;
-fma.rn.f16x2 hi, hi, c_lo, b_lo;
-{first}fma.rn.f16x2 acc, hi, $3, acc;
-"""}
-
-
-def _h2_pairs(bits: int) -> int:
-    """The activation pairs ($2 ...) a word of `bits`-bit codes meets: its codes, two a pair."""
-    return 32 // bits // 2
-
-
-def _h2_dot_ptx(bits: int, tile_sums: bool) -> tl.constexpr:
-    """The PTX of one word of `bits`-bit codes: $1 the word, then its activation pairs; with `tile_sums` the packed
-    sum so far last, and the packed sum out; else the float32 sum of its lanes out."""
-    first = f"fma.rn.f16x2 acc, lo, $2, ${2 + _h2_pairs(bits)};\n" if tile_sums else "mul.rn.f16x2 acc, lo, $2;\n"
-    end = "mov.b32 $0, acc;\n}" if tile_sums else _H2_LANES_TO_F32
-    return tl.constexpr("{\n.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n"
-                        + _H2_DECODE[bits].format(first=first) + end)
-
-
-def _h2_constraints(bits: int, tile_sums: bool) -> tl.constexpr:
-    """The asm constraints of _h2_dot_ptx(bits, tile_sums): its output, the word, the pairs (and the packed sum)."""
-    return tl.constexpr(("=r" if tile_sums else "=f") + ",r" * (1 + _h2_pairs(bits) + tile_sums))
-
-
-_H2_DOT_INT4, _H2_DOT_INT8 = _h2_dot_ptx(4, False), _h2_dot_ptx(8, False)
-_H2_SUM_INT4, _H2_SUM_INT8 = _h2_dot_ptx(4, True), _h2_dot_ptx(8, True)
-_H2_DOT_ARGS4, _H2_DOT_ARGS8 = _h2_constraints(4, False), _h2_constraints(8, False)
-_H2_SUM_ARGS4, _H2_SUM_ARGS8 = _h2_constraints(4, True), _h2_constraints(8, True)
-_H2_LANES = tl.constexpr("""{
-.reg .b32 acc;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1;
-mov.b32 acc, $1;
-""" + _H2_LANES_TO_F32)
-# A 16-entry table (NF4 / FP4) instead of the magic numbers: a word's 8 codes become fp16 entries of the halved
-# table (layout.lut_lookup8_ptx) and meet the activations in packed-half FMAs that add to two packed sums, one per
-# scale group (nibbles 0-3, 4-7); the kernel sums a step's rows in packed halves and converts a column's two sums to
-# float32 once a tile. $0 $1 the sums out, $2 the word, $3..$6 the activation pairs (x0, x1) ... (x6, x7), $7 $8 the
-# sums in, $9..$16 the halved table's byte words.
-_H2_LUT_SUMS = tl.constexpr("""{
-.reg .b32 sel, t, m, lo, lo2, hi, hi2, e01, e23, e45, e67, a, b;
-""" + lut_lookup8_ptx("$2", 9) + """fma.rn.f16x2 a, e01, $3, $7;
-fma.rn.f16x2 a, e23, $4, a;
-fma.rn.f16x2 b, e45, $5, $8;
-fma.rn.f16x2 b, e67, $6, b;
-mov.b32 $0, a;
-mov.b32 $1, b;
-}""")
-# D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
-# (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
-H2_DIVISOR = {4: 16.0, 8: 256.0}
-
-
 @triton.jit
-def _load_x(x_row, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
-    """Activations at input columns k (through the act-order permutation), in their own dtype."""
-    kx = tl.load(perm_ptr + k, mask=k < K, other=0) if HAS_PERM else k
-    if EVEN_K:
-        x = tl.load(x_row + kx, eviction_policy="evict_last")
-    else:
-        x = tl.load(x_row + kx, mask=k < K, other=0.0, eviction_policy="evict_last")
-    return x
-
-
-@triton.jit
-def _pair(a, b):
-    """Two fp16 vectors as one int32 vector of (a | b << 16), the operand of a packed-half instruction."""
-    return (a.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (b.to(tl.int16, bitcast=True).to(tl.int32) << 16)
-
-
-@triton.jit
-def _load_x4(x_row, perm_ptr, k0, K, R: tl.constexpr, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
-    """The activations of a word's 4 consecutive codes (input columns k0, k0 + R, k0 + 2R, k0 + 3R)."""
-    return (_load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K),
-            _load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K),
-            _load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K),
-            _load_x(x_row, perm_ptr, k0 + 3 * R, K, HAS_PERM, EVEN_K))
-
-
-@triton.jit
-def _h2_word_dots(p, acc, x_row, perm_ptr, k0, K, R: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
-                  EVEN_K: tl.constexpr, TILE_SUMS: tl.constexpr):
-    """(sum_i x[k0 + i*R] * (code_i - C) / D over the codes of words p [RS, BLOCK_N], float32; with TILE_SUMS that
-    sum added to the packed halves acc, in packed halves), and sum_i x (float32)."""
-    x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
-    if BITS == 4:
-        x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
-        pairs = [p, _pair(x0, x4)[:, None], _pair(x1, x5)[:, None], _pair(x2, x6)[:, None], _pair(x3, x7)[:, None]]
-        xs = (x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
-              + x4.to(tl.float32) + x5.to(tl.float32) + x6.to(tl.float32) + x7.to(tl.float32))
-    else:
-        pairs = [p, _pair(x0, x2)[:, None], _pair(x1, x3)[:, None]]
-        xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
-    if TILE_SUMS:
-        d = tl.inline_asm_elementwise(_H2_SUM_INT4 if BITS == 4 else _H2_SUM_INT8,
-                                      _H2_SUM_ARGS4 if BITS == 4 else _H2_SUM_ARGS8, pairs + [acc], dtype=tl.int32,
-                                      is_pure=True, pack=1)
-    else:
-        d = tl.inline_asm_elementwise(_H2_DOT_INT4 if BITS == 4 else _H2_DOT_INT8,
-                                      _H2_DOT_ARGS4 if BITS == 4 else _H2_DOT_ARGS8, pairs, dtype=tl.float32,
-                                      is_pure=True, pack=1)
-    return d, xs
-
-
-@triton.jit
-def _h2_lanes(acc):
-    """The two lanes of packed halves acc, summed as float32."""
-    return tl.inline_asm_elementwise(_H2_LANES, "=f,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _h2_add(a, b):
-    """Packed halves a + b (the combine of a packed-half row sum)."""
-    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], tl.int32, True, 1)
-
-
-@triton.jit
-def _h2_lut_word_sums(p, sum_lo, sum_hi, x_row, perm_ptr, k0, K, lut_ptr, R: tl.constexpr, HAS_PERM: tl.constexpr,
-                      EVEN_K: tl.constexpr):
-    """Packed-half sums + x[k0 + i*R] * table[code_i] / 2 over the codes i < 4 (sum_lo), i >= 4 (sum_hi) of words p."""
-    x0, x1, x2, x3 = _load_x4(x_row, perm_ptr, k0, K, R, HAS_PERM, EVEN_K)
-    x4, x5, x6, x7 = _load_x4(x_row, perm_ptr, k0 + 4 * R, K, R, HAS_PERM, EVEN_K)
-    lut = load_half_lut_words(lut_ptr)
-    return tl.inline_asm_elementwise(
-        _H2_LUT_SUMS, "=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
-        [p, _pair(x0, x1)[:, None], _pair(x2, x3)[:, None], _pair(x4, x5)[:, None], _pair(x6, x7)[:, None],
-         sum_lo, sum_hi, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
-        dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+def _add_group(acc_n, ps, xs, sz_ptr, g, offs_n, mask_n, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr,
+               DT: tl.constexpr, H2_SCALE: tl.constexpr, CENTRE: tl.constexpr):
+    """acc_n + scale group g's share of a tile under the packed-half loop: ps [BLOCK_N] = sum x (q - C) / D over
+    the group's codes, xs = sum x over its columns; w = (q - C) s + (C s + zbias)."""
+    s, zb = load_scales(sz_ptr, g, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+    s = s.to(tl.float32)
+    acc_n += ps * (s * H2_SCALE)
+    if HAS_ZB:
+        acc_n += tl.sum(xs, axis=0) * (zb.to(tl.float32) + CENTRE * s)
+    elif ZERO != CENTRE:
+        acc_n += tl.sum(xs, axis=0) * ((CENTRE - ZERO) * s)
+    return acc_n
 
 
 @triton.jit
@@ -213,7 +65,8 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_ZB: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     TILE_SCALE: tl.constexpr, EVEN_K: tl.constexpr, MODE: tl.constexpr, H2: tl.constexpr = False,
-    H2_SCALE: tl.constexpr = 16.0, TILE_SUMS: tl.constexpr = False, GLU: tl.constexpr = False,
+    H2_SCALE: tl.constexpr = 16.0, TILE_SUMS: tl.constexpr = False, GROUPS: tl.constexpr = 1,
+    GLU: tl.constexpr = False,
     PDL: tl.constexpr = False, STAGES: tl.constexpr = 1,
     ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
     FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0, FP8_REBIAS: tl.constexpr = 0,
@@ -240,9 +93,11 @@ def _affine_gemv_kernel(
     in its dtype and resets the count, so the workspace is clean for the next call and no memset runs.
 
     MODE as in layout.decode: AFFINE (magic numbers), LUT (a table gather per code), FP8_* (bit conversion).
-    H2 (fp16 activations, CUDA only): packed-half dot products per word (above); AFFINE with TILE_SCALE, or LUT
-    with 4-bit codes and a scale per half tile (each half's sums in packed halves, scaled once a tile in acc_n);
-    TILE_SUMS (H2, AFFINE): a tile's products summed in packed halves, converted to float32 once a tile.
+    H2 (fp16 activations, CUDA only): packed-half dot products per word (gemv_words.py); GROUPS scale groups a K
+    tile (AFFINE: 1 with TILE_SCALE, else 2, or 4 for 4-bit codes; LUT: 2, or 4 for groups of 32): each group's
+    products in packed-half sums of their own (lanes of one sum for affine codes), scaled once a tile in acc_n.
+    TILE_SUMS (H2, AFFINE): a tile's products summed in packed halves, converted to float32 once a tile (always
+    where GROUPS > 1).
     GLU: W stacks [gate; up] (N = 2I) and y = silu(gate) * up [M, I]: a program's BLOCK_N columns are BLOCK_N/2 gate
     columns and the same up columns, multiplied in the epilogue (rounded as GEMV + activation.silu_and_mul round them).
     PDL: launched early; the first words are loaded before waiting for the kernel that wrote x.
@@ -261,6 +116,7 @@ def _affine_gemv_kernel(
     MASK: tl.constexpr = (1 << BITS) - 1
     CENTRE: tl.constexpr = 1 << (BITS - 1)
     DT: tl.constexpr = x_ptr.dtype.element_ty
+    LUT_GROUPS: tl.constexpr = 4 if GROUPS == 4 else 2      # a table loop's packed sums a tile
     pdl_launch_dependents(PDL)
     # --- which row, columns and K range
     pid_m = tl.program_id(0)
@@ -277,33 +133,47 @@ def _affine_gemv_kernel(
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         kt = t * TILE_K
         part = tl.zeros((RS, BLOCK_N), dtype=tl.float32)
-        xsum = tl.zeros((RS,), dtype=tl.float32)
-        acc_h = tl.zeros((RS, BLOCK_N), dtype=tl.int32)       # packed-half sums (0 is +0, +0): TILE_SUMS, H2 table
-        acc_h2 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)      # codes (acc_h a tile's first half, this its second)
-        if H2 and MODE == 1:                     # table codes: each half of a word one scale group
-            s_lo, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-            s_hi, zb = load_scales(sz_ptr, (kt + HALF * R) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+        xsum = tl.zeros((RS,), dtype=tl.float32)              # by scale group (GROUPS > 1)
+        xsum1 = tl.zeros((RS,), dtype=tl.float32)
+        xsum2 = tl.zeros((RS,), dtype=tl.float32)
+        xsum3 = tl.zeros((RS,), dtype=tl.float32)
+        acc_h = tl.zeros((RS, BLOCK_N), dtype=tl.int32)       # packed-half sums (0 is +0, +0), by lanes of groups
+        acc_h1 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
+        acc_h2 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
+        acc_h3 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
+        if H2 and MODE == 1:                     # table codes: a scale group a packed sum (GROUPS 2 or 4)
+            s_0, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+            s_1, zb = load_scales(sz_ptr, (kt + TILE_K // LUT_GROUPS) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+            if LUT_GROUPS == 4:
+                s_2, zb = load_scales(sz_ptr, (kt + 2 * TILE_K // 4) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+                s_3, zb = load_scales(sz_ptr, (kt + 3 * TILE_K // 4) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
         for a in tl.static_range(R // RS):
             rows = t * R + a * RS + offs_r
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
                         eviction_policy="evict_first")
             pdl_wait(PDL)                        # (returns at once after the first time)
             if H2 and MODE == 1:
-                acc_h, acc_h2 = _h2_lut_word_sums(p, acc_h, acc_h2, x_row, perm_ptr, kt + a * RS + offs_r, K, lut_ptr,
-                                                  R, HAS_PERM, EVEN_K)
+                acc_h, acc_h1, acc_h2, acc_h3 = lut_word_sums(p, acc_h, acc_h1, acc_h2, acc_h3, x_row, perm_ptr,
+                                                              kt + a * RS + offs_r, K, lut_ptr, R, HAS_PERM, EVEN_K,
+                                                              LUT_GROUPS)
             elif H2:
-                d, xs = _h2_word_dots(p, acc_h, x_row, perm_ptr, kt + a * RS + offs_r, K, R, BITS, HAS_PERM, EVEN_K,
-                                      TILE_SUMS)
+                d, acc_h1, xs, xs1, xs2, xs3 = word_dots(p, acc_h, acc_h1, x_row, perm_ptr, kt + a * RS + offs_r, K,
+                                                         R, BITS, HAS_PERM, EVEN_K, TILE_SUMS, GROUPS)
                 if TILE_SUMS:
                     acc_h = d
                 else:
                     part += d
                 xsum += xs
+                if GROUPS > 1:
+                    xsum1 += xs1
+                if GROUPS > 2:
+                    xsum2 += xs2
+                    xsum3 += xs3
             else:
                 p_hi = p.to(tl.uint32, bitcast=True) >> 16
                 for i in tl.static_range(PACK):
                     k = kt + i * R + a * RS + offs_r
-                    x = _load_x(x_row, perm_ptr, k, K, HAS_PERM, EVEN_K).to(tl.float32)
+                    x = load_x(x_row, perm_ptr, k, K, HAS_PERM, EVEN_K).to(tl.float32)
                     word = p if i < HALF else p_hi.to(tl.int32, bitcast=True)
                     if MODE == 0:
                         # the float 2**(23 - bits*j) + code, exactly (magic = 0x4B000000, the float 2**23, is a
@@ -335,23 +205,38 @@ def _affine_gemv_kernel(
                         q = f - (1 << (23 - BITS * (i % HALF)))
                         acc += x[:, None] * (q * s.to(tl.float32) + zb.to(tl.float32))
         # --- once per tile: scale, and the zero point times the activations' sum
-        if H2 and MODE == 1:                     # the halved table's sums, each half's rows in packed halves
-            acc_n += _h2_lanes(tl.reduce(acc_h, 0, _h2_add)) * (s_lo.to(tl.float32) * 2.0)
-            acc_n += _h2_lanes(tl.reduce(acc_h2, 0, _h2_add)) * (s_hi.to(tl.float32) * 2.0)
-        if TILE_SCALE:
-            s, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-            s = s.to(tl.float32)
-            ps = tl.sum(_h2_lanes(acc_h) if H2 and TILE_SUMS else part, axis=0)
-            if H2:                     # part = sum x (q - C) / D: w = (q - C) s + (C s + zbias)
-                acc_n += ps * (s * H2_SCALE)
-                if HAS_ZB:
-                    acc_n += tl.sum(xsum, axis=0) * (zb.to(tl.float32) + CENTRE * s)
-                elif ZERO != CENTRE:
-                    acc_n += tl.sum(xsum, axis=0) * ((CENTRE - ZERO) * s)
-            elif HAS_ZB:
-                acc_n += ps * s + tl.sum(xsum, axis=0) * zb.to(tl.float32)
+        g0 = kt // GS
+        if H2 and MODE == 1:                     # the halved table's sums, each group's rows in packed halves
+            acc_n += lanes(tl.reduce(acc_h, 0, h2_add)) * (s_0.to(tl.float32) * 2.0)
+            acc_n += lanes(tl.reduce(acc_h1, 0, h2_add)) * (s_1.to(tl.float32) * 2.0)
+            if LUT_GROUPS == 4:
+                acc_n += lanes(tl.reduce(acc_h2, 0, h2_add)) * (s_2.to(tl.float32) * 2.0)
+                acc_n += lanes(tl.reduce(acc_h3, 0, h2_add)) * (s_3.to(tl.float32) * 2.0)
+        elif H2 and GROUPS == 2:                 # lanes: groups 0, 1
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h, False), axis=0), xsum, sz_ptr, g0, offs_n, mask_n, N, ZERO,
+                               HAS_ZB, DT, H2_SCALE, CENTRE)
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h, True), axis=0), xsum1, sz_ptr, g0 + 1, offs_n, mask_n, N,
+                               ZERO, HAS_ZB, DT, H2_SCALE, CENTRE)
+        elif H2 and GROUPS == 4:                 # acc_h's lanes: groups 0, 2; acc_h1's: 1, 3
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h, False), axis=0), xsum, sz_ptr, g0, offs_n, mask_n, N, ZERO,
+                               HAS_ZB, DT, H2_SCALE, CENTRE)
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h1, False), axis=0), xsum1, sz_ptr, g0 + 1, offs_n, mask_n, N,
+                               ZERO, HAS_ZB, DT, H2_SCALE, CENTRE)
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h, True), axis=0), xsum2, sz_ptr, g0 + 2, offs_n, mask_n, N,
+                               ZERO, HAS_ZB, DT, H2_SCALE, CENTRE)
+            acc_n = _add_group(acc_n, tl.sum(lane(acc_h1, True), axis=0), xsum3, sz_ptr, g0 + 3, offs_n, mask_n, N,
+                               ZERO, HAS_ZB, DT, H2_SCALE, CENTRE)
+        elif TILE_SCALE:
+            if H2:                               # part = sum x (q - C) / D: w = (q - C) s + (C s + zbias)
+                ps = tl.sum(lanes(acc_h) if TILE_SUMS else part, axis=0)
+                acc_n = _add_group(acc_n, ps, xsum, sz_ptr, g0, offs_n, mask_n, N, ZERO, HAS_ZB, DT, H2_SCALE, CENTRE)
             else:
-                acc_n += ps * s
+                s, zb = load_scales(sz_ptr, g0, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+                s = s.to(tl.float32)
+                if HAS_ZB:
+                    acc_n += tl.sum(part, axis=0) * s + tl.sum(xsum, axis=0) * zb.to(tl.float32)
+                else:
+                    acc_n += tl.sum(part, axis=0) * s
     # --- epilogue: reduce the RS rows, add bias once, store or accumulate
     pdl_wait(PDL)
     y = tl.sum(acc, axis=0) + acc_n
@@ -415,12 +300,21 @@ GEMV_CONFIGS_TABLE = ((1 << 62, GemvConfig(256, 8, 2, 16.0, 1)),)
 
 def h2_applies(st: AffineState) -> bool:
     """Whether the packed-half (PTX) inner loop can run this weight: fp16 activations, and affine int4/int8
-    codes with one scale per K tile, or 4-bit table codes with one scale per half tile (64 columns)."""
-    if st.dtype != torch.float16:
+    codes with one scale per K tile, or per half tile, or (4-bit) per quarter tile (groups of 32), centred in their
+    fields (AffineState.off_centre), or 4-bit table codes with one scale per half or quarter tile."""
+    if st.dtype != torch.float16 or st.off_centre:
         return False
     if st.mode == AFFINE:
-        return st.tile_scale
-    return st.table_lookup and st.group_size % (st.tile_k // 2) == 0
+        return st.tile_scale or tile_groups(st) in ((2, 4) if st.bits == 4 else (2,))
+    return st.table_lookup and tile_groups(st) in (1, 2, 4)
+
+
+def tile_groups(st: AffineState) -> int:
+    """Scale groups a K tile: 1 where a tile lies inside one group, else tile_k / group (0: groups that do not
+    divide a tile)."""
+    if st.tile_scale:
+        return 1
+    return st.tile_k // st.group_size if st.tile_k % st.group_size == 0 else 0
 
 
 def use_h2(st: AffineState, caps: DeviceCaps) -> bool:
@@ -472,9 +366,10 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert rope is None or (not glu and rope_applies(st, rope, config))
     assert bn % LOCK_COLUMNS == 0
     h2 = use_h2(st, caps) if h2 is None else h2
-    assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K tile " \
-        "or 4-bit table codes with a scale per half tile"
+    assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K, half " \
+        "or (4-bit) quarter tile, or 4-bit table codes with a scale per half or quarter tile"
     table_h2 = h2 and st.mode == LUT
+    groups = max(tile_groups(st), 2) if table_h2 else tile_groups(st) if h2 else 1
     assert not glu or st.n % 2 == 0
     column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
     splits, per = split_k(m * column_blocks, st.num_tiles, caps.sm_count, waves, min_tiles)
@@ -490,7 +385,8 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
         x2.stride(0), y.stride(0), BITS=st.bits, R=R, RS=rs, ZERO=st.zero, BLOCK_N=bn, HAS_ZB=st.has_zb,
         HAS_PERM=st.perm is not None, HAS_BIAS=bias is not None, SPLIT_K=splits + lora_split,
         TILE_SCALE=st.tile_scale and not table_h2, EVEN_K=st.k == st.k_pad, MODE=st.mode, H2=h2,
-        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, TILE_SUMS=tile_sums and h2 and not table_h2, GLU=glu,
+        H2_SCALE=H2_DIVISOR[st.bits] if h2 else 16.0, TILE_SUMS=(tile_sums or groups > 1) and h2 and not table_h2,
+        GROUPS=groups, GLU=glu,
         STAGES=stages, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128, **fp8_write_constexprs(rope.fmt if rope else None),
         **(lora.constexprs() if lora is not None else {}),

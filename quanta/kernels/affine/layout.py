@@ -52,6 +52,9 @@ class AffineState:
     mode: int = AFFINE              # AFFINE, LUT (codebook_gemm) or FP8_* (fp8_gemm)
     lut: torch.Tensor | None = None  # float32 [2**bits] for LUT
     lut_bytes: torch.Tensor | None = None  # int32 [24]: lut_byte_words of the table, then twice of it halved
+    # codes narrower than their 8-bit fields, with zero points or mins: they lie far from the field's centre, about
+    # which the GEMV's packed-half loop decodes, and its sums would lose the products' low bits to the offset
+    off_centre: bool = False
     plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)   # plan.choose's cache
 
     @property
@@ -248,10 +251,18 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> Affine
     scales = w.effective_scales()           # bnb int8's post_scale (1/127) folded in
     if w.mins is not None:
         mins = w.mins.float() if w.post_scale is None else w.mins.float() * w.post_scale
-        return pack(codes, bits, group, scales, dtype, zbias=mins, perm=perm)
-    if isinstance(w.zeros, torch.Tensor):
-        return pack(codes, bits, group, scales, dtype, zbias=-scales * w.zeros.float(), perm=perm)
-    return pack(codes, bits, group, scales, dtype, zero=int(w.zeros), perm=perm)
+        st = pack(codes, bits, group, scales, dtype, zbias=mins, perm=perm)
+    elif isinstance(w.zeros, torch.Tensor):
+        st = pack(codes, bits, group, scales, dtype, zbias=-scales * w.zeros.float(), perm=perm)
+    else:
+        # a narrower symmetric code moves to the field's centre exactly (q - z = (q + C - z) - C), where the GEMV's
+        # packed-half loop decodes about the centre and keeps its products' precision
+        centre, zero = 1 << (bits - 1), int(w.zeros)
+        if w.bits < bits and 0 <= zero <= centre:
+            codes, zero = codes + (centre - zero), centre
+        st = pack(codes, bits, group, scales, dtype, zero=zero, perm=perm)
+    st.off_centre = bits == 8 and w.bits < 8 and st.has_zb
+    return st
 
 
 def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor, dtype: torch.dtype,

@@ -13,7 +13,7 @@ as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i and qh word i h
 """
 from __future__ import annotations
 
-from quanta.kernels.affine.gemv import _pair
+from quanta.kernels.affine.gemv_words import pair as _pair
 from quanta.kernels.triton_support import tl, triton
 
 _LANES_TO_F32 = """mov.b32 {{h0, h1}}, {acc};
