@@ -314,11 +314,19 @@ def test_q4_k_scales_repack_to_the_gguf_packages_scales_and_mins():
     assert np.array_equal(pairs[:, 0::2], sc.reshape(512, 8)) and np.array_equal(pairs[:, 1::2], mn.reshape(512, 8))
 
 
-@pytest.mark.parametrize("name", K_QUANTS + ("IQ4_NL",))
+@pytest.mark.parametrize("name", K_QUANTS + ("IQ4_XS",))
 def test_the_registry_runs_them_on_cuda(name):
     w, _ = make_gguf(8, 256, name, device="cpu")
     module, reason = registry.select(w, torch.device("cuda"), torch.float16)
     assert module is ggml_gemm and "triton_affine: gguf" in reason and "no exact affine form" in reason
+    assert "no codebook form" in reason
+
+
+def test_iq4_nl_runs_on_the_codebook_kernels_in_fp16():
+    """IQ4_NL's exact codebook form (Gguf.to_codebook) takes the table kernels in fp16 (bf16 keeps the ggml ones:
+    test_codebook_gemm's refusal)."""
+    w, _ = make_gguf(8, 256, "IQ4_NL", device="cpu")
+    assert registry.select(w, torch.device("cuda"), torch.float16)[0].NAME == "triton_codebook"
 
 
 def test_the_32_value_affine_types_stay_on_the_affine_kernels():

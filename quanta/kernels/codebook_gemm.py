@@ -1,4 +1,5 @@
-"""Codebook (bitsandbytes NF4 / FP4) weights times fp16/bf16 activations: the affine kernels with a table.
+"""Codebook (bitsandbytes NF4 / FP4, GGUF IQ4_NL) weights times fp16/bf16 activations: the affine kernels with a
+table.
 
 `prepare()` packs the codes as the affine kernels do and they run in MODE=LUT (prepare says how); `apply` takes
 its path by M from the affine plan (affine/plan.py).
@@ -13,12 +14,20 @@ from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.triton_support import why_not_device
+from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds.codebook import Codebook
+from quanta.quant.kinds.gguf import Gguf
 
 NAME = "triton_codebook"
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
+    if isinstance(weight, Gguf):
+        if weight.type.name != "iq4_nl":
+            return f"gguf {weight.type.name}: no codebook form (IQ4_NL has one)"
+        if dtype != torch.float16:
+            return "IQ4_NL's scales are fp16 values, exact as the kernels' scales in fp16 only"
+        return why_not_device(device, dtype)
     if not isinstance(weight, Codebook):
         return "not a codebook weight"
     k = weight.shape[1]
@@ -29,8 +38,9 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     return why_not_device(device, dtype)
 
 
-def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> AffineState:
-    """The weight in the affine kernels' layout, run as a table (MODE=LUT).
+def prepare(weight: Codebook | Gguf, device: torch.device, dtype: torch.dtype) -> AffineState:
+    """The weight in the affine kernels' layout, run as a table (MODE=LUT); a GGUF IQ4_NL weight by its exact
+    codebook form (Gguf.to_codebook: 4-bit codes and an fp16 scale a block of 32, the file's bytes).
 
     When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
     are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. The codes are packed exactly as the
@@ -39,6 +49,11 @@ def prepare(weight: Codebook, device: torch.device, dtype: torch.dtype) -> Affin
     and the dequantize kernel look 4-bit codes up by byte permutes in registers; the split-K tl.dot kernel and the
     fp32 GEMV loop gather the 16-entry table per code (served from L1) in place of the magic-number conversion."""
     w = weight.to(device)
+    if isinstance(w, Gguf):
+        w = w.to_codebook()
+        if w is None:
+            raise UnsupportedError(f"gguf {weight.type.name} {list(weight.shape)}: a block scale times 128 leaves "
+                                   "fp16's range")
     n, k = w.shape
     absmax = w.block_absmax().reshape(n, k // w.blocksize)
     group = w.blocksize if absmax.shape[1] > 1 else None

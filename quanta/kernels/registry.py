@@ -43,8 +43,9 @@ CANDIDATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("gguf", "cpu"): ("quanta.cpu.vnni", "quanta.cpu.int4",                   # Q4_0, Q4_1, Q8_0 at their bytes
                       "quanta.cpu.ggml", "quanta.cpu.int8",                   # on cpu_vnni (else Q4_1 on torch's
                       "quanta.cpu.rows", "quanta.kernels.dequantized"),       # int4); the rest as stored
-    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.ggml_gemm",        # Q4_0..Q8_0 converted exactly;
-                       "quanta.kernels.dequantized"),                               # K-quants, IQ4 at their bytes
+    ("gguf", "cuda"): ("quanta.kernels.affine", "quanta.kernels.codebook_gemm",    # Q4_0..Q8_0, IQ4_NL (fp16)
+                       "quanta.kernels.ggml_gemm", "quanta.kernels.dequantized"),   # converted exactly; the rest
+                                                                                    # at their bytes
     ("codebook", "cpu"): ("quanta.cpu.lut", "quanta.cpu.rows", "quanta.kernels.dequantized"),
     ("codebook", "cuda"): ("quanta.kernels.codebook_gemm", "quanta.kernels.dequantized"),
     ("fp8", "cpu"): ("quanta.cpu.lut", "quanta.cpu.rows", "quanta.kernels.dequantized"),

@@ -22,6 +22,9 @@ LUT_BYTES = 16 * 4 + 24 * 4               # codebook table: float32 [16] + its b
 # (K-quants, IQ4) run at their blocks' bytes. Other types are dequantized.
 GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affine"
 GGUF_ON_GGML_KERNELS = "quanta.kernels.ggml_gemm" in CANDIDATES[("gguf", "cuda")]
+# IQ4_NL runs on the codebook kernels in fp16 (Gguf.to_codebook; bf16 keeps its blocks, the same bytes up to K's
+# padding to a tile)
+GGUF_ON_CODEBOOK_KERNELS = ("iq4_nl",) if "quanta.kernels.codebook_gemm" in CANDIDATES[("gguf", "cuda")] else ()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -73,14 +76,16 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
 
 
 def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
-    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form, the blocks'
-    own bytes for the types the ggml kernels decode (as they hold them: layout.held_block_bytes), else the dequantized
+    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form (IQ4_NL's codebook
+    form: the same layout and a table), the blocks' own bytes for the types the ggml kernels decode (as they hold them: layout.held_block_bytes), else the dequantized
     16-bit copy."""
     t = GGML_TYPES_BY_NAME[ggml_type]
     if k % t.block_size:
         return n * k * e
     if t.affine is not None and GGUF_ON_AFFINE_KERNELS:
         return pack_bytes(n, k, t.affine.bits, t.block_size, symmetric=t.affine.zero is not None)
+    if t.name in GGUF_ON_CODEBOOK_KERNELS:
+        return pack_bytes(n, k, 4, t.block_size, True) + LUT_BYTES
     if t.name in GGML_LAYOUTS and GGUF_ON_GGML_KERNELS:
         return n * (k // t.block_size) * held_block_bytes(GGML_LAYOUTS[t.name])
     return n * k * e

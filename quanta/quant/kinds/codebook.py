@@ -32,7 +32,7 @@ class Codebook(QTensor, kind="codebook", shape_of="codes"):
     blocksize: int
     absmax: torch.Tensor                        # float32 [num_blocks], or uint8 codes with double quant
     shape: tuple[int, int] = None
-    quant_type: str = "nf4"                     # "nf4" | "fp4" | "custom"
+    quant_type: str = "nf4"                     # "nf4" | "fp4" | "custom" | "iq4_nl" (Gguf.to_codebook)
     nested_table: torch.Tensor | None = None    # float32 [256]
     nested_absmax: torch.Tensor | None = None   # float32 [ceil(num_blocks / nested_blocksize)]
     nested_blocksize: int = 256

@@ -4,7 +4,8 @@
     W[n, k] = decode(block k // block_size of row n)[k % block_size]
 
 Blocks run along K inside a row, so rows can be selected or permuted without decoding (`take_rows`).
-The legacy types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 also have an exactly equal `Affine` form.
+The legacy types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 also have an exactly equal `Affine` form, IQ4_NL a `Codebook`
+one.
 """
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import torch
 from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ShapeError, UnsupportedError
 from quanta.quant.ggml.blocks import legacy_codes
+from quanta.quant.ggml.iquants import IQ4_NL_VALUES
 from quanta.quant.ggml.types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.codebook import Codebook
 from quanta.quant.qtensor import AffineScheme, QTensor
 
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
+IQ4_TABLE_SCALE = 128.0     # a power of two: moving it from table to scale is exact
 
 
 @dataclass(eq=False, repr=False)
@@ -78,6 +82,26 @@ class Gguf(QTensor, kind="gguf"):
             return blocks[:, at:at + 2].contiguous().view(torch.float16).view(n, k // 32)
         return Affine(codes=codes.view(n, k), scales=half(0), bits=bits, group_size=32,
                       zeros=zero, mins=half(2) if zero is None else None, shape=(n, k))
+
+    def to_codebook(self) -> Codebook | None:
+        """The exactly equal Codebook form of IQ4_NL (None for other types): ggml's 16 kvalues as the table and each
+        block's fp16 d as its absmax, both by 128 (kvalues / 128 within [-1, 1], as NF4's table; d * 128 still an
+        fp16 value, so table[q] * absmax rounds to the same fp16 as d * kvalue); None where some d * 128 would leave
+        fp16's range."""
+        if self.type.name != "iq4_nl":
+            return None
+        n, k = self.shape
+        blocks = self.data.reshape(-1, self.type.type_size)
+        d = blocks[:, :2].contiguous().view(torch.float16).float().view(-1)
+        if not bool((d.abs() * IQ4_TABLE_SCALE < 65504).all()):
+            return None
+        codes = torch.empty(blocks.shape[0], 32, dtype=torch.uint8, device=self.data.device)
+        step = chunk_rows(32, self.data.device)                 # blocks per pass: bounded scratch
+        for start in range(0, blocks.shape[0], step):
+            codes[start:start + step] = legacy_codes("iq4_nl", blocks[start:start + step])
+        table = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=self.data.device) / IQ4_TABLE_SCALE
+        return Codebook(codes=codes.view(n, k), table=table, blocksize=32, absmax=d * IQ4_TABLE_SCALE, shape=(n, k),
+                        quant_type="iq4_nl")
 
     def affine_scheme(self) -> AffineScheme | None:
         if self.type.affine is None:
