@@ -185,3 +185,29 @@ def test_validation_errors():
         Gguf(data, 4, (4, 64))
     with pytest.raises(UnsupportedError, match="i8"):
         Gguf(data, int(T.I8), (4, 36)).dequantize()
+
+
+def test_decoder_tables_are_made_once_a_device():
+    """The decoders' constant tables (IQ4's values, the i-quant grids and sign tables) are copied to a device once,
+    so that a decode inside a captured CUDA graph makes no copy from host memory (the GPU test below)."""
+    from quanta.quant.ggml import blocks, iquants
+    cpu = torch.device("cpu")
+    assert blocks.lut(iquants.IQ4_NL_VALUES, cpu) is blocks.lut(iquants.IQ4_NL_VALUES, "cpu")
+    assert iquants.grid("IQ2_XXS", cpu) is iquants.grid("IQ2_XXS", cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [t for t in ORACLE_TYPES if t not in (T.F32, T.F16)], ids=lambda t: t.name)
+def test_row_lookup_runs_inside_a_captured_cuda_graph(t):
+    """A GGUF embedding's rows decoded inside a captured CUDA graph, as a decode step's token lookup is: the replay
+    gives the rows decoded eagerly (the capture fails on any host-to-device copy)."""
+    block = GGML_QUANT_SIZES[t][0]
+    w = as_gguf(random_blocks(t, 16, 2), t).to("cuda")
+    ids = torch.tensor([3, 0, 7, 3], device="cuda")
+    eager = w.take_rows(ids).dequantize(torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w.take_rows(ids).dequantize(torch.float16)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.shape == (4, 2 * block) and torch.equal(out.nan_to_num(), eager.nan_to_num())

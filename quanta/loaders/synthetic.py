@@ -62,7 +62,11 @@ SHAPES = {
 # Byte offsets of the float16 scale fields in one block of each ggml type synthetic models make:
 # random bytes elsewhere are valid codes, random float16 scales could be inf / nan.
 GGUF_SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
-                      "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,)}
+                      "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,),
+                      "iq4_nl": (0,), "iq4_xs": (0,)}
+# What a unit scale spreads a type's values over, where not its codes' (within 8 in blocks of 32, else 16): IQ4's
+# table reaches 127 (about 64 in the mean), and IQ4_XS's sub-block scales (ls - 32) multiply that by up to 32.
+GGUF_SPREAD = {"iq4_nl": 64, "iq4_xs": 64 * 16}
 
 
 def is_synthetic(model: str) -> bool:
@@ -195,7 +199,7 @@ def random_gguf(type_name: str, shape: tuple[int, int], std: float, gen: torch.G
     n, k = shape
     blocks = torch.randint(0, 256, (n * k // t.block_size, t.type_size), generator=gen, device=device,
                            dtype=torch.uint8)
-    step = std / (8 if t.block_size == 32 else 16)
+    step = std / GGUF_SPREAD.get(type_name, 8 if t.block_size == 32 else 16)
     for at in GGUF_SCALE_OFFSETS[type_name]:
         scale = (step * (0.5 + torch.rand(blocks.shape[0], generator=gen, device=device))).to(torch.float16)
         blocks[:, at:at + 2] = scale.view(torch.uint8).view(-1, 2)

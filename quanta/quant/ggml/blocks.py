@@ -8,6 +8,7 @@ to `gguf.quants.dequantize` (and so to ggml's `dequantize_row_*`). Layouts: ggml
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -55,9 +56,16 @@ def bits_of(x: torch.Tensor, n: int) -> torch.Tensor:
     return (x.unsqueeze(-1) >> torch.arange(n, device=x.device)) & 1
 
 
+@functools.cache
+def const(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor on `device`, made once a device: the decoders also run while a CUDA graph is
+    captured (a GGUF embedding's row lookup in a decode step), where a copy from host memory would fail."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def lut(values: list[float], device: torch.device) -> torch.Tensor:
-    """A float32 lookup table on `device`."""
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    """A float32 lookup table on `device` (const's)."""
+    return const(tuple(values), torch.float32, torch.device(device))
 
 
 # --- float types ----------------------------------------------------------------------------------
@@ -77,7 +85,7 @@ def bf16_blocks(b):
 
 
 # --- legacy 32-element blocks ---------------------------------------------------------------------
-_BIT = torch.arange(8, dtype=torch.uint8)
+_BIT = tuple(range(8))
 
 
 def legacy_codes(name: str, b: torch.Tensor) -> torch.Tensor:
@@ -85,7 +93,7 @@ def legacy_codes(name: str, b: torch.Tensor) -> torch.Tensor:
     qs = b[:, -16:]
     q = torch.cat([qs & 0xF, qs >> 4], dim=1)                    # uint8 throughout: one byte per code
     if name in ("q5_0", "q5_1"):
-        qh = b[:, -20:-16].unsqueeze(-1) >> _BIT.to(b.device)     # bit j of the u32 is element j's 5th bit
+        qh = b[:, -20:-16].unsqueeze(-1) >> const(_BIT, torch.uint8, b.device)   # bit j of the u32: element j's 5th
         q |= (qh & 1).view(-1, 32) << 4
     return q
 
@@ -202,7 +210,7 @@ def tq1_0(b):
     """qs[48] (5 trits/byte), qh[4] (4 trits/byte), d: (t - 1) * d."""
     n = b.shape[0]
     qs, qh, d = split(b, 48, 4)
-    pow3 = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int32, device=b.device)
+    pow3 = const((1, 3, 9, 27, 81), torch.int32, b.device)
 
     def trits(x, k):   # each byte holds k base-3 digits as a fixed-point fraction of 256
         return ((x.to(torch.int32).view(n, 1, -1) * pow3[:k].view(1, k, 1)) & 0xFF).reshape(n, -1)

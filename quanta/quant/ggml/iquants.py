@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from quanta.quant.ggml.blocks import bits_of, f16, lut, u16, u32, unpack
+from quanta.quant.ggml.blocks import bits_of, const, f16, lut, u16, u32, unpack
 
 IQ4_NL_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
 IQ1_DELTA = 0.125
@@ -29,8 +29,10 @@ def _grid_cpu(source: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)[idx.reshape(-1)].view(*cls.grid_shape)
 
 
+@functools.cache
 def grid(source: str, device: torch.device) -> torch.Tensor:
-    """The codebook of gguf.quants class `source` as float32 [entries, 4 or 8] on `device`."""
+    """The codebook of gguf.quants class `source` as float32 [entries, 4 or 8] on `device`, copied there once (as
+    blocks.const's tables)."""
     return _grid_cpu(source).to(device)
 
 
@@ -42,7 +44,12 @@ def _ksigns_cpu() -> torch.Tensor:
 
 def signs(idx: torch.Tensor) -> torch.Tensor:
     """+-1.0 for each of 8 elements from 7-bit ksigns indices idx [...], as float32 [..., 8]."""
-    return sign_bits(_ksigns_cpu().to(idx.device)[idx])
+    return sign_bits(_ksigns_on(idx.device)[idx])
+
+
+@functools.cache
+def _ksigns_on(device: torch.device) -> torch.Tensor:
+    return _ksigns_cpu().to(device)
 
 
 def sign_bits(x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +63,7 @@ def iq2_xxs(b):
     d, raw = f16(b[:, :2]), b[:, 2:]
     aux = u32(raw).view(n, 8, 2)                     # per 32 elements: 4 grid bytes, then signs+scale
     db = (d * (0.5 + (aux[..., 1] >> 28).float()) * 0.25).view(n, 8, 1, 1)
-    sg = signs((aux[..., 1].unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=b.device)) & 0x7F)
+    sg = signs((aux[..., 1].unsqueeze(-1) >> const((0, 7, 14, 21), torch.int64, b.device)) & 0x7F)
     g = grid("IQ2_XXS", b.device)[raw.reshape(n, 8, 8)[..., :4].long()]
     return (db * g * sg).reshape(n, 256)
 
@@ -87,7 +94,7 @@ def iq3_xxs(b):
     n = b.shape[0]
     d, qs, aux = f16(b[:, :2]), b[:, 2:66], u32(b[:, 66:])
     db = (d * (0.5 + (aux >> 28).float()) * 0.5).view(n, 8, 1, 1)
-    sg = signs((aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=b.device)) & 0x7F)
+    sg = signs((aux.unsqueeze(-1) >> const((0, 7, 14, 21), torch.int64, b.device)) & 0x7F)
     g = grid("IQ3_XXS", b.device)[qs.long()].view(n, 8, 4, 8)
     return (db * g * sg).reshape(n, 256)
 
@@ -109,7 +116,7 @@ def iq1_s(b):
     d, qs, qh = f16(b[:, :2]), b[:, 2:34], u16(b[:, 34:])
     dl = (d * (2 * ((qh >> 12) & 7) + 1).float()).view(n, 8, 1, 1)
     delta = torch.where((qh & 0x8000) == 0, IQ1_DELTA, -IQ1_DELTA).view(n, 8, 1, 1)
-    high = (qh.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=b.device)) & 7
+    high = (qh.unsqueeze(-1) >> const((0, 3, 6, 9), torch.int64, b.device)) & 7
     idx = qs.to(torch.int32) | (high.reshape(n, 32) << 8)
     g = grid("IQ1_S", b.device)[idx.long()].view(n, 8, 4, 8)
     return (dl * (g + delta)).reshape(n, 256)
@@ -122,7 +129,7 @@ def iq1_m(b):
     # the f16 super-block scale is spread over the top nibbles of the four scale words
     dbits = (sc[:, 0] >> 12) | ((sc[:, 1] & 0xF000) >> 8) | ((sc[:, 2] & 0xF000) >> 4) | (sc[:, 3] & 0xF000)
     d = f16(torch.stack([dbits & 0xFF, dbits >> 8], dim=1).to(torch.uint8))
-    sub = (sc.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=b.device)) & 7
+    sub = (sc.unsqueeze(-1) >> const((0, 3, 6, 9), torch.int64, b.device)) & 7
     dl = (d * (2 * sub.reshape(n, 16) + 1).float()).view(n, 8, 2, 1, 1)
     delta = torch.where((qh & 0x08) == 0, IQ1_DELTA, -IQ1_DELTA).view(n, 8, 2, 2, 1)
     idx = qs.to(torch.int32) | ((qh & 7) << 8)
