@@ -99,42 +99,62 @@ def test_gpu_nf4_packed_half_gemv(n, k, blocksize, m):
     assert rel_err(gemv.matmul(x, st, h2=True), ref) < TOL[torch.float16]
 
 
-def _iq4_nl(n, k, seed=0, device=DEVICE):
+def _iq4(name, n, k, seed=0, device=DEVICE):
     from test_ggml_gemm import make_gguf
-    w, ref = make_gguf(n, k, "IQ4_NL", seed=seed, device=device)
+    w, ref = make_gguf(n, k, name.upper(), seed=seed, device=device)
     return w, ref.to(device)
 
 
-def test_iq4_nl_codebook_form_is_exact():
-    """GGUF IQ4_NL as a codebook (kvalues / 128, d * 128 a block): every weight the `gguf` package's dequantization,
-    in float32 and rounded to fp16; the form holds the file's bytes (4-bit codes, an fp16 scale a block of 32)."""
-    w, ref = _iq4_nl(40, 288, seed=3)
+IQ4 = ["iq4_nl", "iq4_xs"]
+IQ4_K = {"iq4_nl": 288, "iq4_xs": 512}        # IQ4_NL: 9 blocks (a partial last tile); IQ4_XS: 2 super-blocks
+
+
+@pytest.mark.parametrize("name", IQ4)
+def test_iq4_codebook_form_is_exact(name):
+    """GGUF IQ4 as a codebook (kvalues / 128, its blocks' scales by 128): every weight the `gguf` package's
+    dequantization, in float32 and rounded to fp16; the kernels' layout holds the file's bytes (4-bit codes, and an
+    fp16 scale a block of 32, or IQ4_XS's d and 6-bit scales in two words a super-block)."""
+    w, ref = _iq4(name, 40, IQ4_K[name], seed=3)
     cb = w.to_codebook()
     assert torch.equal(cb.dequantize(torch.float32), ref)
     assert torch.equal(cb.dequantize(torch.float16), ref.half())
-    w, _ = _iq4_nl(40, 256)                                  # K a whole number of tiles: no padding
+    w, _ = _iq4(name, 40, 512)                                   # K a whole number of tiles: no padding
     st = codebook_gemm.prepare(w, DEVICE, torch.float16)
     assert st.group_size == 32 and st.packed.numel() * 4 + st.sz.numel() * 4 == w.nbytes
 
 
+def test_iq4_xs_scale_words_give_each_groups_scale(monkeypatch):
+    """The dequantize kernel (its table lookup by the emulator, scales by load_scales' super-scaled words) gives
+    IQ4_XS's weights: gguf's, within the fp16 roundings of the scale d * (ls - 32) and of the weight."""
+    import ptx_emulator
+    ptx_emulator.install(monkeypatch)
+    w, ref = _iq4("iq4_xs", 24, 512, seed=5)
+    st = codebook_gemm.prepare(w, DEVICE, torch.float16)
+    got = cublas.dequantize_t(st, cublas.DequantConfig(block_n=32), lookup=True).t()
+    assert rel_err(got, ref) < 1e-3
+
+
+@pytest.mark.parametrize("name", IQ4)
 @pytest.mark.parametrize("path,m,h2", [("gemv", 1, True), ("gemv", 2, True), ("gemv", 1, False), ("splitk", 5, None),
                                        ("cublas", 3, None)])
-def test_iq4_nl_on_the_codebook_paths(path, m, h2, monkeypatch):
-    """IQ4_NL through the table kernels (the GEMV's four packed sums a tile for groups of 32, its PTX run by the
-    emulator) against the `gguf` package's dequantization, K not a multiple of the tile."""
+def test_iq4_on_the_codebook_paths(name, path, m, h2, monkeypatch):
+    """IQ4 through the table kernels (the GEMV's four packed sums a tile for groups of 32, its PTX run by the
+    emulator) against the `gguf` package's dequantization."""
     import ptx_emulator
     from quanta.kernels.affine import gemv
     ptx_emulator.install(monkeypatch)
-    w, ref = _iq4_nl(40, 288, seed=m)
+    k = IQ4_K[name]
+    w, ref = _iq4(name, 40, k, seed=m)
     st = codebook_gemm.prepare(w, DEVICE, torch.float16)
-    x = torch.randn(m, 288, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
     y = gemv.matmul(x, st, config=(32, 8, 2, 64.0, 1), h2=h2) if path == "gemv" else plan.matmul(x, st, path=path)
     assert rel_err(y, x.double() @ ref.double().T) < TOL[torch.float16]
 
 
-def test_iq4_nl_takes_the_codebook_kernels_in_fp16_only():
+@pytest.mark.parametrize("name", IQ4)
+def test_iq4_takes_the_codebook_kernels_in_fp16_only(name):
     """The codebook form's scales are exact in fp16: bf16 and the other ggml types are refused with the reason."""
-    w, _ = _iq4_nl(8, 64)
+    w, _ = _iq4(name, 8, 256)
     assert "fp16" in codebook_gemm.supports(w, torch.device("cuda"), torch.bfloat16)
     from test_ggml_gemm import make_gguf
     q4k, _ = make_gguf(8, 256, "Q4_K")
@@ -142,11 +162,13 @@ def test_iq4_nl_takes_the_codebook_kernels_in_fp16_only():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", IQ4)
 @pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336)])
 @pytest.mark.parametrize("m", [1, 2, 16, 256])
-def test_gpu_iq4_nl_llama(n, k, m):
-    """IQ4_NL on the planned codebook path at Llama-3-8B shapes (the GEMV's groups of 32 at M = 1) against gguf."""
-    w, ref = _iq4_nl(n, k, device="cuda")
+def test_gpu_iq4_llama(name, n, k, m):
+    """IQ4 on the planned codebook path at Llama-3-8B shapes (the GEMV's groups of 32 at M = 1, the MMA kernel, the
+    dequantize kernel) against gguf."""
+    w, ref = _iq4(name, n, k, device="cuda")
     st = codebook_gemm.prepare(w, "cuda", torch.float16)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     assert rel_err(codebook_gemm.apply(x, st), x.double() @ ref.double().T) < TOL[torch.float16]

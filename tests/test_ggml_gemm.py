@@ -266,9 +266,13 @@ def test_held_at_the_files_bytes(name):
     assert w.nbytes == file_bytes
     assert st.nbytes == {"Q4_K": file_bytes * 148 // 144, "Q5_K": file_bytes * 180 // 176}.get(name, file_bytes)
     assert st.nbytes <= 1.03 * file_bytes
-    if name in K_QUANTS or name == "IQ4_NL":         # the types the plan puts on these kernels
-        lower = name.lower()
-        assert gguf_gemm_bytes(n, k, lower[:-1] + "K" if lower.endswith("_k") else lower, 2) == st.nbytes
+    lower = name.lower()
+    if name in K_QUANTS and not name.startswith("IQ4"):         # the types the plan puts on these kernels
+        assert gguf_gemm_bytes(n, k, lower[:-1] + "K", 2) == st.nbytes
+    elif name.startswith("IQ4"):                                # fp16 runs them on the codebook kernels
+        from quanta.engine.memory_report import held_bytes
+        from quanta.kernels import codebook_gemm
+        assert gguf_gemm_bytes(n, k, lower, 2) == held_bytes(codebook_gemm.prepare(w, DEVICE, torch.float16))
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
@@ -314,7 +318,7 @@ def test_q4_k_scales_repack_to_the_gguf_packages_scales_and_mins():
     assert np.array_equal(pairs[:, 0::2], sc.reshape(512, 8)) and np.array_equal(pairs[:, 1::2], mn.reshape(512, 8))
 
 
-@pytest.mark.parametrize("name", K_QUANTS + ("IQ4_XS",))
+@pytest.mark.parametrize("name", [n for n in K_QUANTS if not n.startswith("IQ4")])
 def test_the_registry_runs_them_on_cuda(name):
     w, _ = make_gguf(8, 256, name, device="cpu")
     module, reason = registry.select(w, torch.device("cuda"), torch.float16)
@@ -322,10 +326,11 @@ def test_the_registry_runs_them_on_cuda(name):
     assert "no codebook form" in reason
 
 
-def test_iq4_nl_runs_on_the_codebook_kernels_in_fp16():
-    """IQ4_NL's exact codebook form (Gguf.to_codebook) takes the table kernels in fp16 (bf16 keeps the ggml ones:
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_runs_on_the_codebook_kernels_in_fp16(name):
+    """IQ4's exact codebook form (Gguf.to_codebook) takes the table kernels in fp16 (bf16 keeps the ggml ones:
     test_codebook_gemm's refusal)."""
-    w, _ = make_gguf(8, 256, "IQ4_NL", device="cpu")
+    w, _ = make_gguf(8, 256, name, device="cpu")
     assert registry.select(w, torch.device("cuda"), torch.float16)[0].NAME == "triton_codebook"
 
 

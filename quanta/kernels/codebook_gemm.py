@@ -1,4 +1,4 @@
-"""Codebook (bitsandbytes NF4 / FP4, GGUF IQ4_NL) weights times fp16/bf16 activations: the affine kernels with a
+"""Codebook (bitsandbytes NF4 / FP4, GGUF IQ4_NL / IQ4_XS) weights times fp16/bf16 activations: the affine kernels with a
 table.
 
 `prepare()` packs the codes as the affine kernels do and they run in MODE=LUT (prepare says how); `apply` takes
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from quanta.kernels.affine import plan
-from quanta.kernels.affine.layout import LUT, AffineState, R, pack
+from quanta.kernels.affine.layout import LUT, SUPER_SCALED, AffineState, R, pack, super_scale_words
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
 from quanta.kernels.device_caps import device_caps
 from quanta.kernels.lora_epilogue import LoRAEpilogue
@@ -19,14 +19,15 @@ from quanta.quant.kinds.codebook import Codebook
 from quanta.quant.kinds.gguf import Gguf
 
 NAME = "triton_codebook"
+IQ4_TYPES = ("iq4_nl", "iq4_xs")        # the GGUF types with an exact codebook form (Gguf.to_codebook)
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if isinstance(weight, Gguf):
-        if weight.type.name != "iq4_nl":
-            return f"gguf {weight.type.name}: no codebook form (IQ4_NL has one)"
+        if weight.type.name not in IQ4_TYPES:
+            return f"gguf {weight.type.name}: no codebook form (IQ4_NL and IQ4_XS have one)"
         if dtype != torch.float16:
-            return "IQ4_NL's scales are fp16 values, exact as the kernels' scales in fp16 only"
+            return f"{weight.type.name}'s scales are fp16 values, held exactly for fp16 activations only"
         return why_not_device(device, dtype)
     if not isinstance(weight, Codebook):
         return "not a codebook weight"
@@ -39,8 +40,8 @@ def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def prepare(weight: Codebook | Gguf, device: torch.device, dtype: torch.dtype) -> AffineState:
-    """The weight in the affine kernels' layout, run as a table (MODE=LUT); a GGUF IQ4_NL weight by its exact
-    codebook form (Gguf.to_codebook: 4-bit codes and an fp16 scale a block of 32, the file's bytes).
+    """The weight in the affine kernels' layout, run as a table (MODE=LUT); GGUF IQ4_NL / IQ4_XS by their exact
+    codebook form (_prepare_iq4, the file's bytes).
 
     When blocks run along rows (K a multiple of the blocksize, as in every bnb Linear), the flattened blocks
     are groups of K: W[n, k] = table[code] * absmax[n, k // blocksize]. The codes are packed exactly as the
@@ -50,14 +51,24 @@ def prepare(weight: Codebook | Gguf, device: torch.device, dtype: torch.dtype) -
     fp32 GEMV loop gather the 16-entry table per code (served from L1) in place of the magic-number conversion."""
     w = weight.to(device)
     if isinstance(w, Gguf):
-        w = w.to_codebook()
-        if w is None:
-            raise UnsupportedError(f"gguf {weight.type.name} {list(weight.shape)}: a block scale times 128 leaves "
-                                   "fp16's range")
+        return _prepare_iq4(w, dtype)
     n, k = w.shape
     absmax = w.block_absmax().reshape(n, k // w.blocksize)
     group = w.blocksize if absmax.shape[1] > 1 else None
     return pack(w.codes, 4, group, absmax, dtype, mode=LUT, lut=w.table)
+
+
+def _prepare_iq4(w: Gguf, dtype: torch.dtype) -> AffineState:
+    """IQ4_NL / IQ4_XS in the table kernels' layout by their codebook form (Gguf.to_codebook): IQ4_NL's fp16 block
+    scales as the group scales; IQ4_XS's super-block d and 6-bit ls as they are (layout.super_scale_words: the
+    file's bytes), the kernels forming d * (ls - 32) per group (SUPER_SCALED)."""
+    cb = w.to_codebook()
+    if cb is None:
+        raise UnsupportedError(f"gguf {w.type.name} {list(w.shape)}: a block scale times 128 leaves fp16's range")
+    if w.type.name == "iq4_nl":
+        return pack(cb.codes, 4, 32, cb.absmax.view(w.shape[0], -1), dtype, mode=LUT, lut=cb.table)
+    return pack(cb.codes, 4, 32, None, dtype, zero=SUPER_SCALED, mode=LUT, lut=cb.table,
+                scale_words=super_scale_words(*w.iq4_xs_scales()))
 
 
 def apply(x: torch.Tensor, state: AffineState, bias: torch.Tensor | None = None,

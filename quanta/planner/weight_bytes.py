@@ -22,9 +22,10 @@ LUT_BYTES = 16 * 4 + 24 * 4               # codebook table: float32 [16] + its b
 # (K-quants, IQ4) run at their blocks' bytes. Other types are dequantized.
 GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affine"
 GGUF_ON_GGML_KERNELS = "quanta.kernels.ggml_gemm" in CANDIDATES[("gguf", "cuda")]
-# IQ4_NL runs on the codebook kernels in fp16 (Gguf.to_codebook; bf16 keeps its blocks, the same bytes up to K's
-# padding to a tile)
-GGUF_ON_CODEBOOK_KERNELS = ("iq4_nl",) if "quanta.kernels.codebook_gemm" in CANDIDATES[("gguf", "cuda")] else ()
+# IQ4_NL and IQ4_XS run on the codebook kernels in fp16 (Gguf.to_codebook; bf16 keeps their blocks, the same bytes
+# up to K's padding to a tile)
+GGUF_ON_CODEBOOK_KERNELS = ("iq4_nl", "iq4_xs") if "quanta.kernels.codebook_gemm" in CANDIDATES[("gguf", "cuda")] \
+    else ()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -84,8 +85,11 @@ def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
         return n * k * e
     if t.affine is not None and GGUF_ON_AFFINE_KERNELS:
         return pack_bytes(n, k, t.affine.bits, t.block_size, symmetric=t.affine.zero is not None)
-    if t.name in GGUF_ON_CODEBOOK_KERNELS:
+    if t.name == "iq4_nl" and t.name in GGUF_ON_CODEBOOK_KERNELS:          # an fp16 scale a group of 32
         return pack_bytes(n, k, 4, t.block_size, True) + LUT_BYTES
+    if t.name == "iq4_xs" and t.name in GGUF_ON_CODEBOOK_KERNELS:          # codes, a scale word a 128-column tile
+        k_pad = cdiv(k, 128) * 128
+        return n * (k_pad // 2 + k_pad // 32) + LUT_BYTES
     if t.name in GGML_LAYOUTS and GGUF_ON_GGML_KERNELS:
         return n * (k // t.block_size) * held_block_bytes(GGML_LAYOUTS[t.name])
     return n * k * e

@@ -42,7 +42,7 @@ def _affine_dequant_kernel(
     # --- load one tile of words and its scales
     p = tl.load(w_ptr + (t * R + offs_r)[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0)
     if LOOKUP:
-        _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N, GS, R, DT)
+        _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N, GS, R, DT, ZERO)
     else:
         g = ((t * PACK * R + offs_i * R) // GS)[:, None, None]
         s, zb = load_scales(sz_ptr, g, offs_n[None, None, :], mask_n[None, None, :], N, ZERO, HAS_ZB, DT)
@@ -56,7 +56,7 @@ def _affine_dequant_kernel(
 
 @triton.jit
 def _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N, GS, R: tl.constexpr,
-                       DT: tl.constexpr):
+                       DT: tl.constexpr, ZERO: tl.constexpr = 0):
     """The dequantize kernel's tile of 4-bit table codes: each word's 8 entries by _LUT_WORD (four pairs of 16-bit
     entries in DT), times their group's scale in fp32, rounded once to DT, stored at rows t * TILE_K + i * R + r."""
     lut = load_lut_words(lut_ptr)
@@ -67,7 +67,7 @@ def _store_table_codes(p, lut_ptr, sz_ptr, out_ptr, t, offs_r, offs_n, mask_n, N
         for h in tl.static_range(2):
             entry = ((pairs[j] >> (16 * h)) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
             k0 = t * 8 * R + (2 * j + h) * R                       # the code's K slice of the tile
-            s = load_scales(sz_ptr, k0 // GS, offs_n[None, :], mask_n[None, :], N, 0, False, DT)[0]
+            s = load_scales(sz_ptr, k0 // GS, offs_n[None, :], mask_n[None, :], N, ZERO, False, DT)[0]
             rows = k0 + offs_r
             tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], (entry.to(tl.float32) * s.to(tl.float32)).to(DT),
                      mask=mask_n[None, :])

@@ -18,7 +18,7 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
     workspace,
 )
 from quanta.kernels.affine.gemv_words import H2_DIVISOR, h2_add, lane, lanes, load_x, lut_word_sums, word_dots
-from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_scales
+from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_scales, load_tile_super_scales
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
@@ -141,7 +141,9 @@ def _affine_gemv_kernel(
         acc_h1 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
         acc_h2 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
         acc_h3 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
-        if H2 and MODE == 1:                     # table codes: a scale group a packed sum (GROUPS 2 or 4)
+        if H2 and MODE == 1 and ZERO == -1:      # SUPER_SCALED table codes: a tile's 4 scales from two words
+            s_0, s_1, s_2, s_3 = load_tile_super_scales(sz_ptr, t, offs_n, mask_n, N, DT)
+        elif H2 and MODE == 1:                   # table codes: a scale group a packed sum (GROUPS 2 or 4)
             s_0, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             s_1, zb = load_scales(sz_ptr, (kt + TILE_K // LUT_GROUPS) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
             if LUT_GROUPS == 4:

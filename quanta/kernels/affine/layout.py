@@ -15,9 +15,14 @@ from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.triton_support import cdiv, tl, triton, zero_
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds.affine import Affine
+from quanta.quant.kinds.gguf import IQ4_TABLE_SCALE
 from quanta.quant.qtensor import QTensor
 
 AFFINE, LUT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3       # how a code becomes a number (MODE of the kernels)
+# AffineState.zero of table codes whose groups of 32 are scaled by a super-block's fp16 d times a 6-bit ls - 32
+# (GGUF IQ4_XS): load_scales reads super_scale_words' layout; its table is divided by SUPER_TABLE_SCALE
+SUPER_SCALED = -1
+SUPER_TABLE_SCALE = tl.constexpr(IQ4_TABLE_SCALE)
 R = 16                      # word rows per tile: the K of one tensor-core step
 # Output rows packed per pass: the repack's int64 temporaries stay a few tens of MB whatever N is, so the
 # load's transient is the canonical codes alone (the memory plan's load_peak counts on it).
@@ -91,8 +96,40 @@ class AffineState:
 # --- decoding in registers, shared by the paths ---------------------------------------------------
 
 @triton.jit
+def _super_d(word, other, first):
+    """A super-block's d (float32) from its two scale words (byte 0 of d's bits in the first one's top byte)."""
+    lo = tl.where(first, word, other)
+    hi = tl.where(first, other, word)
+    d_bits = ((lo >> 24) & 0xFF) | (((hi >> 24) & 0xFF) << 8)
+    return d_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _super_scale(word, d, i, DT: tl.constexpr):
+    """Group i's scale (of a scale word's 4) d * (ls - 32), times the table's divisor, in DT."""
+    ls = (word >> (6 * i)) & 63
+    return (d * ((ls - 32).to(tl.float32) * SUPER_TABLE_SCALE)).to(DT)
+
+
+@triton.jit
+def load_tile_super_scales(sz_ptr, t, cols, mask, N, DT: tl.constexpr):
+    """The 4 group scales (DT) of K tile t (its 128 columns) of SUPER_SCALED codes, from two loads."""
+    word = tl.load(sz_ptr + t * N + cols, mask=mask, other=0)
+    other = tl.load(sz_ptr + (t ^ 1) * N + cols, mask=mask, other=0)
+    d = _super_d(word, other, t % 2 == 0)
+    return (_super_scale(word, d, 0, DT), _super_scale(word, d, 1, DT), _super_scale(word, d, 2, DT),
+            _super_scale(word, d, 3, DT))
+
+
+@triton.jit
 def load_scales(sz_ptr, g, cols, mask, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, DT: tl.constexpr):
-    """(scale, zbias) in dtype DT of groups g at columns cols (broadcastable), from the int32 scale words."""
+    """(scale, zbias) in dtype DT of groups g at columns cols (broadcastable), from the int32 scale words; ZERO ==
+    SUPER_SCALED: groups of 32 scaled d * (ls - 32) (IQ4_XS, super_scale_words' layout; zbias 0)."""
+    if ZERO == -1:                                   # SUPER_SCALED
+        word = tl.load(sz_ptr + (g // 4) * N + cols, mask=mask, other=0)
+        other = tl.load(sz_ptr + ((g // 4) ^ 1) * N + cols, mask=mask, other=0)
+        s = _super_scale(word, _super_d(word, other, (g // 4) % 2 == 0), g % 4, DT)
+        return s, (s * 0).to(DT)
     if HAS_ZB:
         v = tl.load(sz_ptr + g * N + cols, mask=mask, other=0)
         s = (v & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
@@ -265,11 +302,12 @@ def prepare(weight: QTensor, device: torch.device, dtype: torch.dtype) -> Affine
     return st
 
 
-def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor, dtype: torch.dtype,
+def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor | None, dtype: torch.dtype,
          zbias: torch.Tensor | None = None, zero: int = 0, perm: torch.Tensor | None = None,
-         mode: int = AFFINE, lut: torch.Tensor | None = None) -> AffineState:
+         mode: int = AFFINE, lut: torch.Tensor | None = None, scale_words: torch.Tensor | None = None) -> AffineState:
     """Kernel layout of codes [N, K] (uint8, each below 2**bits, bits 4 or 8) with scales [N, G] over groups of
-    `group` columns (None: one group per row); shared by the affine, codebook and FP8 weight-only kernels."""
+    `group` columns (None: one group per row); shared by the affine, codebook and FP8 weight-only kernels.
+    `scale_words`: the scale words made already (zero SUPER_SCALED: super_scale_words), in place of scales."""
     assert bits in (4, 8), bits
     n, k = codes.shape
     pack_n = 32 // bits
@@ -286,6 +324,9 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
             words |= c[:, i].to(torch.int64) << (bits * i)
         packed[:, n0:n0 + PACK_ROWS] = _int32(words).reshape(-1, rows.shape[0])
     g_pad = cdiv(k_pad, group)
+    if scale_words is not None:
+        return AffineState(packed.contiguous(), scale_words, False, perm, n, k, k_pad, bits, group, zero, dtype, mode,
+                           lut.float().contiguous(), _lookup_words(lut, dtype))
 
     def by_group(t: torch.Tensor) -> torch.Tensor:       # [N, G] float -> 16-bit patterns [G_pad, N], int64
         out = torch.zeros(g_pad, n, dtype=torch.float32, device=t.device)
@@ -309,6 +350,17 @@ def _lookup_words(lut: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     floats), odd lanes the second copy, which keeps ptxas from holding the words as uniform values."""
     half = lut_byte_words(lut / 2, dtype)
     return torch.cat([lut_byte_words(lut, dtype), half, half])
+
+
+def super_scale_words(d: torch.Tensor, ls: torch.Tensor) -> torch.Tensor:
+    """The scale words of SUPER_SCALED codes, from each super-block's fp16 d [N, S] and its 8 groups' 6-bit ls
+    [N, S, 8] (super-blocks of 256 columns): int32 [2 S, N], word 2s + h holding ls of groups 4h .. 4h + 3 in bits
+    6i .. 6i + 5 and byte h of d's bits in bits 24-31, the file's 8 bytes a super-block and column."""
+    n, sb = d.shape
+    bits = d.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    six = ls.to(torch.int64).view(n, sb, 2, 4) << torch.tensor([0, 6, 12, 18], device=ls.device)
+    words = six.sum(-1) | torch.stack([bits & 0xFF, bits >> 8], dim=-1) << 24        # [N, S, 2]
+    return _int32(words.reshape(n, 2 * sb).t()).contiguous()
 
 
 def lut_byte_words(lut: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:

@@ -157,7 +157,7 @@ def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: 
 
 @triton.jit
 def _pair_scales(sz_ptr, kt, j: tl.constexpr, s, s0, GS, y_cols, N, TILE_SCALE: tl.constexpr, R: tl.constexpr,
-                 DT: tl.constexpr, BN: tl.constexpr):
+                 DT: tl.constexpr, BN: tl.constexpr, ZERO: tl.constexpr = 0):
     """Scales [BN] of codes 2j and 2j + 1 of the tile at column kt: the tile's s with TILE_SCALE; else code 2j's row,
     loaded where its group begins (s0, code 2j - 2's, kept while the group runs on: every group begins at a code
     when it divides the tile), and code 2j + 1's where the group changes inside the pair."""
@@ -166,25 +166,25 @@ def _pair_scales(sz_ptr, kt, j: tl.constexpr, s, s0, GS, y_cols, N, TILE_SCALE: 
         s1 = s
     else:
         if j == 0 or (8 * R) % GS != 0 or (2 * j * R) % GS == 0:
-            s0 = _row_scales(sz_ptr, (kt + 2 * j * R) // GS, y_cols, N, 0, False, DT, BN)[0]
+            s0 = _row_scales(sz_ptr, (kt + 2 * j * R) // GS, y_cols, N, ZERO, False, DT, BN)[0]
         if GS % (2 * R) == 0:
             s1 = s0
         else:
-            s1 = _row_scales(sz_ptr, (kt + (2 * j + 1) * R) // GS, y_cols, N, 0, False, DT, BN)[0]
+            s1 = _row_scales(sz_ptr, (kt + (2 * j + 1) * R) // GS, y_cols, N, ZERO, False, DT, BN)[0]
     return s0, s1
 
 
 @triton.jit
 def _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE: tl.constexpr, R: tl.constexpr, DT: tl.constexpr,
-                BN: tl.constexpr):
+                BN: tl.constexpr, ZERO: tl.constexpr):
     """The 8 codes' weights [BN, R] of 4-bit table codes p, two codes a _table_pairs."""
-    s0, s1 = _pair_scales(sz_ptr, kt, 0, s, s, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    s0, s1 = _pair_scales(sz_ptr, kt, 0, s, s, GS, y_cols, N, TILE_SCALE, R, DT, BN, ZERO)
     w0, w1 = _table_pairs(p, 0, lut, s0, s1, R, BN, DT)
-    s0, s1 = _pair_scales(sz_ptr, kt, 1, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    s0, s1 = _pair_scales(sz_ptr, kt, 1, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN, ZERO)
     w2, w3 = _table_pairs(p, 1, lut, s0, s1, R, BN, DT)
-    s0, s1 = _pair_scales(sz_ptr, kt, 2, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    s0, s1 = _pair_scales(sz_ptr, kt, 2, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN, ZERO)
     w4, w5 = _table_pairs(p, 2, lut, s0, s1, R, BN, DT)
-    s0, s1 = _pair_scales(sz_ptr, kt, 3, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN)
+    s0, s1 = _pair_scales(sz_ptr, kt, 3, s, s0, GS, y_cols, N, TILE_SCALE, R, DT, BN, ZERO)
     w6, w7 = _table_pairs(p, 3, lut, s0, s1, R, BN, DT)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
@@ -198,7 +198,8 @@ def _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS: tl.co
     its 16-column slices; one tl.dot per tile keeps Triton's wgmma asynchronous (one per code waits for each).
     `lut`: the table's 8 byte words (MODE LUT with H2), else unused."""
     if MODE == 1 and H2:                                            # table codes, four a lookup
-        w0, w1, w2, w3, w4, w5, w6, w7 = _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE, R, DT, BN)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE, R, DT, BN,
+                                                     ZERO)
     else:
         w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
                     R, DT, BN)

@@ -4,8 +4,8 @@
     W[n, k] = decode(block k // block_size of row n)[k % block_size]
 
 Blocks run along K inside a row, so rows can be selected or permuted without decoding (`take_rows`).
-The legacy types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 also have an exactly equal `Affine` form, IQ4_NL a `Codebook`
-one.
+The legacy types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 also have an exactly equal `Affine` form, IQ4_NL and IQ4_XS a
+`Codebook` one.
 """
 from __future__ import annotations
 
@@ -84,24 +84,50 @@ class Gguf(QTensor, kind="gguf"):
                       zeros=zero, mins=half(2) if zero is None else None, shape=(n, k))
 
     def to_codebook(self) -> Codebook | None:
-        """The exactly equal Codebook form of IQ4_NL (None for other types): ggml's 16 kvalues as the table and each
-        block's fp16 d as its absmax, both by 128 (kvalues / 128 within [-1, 1], as NF4's table; d * 128 still an
-        fp16 value, so table[q] * absmax rounds to the same fp16 as d * kvalue); None where some d * 128 would leave
-        fp16's range."""
-        if self.type.name != "iq4_nl":
+        """The exactly equal Codebook form of IQ4_NL and IQ4_XS (None for other types): ggml's 16 kvalues as the
+        table and each block of 32's scale (IQ4_NL's d; IQ4_XS's d * (ls - 32), exact in float32) as its absmax,
+        both by IQ4_TABLE_SCALE (kvalues / 128 within [-1, 1], as NF4's table; for IQ4_NL d * 128 still an fp16 value,
+        so table[q] * absmax rounds to the same fp16 as d * kvalue); None where a scale times 128 would leave fp16's
+        range."""
+        if self.type.name not in ("iq4_nl", "iq4_xs"):
             return None
         n, k = self.shape
-        blocks = self.data.reshape(-1, self.type.type_size)
-        d = blocks[:, :2].contiguous().view(torch.float16).float().view(-1)
-        if not bool((d.abs() * IQ4_TABLE_SCALE < 65504).all()):
+        if self.type.name == "iq4_nl":
+            blocks = self.data.reshape(-1, self.type.type_size)
+            scales = blocks[:, :2].contiguous().view(torch.float16).float().view(-1)
+        else:
+            d, ls = self.iq4_xs_scales()
+            scales = (d.float().unsqueeze(-1) * (ls.float() - 32)).view(-1)
+        if not bool((scales.abs() * IQ4_TABLE_SCALE < 65504).all()):
             return None
-        codes = torch.empty(blocks.shape[0], 32, dtype=torch.uint8, device=self.data.device)
-        step = chunk_rows(32, self.data.device)                 # blocks per pass: bounded scratch
-        for start in range(0, blocks.shape[0], step):
-            codes[start:start + step] = legacy_codes("iq4_nl", blocks[start:start + step])
         table = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=self.data.device) / IQ4_TABLE_SCALE
-        return Codebook(codes=codes.view(n, k), table=table, blocksize=32, absmax=d * IQ4_TABLE_SCALE, shape=(n, k),
-                        quant_type="iq4_nl")
+        return Codebook(codes=self.iq4_codes(), table=table, blocksize=32, absmax=scales * IQ4_TABLE_SCALE,
+                        shape=(n, k), quant_type=self.type.name)
+
+    def iq4_codes(self) -> torch.Tensor:
+        """IQ4_NL / IQ4_XS's 4-bit table indices, uint8 [N, K] (each 16 bytes hold 32 values: low nibbles first)."""
+        n, k = self.shape
+        qs = self.data.reshape(n * k // self.type.block_size, self.type.type_size)
+        qs = qs[:, 2:] if self.type.name == "iq4_nl" else qs[:, 8:]
+        codes = torch.empty(n * k // 32, 32, dtype=torch.uint8, device=self.data.device)
+        rows = qs.reshape(-1, 16)
+        step = chunk_rows(32, self.data.device)                 # blocks of 32 per pass: bounded scratch
+        for start in range(0, rows.shape[0], step):
+            part = rows[start:start + step]
+            codes[start:start + step] = torch.cat([part & 0xF, part >> 4], dim=1)
+        return codes.view(n, k)
+
+    def iq4_xs_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """IQ4_XS's super-block scales: d, fp16 [N, K / 256], and the 6-bit ls of its 8 groups of 32, uint8
+        [N, K / 256, 8] (a group's scale is d * (ls - 32))."""
+        n, k = self.shape
+        b = self.data.reshape(n, k // 256, self.type.type_size)
+        d = b[..., :2].contiguous().view(torch.float16).squeeze(-1)
+        high = b[..., 2].to(torch.int32) | (b[..., 3].to(torch.int32) << 8)
+        shifts = torch.arange(0, 16, 2, device=b.device, dtype=torch.int32)
+        ls = (b[..., 4:8].repeat_interleave(2, dim=-1) >> (4 * (torch.arange(8, device=b.device) % 2))).to(torch.int32)
+        ls = (ls & 0xF) | (((high.unsqueeze(-1) >> shifts) & 3) << 4)
+        return d, ls.to(torch.uint8)
 
     def affine_scheme(self) -> AffineScheme | None:
         if self.type.affine is None:
