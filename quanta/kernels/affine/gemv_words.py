@@ -73,7 +73,8 @@ _H2_DOT_ARGS4, _H2_DOT_ARGS8 = _h2_constraints(4, False), _h2_constraints(8, Fal
 # Groups of 32 (4-bit): the word's first four FMAs' pairs (x0, x4), (x1, x5) add to sum a, whose lanes are the
 # groups of codes 0-1 and 4-5, (x2, x6), (x3, x7) to sum b (codes 2-3, 6-7). $0 $1 out, $2 the word, $3..$6 the
 # pairs, $7 $8 in.
-_H2_SUM2_INT4 = tl.constexpr("{\n.reg .b32 t, lo, hi, a, b, c_lo, b_lo, c_hi, b_hi;\n" + _H2_DECODE[4].replace("$1", "$2")
+_H2_SUM2_INT4 = tl.constexpr("{\n.reg .b32 t, lo, hi, a, b, c_lo, b_lo, c_hi, b_hi;\n"
+                             + _H2_DECODE[4].replace("$1", "$2")
                              .replace("{first}fma.rn.f16x2 acc, hi, $3, acc;",
                                       "fma.rn.f16x2 a, lo, $3, $7;\nfma.rn.f16x2 a, hi, $4, a;")
                              .replace("fma.rn.f16x2 acc, lo, $4, acc;\nfma.rn.f16x2 acc, hi, $5, acc;",
@@ -137,8 +138,7 @@ def pair(a, b):
 
 @triton.jit
 def _load_x4(x_row, perm_ptr, k0, K, R: tl.constexpr, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
-    """The activations of a word's 4 consecutive codes (input columns k0, k0 + R, k0 + 2R, k0 + 3R), as float32
-    too."""
+    """The activations of a word's 4 consecutive codes (input columns k0, k0 + R, k0 + 2R, k0 + 3R)."""
     x0 = load_x(x_row, perm_ptr, k0, K, HAS_PERM, EVEN_K)
     x1 = load_x(x_row, perm_ptr, k0 + R, K, HAS_PERM, EVEN_K)
     x2 = load_x(x_row, perm_ptr, k0 + 2 * R, K, HAS_PERM, EVEN_K)
