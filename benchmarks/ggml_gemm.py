@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from linears import SHAPES, affine_w, bench, check_close, copies, prepared_copies, start_run, write_run  # noqa: E402
 
-from quanta.kernels import ggml_gemm  # noqa: E402
+from quanta.kernels import ggml_gemm, registry  # noqa: E402
 from quanta.kernels.affine import plan as affine_plan  # noqa: E402
 from quanta.kernels.device_caps import device_caps  # noqa: E402
 from quanta.kernels.ggml import gemv_cols, mma, plan, wgmma  # noqa: E402
@@ -64,29 +64,32 @@ COLS_SWEEP = ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1), (128, 1, 8
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,
-             sweep: bool = False) -> None:
+             sweep: bool = False, as_loaded: bool = False) -> None:
     """Time the ggml kernels on GGML type `name` at each layer shape and M, beside cuBLAS and the W4A16 kernels
-    (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M))."""
+    (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M)).
+    `as_loaded`: the kernels the registry gives the type instead (the affine ones for Q4_0 .. Q8_0, the codebook
+    ones for IQ4_NL), as a model's load would."""
     for layer in layers:
         n, k = LAYERS[layer]
         w = random_gguf(n, k, name)
-        st = prepared_copies_ggml(w)
+        module = registry.select(w, torch.device("cuda"), torch.float16)[0] if as_loaded else ggml_gemm
+        st = copies(lambda: module.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
         dense = copies(lambda: w.dequantize(torch.float16), 2 * n * k)
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").half() for _ in range(4)]
             ref = xs[0].float() @ dense[0].float().t()
-            rec = {"type": name, "layer": layer, "n": n, "k": k, "m": m, "bytes": st[0].nbytes,
-                   "path": plan.choose(st[0], device_caps("cuda"), m).path.name}
-            rec["ggml_us"] = timed(ggml_gemm.apply, xs, st, st[0].nbytes, ref, f"{name} {layer} M={m}")
+            rec = {"type": name, "layer": layer, "n": n, "k": k, "m": m, "bytes": w.nbytes,
+                   "kernel": module.NAME, "path": module.path(st[0], m)[0].rpartition("/")[2]}
+            rec["ggml_us"] = timed(module.apply, xs, st, w.nbytes, ref, f"{name} {layer} M={m}")
             rec["fp16_us"] = timed(lambda x, d: x @ d.t(), xs, dense, 2 * n * k, ref, "cuBLAS")
-            if paths and m <= 16:
+            if paths and m <= 16 and module is ggml_gemm:
                 for path in plan.TABLE.by_name:
                     kernel = {"gemv_cols": gemv_cols, "mma": mma, "wgmma": wgmma}.get(path)
                     if kernel is not None and kernel.applies(st[0], device_caps("cuda")) is not None:
                         continue
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")
-            if sweep and m == 1 and gemv_cols.applies(st[0]) is None:
+            if module is ggml_gemm and sweep and m == 1 and gemv_cols.applies(st[0]) is None:
                 for cfg in COLS_SWEEP:
                     rec[f"cols_{'_'.join(map(str, cfg))}_us"] = timed(
                         lambda x, s: gemv_cols.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"cols {cfg}")
@@ -99,11 +102,6 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
             print(rec, flush=True)
         del st, dense
         torch.cuda.empty_cache()
-
-
-def prepared_copies_ggml(w: Gguf) -> list:
-    """Rotating copies (linears.copies) of the weight in the ggml kernels' layout for fp16."""
-    return copies(lambda: ggml_gemm.prepare(w, torch.device("cuda"), torch.float16), w.nbytes)
 
 
 def summary(meta: dict, results: list[dict]) -> None:
@@ -142,6 +140,8 @@ def main() -> None:
     ap.add_argument("--ms", default="1,16,256,2048")
     ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
+    ap.add_argument("--as-loaded", action="store_true", help="time the kernels the registry gives each type (the "
+                    "affine ones for Q4_0 .. Q8_0, the codebook ones for IQ4_NL) instead of the ggml ones")
     ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
                     "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel|cols_kernel')")
     args = ap.parse_args()
@@ -155,7 +155,8 @@ def main() -> None:
     results: list[dict] = []
     w4_us: dict = {}
     for name in args.types.split(","):
-        run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us, args.sweep)
+        run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us, args.sweep,
+                 args.as_loaded)
     write_run(args.out, meta, t0, results=results)
     summary(meta, results)
 
