@@ -64,20 +64,22 @@ def test_h2_gemv_whole_tile_steps(case, monkeypatch):
     assert rel_err(y, gemv.matmul(x, st, config=(64, 16, 4, 64.0, 1), h2=False)) < 1e-3
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8", "nf4"])
+@pytest.mark.parametrize("kind", ["int4", "int8", "nf4", "iq4"])
 def test_default_config_by_code_kind(kind):
-    """Under PDL (sm90), 8-bit codes (twice the bytes a weight) and table codes (more instructions a code) take their
-    own launch tables, swept apart from 4-bit affine codes; without PDL (sm80) table codes theirs, the others one."""
+    """Under PDL (sm90), 8-bit codes (twice the bytes a weight) and table codes (more instructions a code; in groups of
+    32 four sums a word) take their own launch tables, swept apart from 4-bit affine codes; without PDL (sm80) table
+    codes theirs, the others one."""
     from quanta.kernels import codebook_gemm
     from test_codebook_gemm import make_codebook
-    if kind == "nf4":
-        st = codebook_gemm.prepare(make_codebook(64, 256, 64, "nf4", True), DEVICE, torch.float16)
+    if kind in ("nf4", "iq4"):
+        st = codebook_gemm.prepare(make_codebook(64, 256, 64 if kind == "nf4" else 32, "nf4", True), DEVICE,
+                                   torch.float16)
     else:
         st = affine.prepare(make_affine(64, 256, 8 if kind == "int8" else 4, 128, "sym"), DEVICE, torch.float16)
     table = {"int4": gemv.GEMV_CONFIGS_PDL, "int8": gemv.GEMV_CONFIGS_PDL_W8,
-             "nf4": gemv.GEMV_CONFIGS_PDL_TABLE}[kind]
+             "nf4": gemv.GEMV_CONFIGS_PDL_TABLE, "iq4": gemv.GEMV_CONFIGS_PDL_TABLE32}[kind]
     assert gemv.default_config(st, PRESETS["sm90"]) == table[0][1]
-    no_pdl = gemv.GEMV_CONFIGS_TABLE if kind == "nf4" else gemv.GEMV_CONFIGS
+    no_pdl = gemv.GEMV_CONFIGS_TABLE if kind in ("nf4", "iq4") else gemv.GEMV_CONFIGS
     assert gemv.default_config(st, PRESETS["sm80"]) == no_pdl[0][1]
 
 
@@ -85,7 +87,7 @@ def test_table_configs_keep_a_steps_rows_in_one_thread():
     """The table codes' packed-half row sums reduce a step's rows: every launch config of their table puts its warps
     side by side along N (128 columns a warp, 4 words a thread), so that the rows of a column lie in one thread and
     the reduction needs no shared memory."""
-    for _, c in gemv.GEMV_CONFIGS_PDL_TABLE + gemv.GEMV_CONFIGS_TABLE:
+    for _, c in gemv.GEMV_CONFIGS_PDL_TABLE + gemv.GEMV_CONFIGS_TABLE + gemv.GEMV_CONFIGS_PDL_TABLE32:
         assert c.block_n == 128 * c.warps
 
 

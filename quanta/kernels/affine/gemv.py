@@ -298,6 +298,12 @@ GLU_CONFIGS_PDL = {4: GemvConfig(512, 4, 4, 8.0, 2), 8: GemvConfig(512, 8, 8, 16
 GEMV_CONFIGS_PDL_TABLE = ((20_000_000, GemvConfig(256, 8, 2, 8.0, 1)), (60_000_000, GemvConfig(512, 4, 4, 16.0, 1)),
                           (200_000_000, GemvConfig(512, 4, 4, 8.0, 2)), (1 << 62, GemvConfig(512, 4, 4, 16.0, 1)))
 GEMV_CONFIGS_TABLE = ((1 << 62, GemvConfig(256, 8, 2, 16.0, 1)),)
+# Table codes in groups of 32 (IQ4_NL, IQ4_XS: four packed sums a word) under PDL: 256 x 8 in 2 warps at 16 waves on
+# 70B qkv, 8B gate_up and 70B down, 512 x 8 in 4 warps at 16 waves on the smallest and the largest (8B o and qkv,
+# 70B gate_up); 8B down and 70B o keep the table above's.
+GEMV_CONFIGS_PDL_TABLE32 = ((30_000_000, GemvConfig(512, 8, 4, 16.0, 1)), (60_000_000, GemvConfig(512, 4, 4, 16.0, 1)),
+                            (80_000_000, GemvConfig(512, 4, 4, 8.0, 2)), (300_000_000, GemvConfig(256, 8, 2, 16.0, 1)),
+                            (1 << 62, GemvConfig(512, 8, 4, 16.0, 1)))
 
 
 def h2_applies(st: AffineState) -> bool:
@@ -328,7 +334,8 @@ def use_h2(st: AffineState, caps: DeviceCaps) -> bool:
 def default_config(st: AffineState, caps: DeviceCaps, m: int = 1) -> GemvConfig:
     """The launch config of the weight on a device of these caps: the tables above, by weight count (any M)."""
     if st.mode == LUT and use_h2(st, caps):
-        table = GEMV_CONFIGS_PDL_TABLE if caps.pdl else GEMV_CONFIGS_TABLE
+        table = GEMV_CONFIGS_TABLE if not caps.pdl else \
+            GEMV_CONFIGS_PDL_TABLE32 if tile_groups(st) == 4 else GEMV_CONFIGS_PDL_TABLE
     else:
         table = (GEMV_CONFIGS_PDL_W8 if st.bits == 8 else GEMV_CONFIGS_PDL) if caps.pdl else GEMV_CONFIGS
     return next(c for top, c in table if st.n * st.k <= top)
