@@ -178,18 +178,20 @@ def test_ptx_emulator_against_numpy():
         assert torch.equal(got, (row.float() * row.float()).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("kind", ["int4", "nf4"])
+@pytest.mark.parametrize("kind", ["int4", "int4-g32", "nf4", "table-g32"])
 def test_h2_with_the_glu_epilogue(kind, monkeypatch):
-    """The packed-half loop (affine, or the NF4 table lookup the engine's gate_up takes by default) with
-    silu(gate) * up made in the epilogue equals it followed by the activation kernel (split-K, two column
-    blocks, the second partial)."""
+    """The packed-half loop (affine, or the NF4 table lookup the engine's gate_up takes by default; scale groups of
+    32 too, as GGUF Q4_0 and IQ4 take it) with silu(gate) * up made in the epilogue equals it followed by the
+    activation kernel (split-K, two column blocks, the second partial)."""
     from quanta.kernels import activation, codebook_gemm
     from test_codebook_gemm import make_codebook
     ptx_emulator.install(monkeypatch)
-    if kind == "int4":
-        st = affine.prepare(make_affine(160, 384, 4, 128, "sym"), DEVICE, torch.float16)
+    if kind.startswith("int4"):
+        st = affine.prepare(make_affine(160, 384, 4, 32 if kind.endswith("g32") else 128, "sym"), DEVICE,
+                            torch.float16)
     else:
-        st = codebook_gemm.prepare(make_codebook(160, 384, 64, "nf4", True), DEVICE, torch.float16)
+        st = codebook_gemm.prepare(make_codebook(160, 384, 32 if kind.endswith("g32") else 64, "nf4", True), DEVICE,
+                                   torch.float16)
     x = torch.randn(2, 384).half()
     fused = gemv.matmul(x, st, h2=True, glu=True)
     assert torch.equal(fused, activation.silu_and_mul(gemv.matmul(x, st, h2=True)))
