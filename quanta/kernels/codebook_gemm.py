@@ -16,15 +16,14 @@ from quanta.kernels.lora_epilogue import LoRAEpilogue
 from quanta.kernels.triton_support import why_not_device
 from quanta.quant.errors import UnsupportedError
 from quanta.quant.kinds.codebook import Codebook
-from quanta.quant.kinds.gguf import Gguf
+from quanta.quant.kinds.gguf import CODEBOOK_TYPES, Gguf
 
 NAME = "triton_codebook"
-IQ4_TYPES = ("iq4_nl", "iq4_xs")        # the GGUF types with an exact codebook form (Gguf.to_codebook)
 
 
 def supports(weight, device: torch.device, dtype: torch.dtype) -> str | None:
     if isinstance(weight, Gguf):
-        if weight.type.name not in IQ4_TYPES:
+        if weight.type.name not in CODEBOOK_TYPES:
             return f"gguf {weight.type.name}: no codebook form (IQ4_NL and IQ4_XS have one)"
         if dtype != torch.float16:
             return f"{weight.type.name}'s scales are fp16 values, held exactly for fp16 activations only"

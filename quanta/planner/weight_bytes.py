@@ -13,6 +13,7 @@ from quanta.loaders.checkpoint import ModelConfig
 from quanta.loaders.weight_format import WeightFormat
 from quanta.quant.errors import ConfigError
 from quanta.quant.ggml.types import GGML_TYPES_BY_NAME
+from quanta.quant.kinds.gguf import CODEBOOK_TYPES
 from quanta.quant.shard import widened_range
 
 AFFINE_BITS = range(1, 9)                 # what the affine kernels pack: up to 4 bits in 4-bit fields, 5..8 in 8-bit
@@ -24,8 +25,7 @@ GGUF_ON_AFFINE_KERNELS = CANDIDATES[("gguf", "cuda")][0] == "quanta.kernels.affi
 GGUF_ON_GGML_KERNELS = "quanta.kernels.ggml_gemm" in CANDIDATES[("gguf", "cuda")]
 # IQ4_NL and IQ4_XS run on the codebook kernels in fp16 (Gguf.to_codebook; bf16 keeps their blocks, the same bytes
 # up to K's padding to a tile)
-GGUF_ON_CODEBOOK_KERNELS = ("iq4_nl", "iq4_xs") if "quanta.kernels.codebook_gemm" in CANDIDATES[("gguf", "cuda")] \
-    else ()
+GGUF_ON_CODEBOOK_KERNELS = CODEBOOK_TYPES if "quanta.kernels.codebook_gemm" in CANDIDATES[("gguf", "cuda")] else ()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -77,9 +77,9 @@ def gemm_bytes(fmt: WeightFormat, parts: list[tuple[int, str | None]], k: int, e
 
 
 def gguf_gemm_bytes(n: int, k: int, ggml_type: str, e: int) -> int:
-    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form (IQ4_NL's codebook
-    form: the same layout and a table), the blocks' own bytes for the types the ggml kernels decode (as they hold them: layout.held_block_bytes), else the dequantized
-    16-bit copy."""
+    """Device bytes of a GGUF weight [n, k]: the affine layout for the types with an affine form (IQ4's codebook
+    form: that layout and a table), the blocks' own bytes for the types the ggml kernels decode (as they hold them:
+    layout.held_block_bytes), else the dequantized 16-bit copy."""
     t = GGML_TYPES_BY_NAME[ggml_type]
     if k % t.block_size:
         return n * k * e

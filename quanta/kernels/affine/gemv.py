@@ -18,7 +18,7 @@ from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace
     workspace,
 )
 from quanta.kernels.affine.gemv_words import H2_DIVISOR, h2_add, lane, lanes, load_x, lut_word_sums, word_dots
-from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_scales, load_tile_super_scales
+from quanta.kernels.affine.layout import AFFINE, LUT, AffineState, R, load_scales, load_tile_table_scales
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.fp8_bits import fp8_to_f16
 from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
@@ -141,14 +141,8 @@ def _affine_gemv_kernel(
         acc_h1 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
         acc_h2 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
         acc_h3 = tl.zeros((RS, BLOCK_N), dtype=tl.int32)
-        if H2 and MODE == 1 and ZERO == -1:      # SUPER_SCALED table codes: a tile's 4 scales from two words
-            s_0, s_1, s_2, s_3 = load_tile_super_scales(sz_ptr, t, offs_n, mask_n, N, DT)
-        elif H2 and MODE == 1:                   # table codes: a scale group a packed sum (GROUPS 2 or 4)
-            s_0, zb = load_scales(sz_ptr, kt // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-            s_1, zb = load_scales(sz_ptr, (kt + TILE_K // LUT_GROUPS) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-            if LUT_GROUPS == 4:
-                s_2, zb = load_scales(sz_ptr, (kt + 2 * TILE_K // 4) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
-                s_3, zb = load_scales(sz_ptr, (kt + 3 * TILE_K // 4) // GS, offs_n, mask_n, N, ZERO, HAS_ZB, DT)
+        if H2 and MODE == 1:                     # table codes: a scale group a packed sum (LUT_GROUPS 2 or 4)
+            s_0, s_1, s_2, s_3 = load_tile_table_scales(sz_ptr, t, GS, offs_n, mask_n, N, ZERO, LUT_GROUPS, TILE_K, DT)
         for a in tl.static_range(R // RS):
             rows = t * R + a * RS + offs_r
             p = tl.load(w_ptr + rows[:, None] * N + offs_n[None, :], mask=mask_n[None, :], other=0,
@@ -378,7 +372,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     assert not h2 or h2_applies(st), "the packed-half loop needs fp16, and affine codes with a scale per K, half " \
         "or (4-bit) quarter tile, or 4-bit table codes with a scale per half or quarter tile"
     table_h2 = h2 and st.mode == LUT
-    groups = max(tile_groups(st), 2) if table_h2 else tile_groups(st) if h2 else 1
+    groups = tile_groups(st) if h2 else 1
     assert not glu or st.n % 2 == 0
     column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
     splits, per = split_k(m * column_blocks, st.num_tiles, caps.sm_count, waves, min_tiles)

@@ -25,18 +25,18 @@ _H2_DECODE = {4: """mov.b32 c_lo, 0x2C002C00;
 mov.b32 b_lo, 0xD408D408;
 mov.b32 c_hi, 0x1C001C00;
 mov.b32 b_hi, 0xC480C480;
-lop3.b32 lo, $1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, $1, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 lo, {w}, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 hi, {w}, 0x00F000F0, 0x64006400, 0xEA;
 fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
-{first}fma.rn.f16x2 acc, hi, $3, acc;
-shr.u32 t, $1, 8;
+{first}fma.rn.f16x2 {a}, hi, {x1}, {a};
+shr.u32 t, {w}, 8;
 lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
 lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
 fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_hi, b_hi;
-fma.rn.f16x2 acc, lo, $4, acc;
-fma.rn.f16x2 acc, hi, $5, acc;
+fma.rn.f16x2 {b}, lo, {x2}, {b_in};
+fma.rn.f16x2 {b}, hi, {x3}, {b};
 """, 8: """mov.b32 c_lo, 0x1C001C00;
 mov.b32 b_lo, 0xC480C480;
 lop3.b32 lo, $1, 0x00FF00FF, 0x64006400, 0xEA;
@@ -46,6 +46,11 @@ fma.rn.f16x2 lo, lo, c_lo, b_lo;
 fma.rn.f16x2 hi, hi, c_lo, b_lo;
 {first}fma.rn.f16x2 acc, hi, $3, acc;
 """}
+
+
+# the 4-bit template's word ({w}), pairs ({x1}..{x3} after the first) and sums ({a}, then {b} from {b_in}) for one
+# sum (acc) over the word's pairs $2..$5
+_ONE_SUM = dict(w="$1", x1="$3", x2="$4", x3="$5", a="acc", b="acc", b_in="acc")
 
 
 def _h2_pairs(bits: int) -> int:
@@ -59,7 +64,7 @@ def _h2_dot_ptx(bits: int, tile_sums: bool) -> tl.constexpr:
     first = f"fma.rn.f16x2 acc, lo, $2, ${2 + _h2_pairs(bits)};\n" if tile_sums else "mul.rn.f16x2 acc, lo, $2;\n"
     end = "mov.b32 $0, acc;\n}" if tile_sums else _H2_LANES_TO_F32
     return tl.constexpr("{\n.reg .b32 t, lo, hi, acc, c_lo, b_lo, c_hi, b_hi;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n"
-                        + _H2_DECODE[bits].format(first=first) + end)
+                        + _H2_DECODE[bits].format(first=first, **_ONE_SUM) + end)
 
 
 def _h2_constraints(bits: int, tile_sums: bool) -> tl.constexpr:
@@ -74,11 +79,8 @@ _H2_DOT_ARGS4, _H2_DOT_ARGS8 = _h2_constraints(4, False), _h2_constraints(8, Fal
 # groups of codes 0-1 and 4-5, (x2, x6), (x3, x7) to sum b (codes 2-3, 6-7). $0 $1 out, $2 the word, $3..$6 the
 # pairs, $7 $8 in.
 _H2_SUM2_INT4 = tl.constexpr("{\n.reg .b32 t, lo, hi, a, b, c_lo, b_lo, c_hi, b_hi;\n"
-                             + _H2_DECODE[4].replace("$1", "$2")
-                             .replace("{first}fma.rn.f16x2 acc, hi, $3, acc;",
-                                      "fma.rn.f16x2 a, lo, $3, $7;\nfma.rn.f16x2 a, hi, $4, a;")
-                             .replace("fma.rn.f16x2 acc, lo, $4, acc;\nfma.rn.f16x2 acc, hi, $5, acc;",
-                                      "fma.rn.f16x2 b, lo, $5, $8;\nfma.rn.f16x2 b, hi, $6, b;")
+                             + _H2_DECODE[4].format(w="$2", first="fma.rn.f16x2 a, lo, $3, $7;\n", a="a", x1="$4",
+                                                    b="b", x2="$5", b_in="$8", x3="$6")
                              + "mov.b32 $0, a;\nmov.b32 $1, b;\n}")
 _H2_SUM_ARGS4, _H2_SUM_ARGS8 = _h2_constraints(4, True), _h2_constraints(8, True)
 _H2_LANES = tl.constexpr("""{
@@ -90,30 +92,26 @@ mov.b32 acc, $1;
 # A 16-entry table (NF4 / FP4) instead of the magic numbers: a word's 8 codes become fp16 entries of the halved
 # table (layout.lut_lookup8_ptx) and meet the activations in packed-half FMAs that add to two packed sums, one per
 # scale group (nibbles 0-3, 4-7); the kernel sums a step's rows in packed halves and converts a column's two sums to
-# float32 once a tile. $0 $1 the sums out, $2 the word, $3..$6 the activation pairs (x0, x1) ... (x6, x7), $7 $8 the
-# sums in, $9..$16 the halved table's byte words.
-_H2_LUT_SUMS = tl.constexpr("""{
-.reg .b32 sel, t, m, lo, lo2, hi, hi2, e01, e23, e45, e67, a, b;
-""" + lut_lookup8_ptx("$2", 9) + """fma.rn.f16x2 a, e01, $3, $7;
-fma.rn.f16x2 a, e23, $4, a;
-fma.rn.f16x2 b, e45, $5, $8;
-fma.rn.f16x2 b, e67, $6, b;
-mov.b32 $0, a;
-mov.b32 $1, b;
-}""")
-# Groups of 32 (IQ4_NL): four sums, one a pair of codes ($0..$3 out, $4 the word, $5..$8 the pairs, $9..$12 in,
-# $13..$20 the halved table).
-_H2_LUT_SUMS4 = tl.constexpr("""{
-.reg .b32 sel, t, m, lo, lo2, hi, hi2, e01, e23, e45, e67, a, b, c, d;
-""" + lut_lookup8_ptx("$4", 13) + """fma.rn.f16x2 a, e01, $5, $9;
-fma.rn.f16x2 b, e23, $6, $10;
-fma.rn.f16x2 c, e45, $7, $11;
-fma.rn.f16x2 d, e67, $8, $12;
-mov.b32 $0, a;
-mov.b32 $1, b;
-mov.b32 $2, c;
-mov.b32 $3, d;
-}""")
+# float32 once a tile (four sums, one a pair of codes, for groups of 32: IQ4).
+
+
+def _lut_sums_ptx(sums: int) -> tl.constexpr:
+    """The PTX of a word's 8 table codes into `sums` packed sums (2: codes 0-3, 4-7; 4: a pair of codes each): $0 ..
+    the sums out, then the word, the 4 activation pairs (x0, x1) ... (x6, x7), the sums in, the halved table's 8 byte
+    words."""
+    word, pairs, ins = sums, sums + 1, sums + 5
+    regs = "abcd"[:sums]
+    fmas = []
+    for j, e in enumerate(("e01", "e23", "e45", "e67")):
+        r = j * sums // 4                                  # the sum of pair j; its first pair adds to the sum in
+        acc = f"${ins + r}" if j % (4 // sums) == 0 else regs[r]
+        fmas.append(f"fma.rn.f16x2 {regs[r]}, {e}, ${pairs + j}, {acc};\n")
+    return tl.constexpr("{\n.reg .b32 sel, t, m, lo, lo2, hi, hi2, e01, e23, e45, e67, " + ", ".join(regs) + ";\n"
+                        + lut_lookup8_ptx(f"${word}", ins + sums) + "".join(fmas)
+                        + "".join(f"mov.b32 ${i}, {r};\n" for i, r in enumerate(regs)) + "}")
+
+
+_H2_LUT_SUMS, _H2_LUT_SUMS4 = _lut_sums_ptx(2), _lut_sums_ptx(4)
 # D by bits: int4 lo halves 1024 + q -> (1024 + q)/16 - 64.5 = (q - 8)/16, hi halves 1024 + 16q ->
 # (1024 + 16q)/256 - 4.5 = (q - 8)/16; int8 1024 + q -> (1024 + q)/256 - 4.5 = (q - 128)/256. Exact in fp16.
 H2_DIVISOR = {4: 16.0, 8: 256.0}

@@ -112,13 +112,24 @@ def _super_scale(word, d, i, DT: tl.constexpr):
 
 
 @triton.jit
-def load_tile_super_scales(sz_ptr, t, cols, mask, N, DT: tl.constexpr):
-    """The 4 group scales (DT) of K tile t (its 128 columns) of SUPER_SCALED codes, from two loads."""
-    word = tl.load(sz_ptr + t * N + cols, mask=mask, other=0)
-    other = tl.load(sz_ptr + (t ^ 1) * N + cols, mask=mask, other=0)
-    d = _super_d(word, other, t % 2 == 0)
-    return (_super_scale(word, d, 0, DT), _super_scale(word, d, 1, DT), _super_scale(word, d, 2, DT),
-            _super_scale(word, d, 3, DT))
+def load_tile_table_scales(sz_ptr, t, GS, cols, mask, N, ZERO: tl.constexpr, GROUPS: tl.constexpr,
+                           TILE_K: tl.constexpr, DT: tl.constexpr):
+    """The scales (DT) of K tile t's packed sums of 4-bit table codes: its halves (GROUPS 2; the last two repeat
+    them) or quarters (GROUPS 4); SUPER_SCALED ones all four from the tile's two scale words."""
+    if ZERO == -1:                                   # SUPER_SCALED
+        word = tl.load(sz_ptr + t * N + cols, mask=mask, other=0)
+        other = tl.load(sz_ptr + (t ^ 1) * N + cols, mask=mask, other=0)
+        d = _super_d(word, other, t % 2 == 0)
+        return (_super_scale(word, d, 0, DT), _super_scale(word, d, 1, DT), _super_scale(word, d, 2, DT),
+                _super_scale(word, d, 3, DT))
+    kt = t * TILE_K
+    s0 = load_scales(sz_ptr, kt // GS, cols, mask, N, ZERO, False, DT)[0]
+    s1 = load_scales(sz_ptr, (kt + TILE_K // GROUPS) // GS, cols, mask, N, ZERO, False, DT)[0]
+    s2, s3 = s0, s1
+    if GROUPS == 4:
+        s2 = load_scales(sz_ptr, (kt + 2 * TILE_K // 4) // GS, cols, mask, N, ZERO, False, DT)[0]
+        s3 = load_scales(sz_ptr, (kt + 3 * TILE_K // 4) // GS, cols, mask, N, ZERO, False, DT)[0]
+    return s0, s1, s2, s3
 
 
 @triton.jit
@@ -323,13 +334,17 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
         for i in range(pack_n):
             words |= c[:, i].to(torch.int64) << (bits * i)
         packed[:, n0:n0 + PACK_ROWS] = _int32(words).reshape(-1, rows.shape[0])
-    g_pad = cdiv(k_pad, group)
-    if scale_words is not None:
-        return AffineState(packed.contiguous(), scale_words, False, perm, n, k, k_pad, bits, group, zero, dtype, mode,
-                           lut.float().contiguous(), _lookup_words(lut, dtype))
+    return AffineState(packed.contiguous(), scale_words if scale_words is not None else
+                       _scale_words(scales, zbias, cdiv(k_pad, group), dtype), zbias is not None, perm, n, k, k_pad,
+                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
+                       _lookup_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
 
+
+def _scale_words(scales: torch.Tensor, zbias: torch.Tensor | None, g_pad: int, dtype: torch.dtype) -> torch.Tensor:
+    """AffineState.sz of scales [N, G] (and zbias [N, G]) over g_pad padded groups: (scale, zbias) a word, or two
+    groups' scales a word."""
     def by_group(t: torch.Tensor) -> torch.Tensor:       # [N, G] float -> 16-bit patterns [G_pad, N], int64
-        out = torch.zeros(g_pad, n, dtype=torch.float32, device=t.device)
+        out = torch.zeros(g_pad, t.shape[0], dtype=torch.float32, device=t.device)
         out[: t.shape[1]] = t.float().t()
         return out.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
 
@@ -339,9 +354,7 @@ def pack(codes: torch.Tensor, bits: int, group: int | None, scales: torch.Tensor
     else:                                                # two groups' scales per word
         s = F.pad(s, (0, 0, 0, g_pad % 2))
         sz = s[0::2] | s[1::2] << 16
-    return AffineState(packed.contiguous(), _int32(sz).contiguous(), zbias is not None, perm, n, k, k_pad,
-                       bits, group, zero, dtype, mode, lut.float().contiguous() if lut is not None else None,
-                       _lookup_words(lut, dtype) if lut is not None and lut.numel() == 16 else None)
+    return _int32(sz).contiguous()
 
 
 def _lookup_words(lut: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

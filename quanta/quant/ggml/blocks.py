@@ -88,10 +88,15 @@ def bf16_blocks(b):
 _BIT = tuple(range(8))
 
 
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """The 32 codes [nb, 32], uint8 throughout (one byte a code), of 16 bytes qs [nb, 16] holding them as ggml's
+    32-value blocks do: the low nibbles first, then the high ones."""
+    return torch.cat([qs & 0xF, qs >> 4], dim=1)
+
+
 def legacy_codes(name: str, b: torch.Tensor) -> torch.Tensor:
     """The unsigned codes q [nb, 32], uint8, of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block (value (q-8)d, qd+m, ...)."""
-    qs = b[:, -16:]
-    q = torch.cat([qs & 0xF, qs >> 4], dim=1)                    # uint8 throughout: one byte per code
+    q = nibbles(b[:, -16:])
     if name in ("q5_0", "q5_1"):
         qh = b[:, -20:-16].unsqueeze(-1) >> const(_BIT, torch.uint8, b.device)   # bit j of the u32: element j's 5th
         q |= (qh & 1).view(-1, 32) << 4

@@ -36,20 +36,13 @@ def grid(source: str, device: torch.device) -> torch.Tensor:
     return _grid_cpu(source).to(device)
 
 
-@functools.cache
-def _ksigns_cpu() -> torch.Tensor:
-    # ggml's ksigns_iq2xs: 7 sign bits plus an 8th that makes the count of minus signs even
-    return torch.tensor([i | ((bin(i).count("1") & 1) << 7) for i in range(128)], dtype=torch.int32)
+# ggml's ksigns_iq2xs: 7 sign bits plus an 8th that makes the count of minus signs even
+KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
 
 
 def signs(idx: torch.Tensor) -> torch.Tensor:
     """+-1.0 for each of 8 elements from 7-bit ksigns indices idx [...], as float32 [..., 8]."""
-    return sign_bits(_ksigns_on(idx.device)[idx])
-
-
-@functools.cache
-def _ksigns_on(device: torch.device) -> torch.Tensor:
-    return _ksigns_cpu().to(device)
+    return sign_bits(const(KSIGNS, torch.int32, idx.device)[idx])
 
 
 def sign_bits(x: torch.Tensor) -> torch.Tensor:
@@ -142,11 +135,17 @@ def iq4_nl(b):
     return f16(b[:, :2]) * lut(IQ4_NL_VALUES, b.device)[unpack(b[:, 2:], 4, 16)]
 
 
+def iq4_xs_scales(b):
+    """IQ4_XS blocks' d (float32 [nb, 1]) and their 8 groups' 6-bit scales ls (int32 [nb, 8]; a group's scale is
+    d * (ls - 32)): scales_l[4]'s nibbles the low 4 bits, scales_h's bit pairs the high 2."""
+    sh = (u16(b[:, 2:4]) >> torch.arange(0, 16, 2, device=b.device)) & 3
+    return f16(b[:, :2]), unpack(b[:, 4:8], 4, 1) | (sh << 4)
+
+
 def iq4_xs(b):
     """d, scales_h u16, scales_l[4] (6-bit scales, -32), qs[128] nibbles into the iq4_nl table."""
     n = b.shape[0]
-    d, sh, sl, qs = f16(b[:, :2]), u16(b[:, 2:4]), unpack(b[:, 4:8], 4, 1), b[:, 8:]
-    sh = (sh >> torch.arange(0, 16, 2, device=b.device)) & 3
-    dl = (d * ((sl | (sh << 4)) - 32).float()).view(n, 8, 1)
-    q = lut(IQ4_NL_VALUES, b.device)[unpack(qs, 4, 16)].view(n, 8, 32)
+    d, ls = iq4_xs_scales(b)
+    dl = (d * (ls - 32).float()).view(n, 8, 1)
+    q = lut(IQ4_NL_VALUES, b.device)[unpack(b[:, 8:], 4, 16)].view(n, 8, 32)
     return (dl * q).reshape(n, 256)

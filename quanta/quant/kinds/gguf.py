@@ -15,8 +15,8 @@ import torch
 
 from quanta.quant.chunks import chunk_rows
 from quanta.quant.errors import ShapeError, UnsupportedError
-from quanta.quant.ggml.blocks import legacy_codes
-from quanta.quant.ggml.iquants import IQ4_NL_VALUES
+from quanta.quant.ggml.blocks import legacy_codes, nibbles
+from quanta.quant.ggml.iquants import IQ4_NL_VALUES, iq4_xs_scales
 from quanta.quant.ggml.types import GgmlType, ggml_type
 from quanta.quant.kinds.affine import Affine
 from quanta.quant.kinds.codebook import Codebook
@@ -25,6 +25,7 @@ from quanta.quant.qtensor import AffineScheme, QTensor
 # Blocks decoded per pass: bounds the temporaries of the wider decoders (i-quants) to ~100s of MB.
 _CHUNK_BLOCKS = 1 << 16
 IQ4_TABLE_SCALE = 128.0     # a power of two: moving it from table to scale is exact
+CODEBOOK_TYPES = ("iq4_nl", "iq4_xs")       # the types with an exact Codebook form (to_codebook)
 
 
 @dataclass(eq=False, repr=False)
@@ -89,7 +90,7 @@ class Gguf(QTensor, kind="gguf"):
         both by IQ4_TABLE_SCALE (kvalues / 128 within [-1, 1], as NF4's table; for IQ4_NL d * 128 still an fp16 value,
         so table[q] * absmax rounds to the same fp16 as d * kvalue); None where a scale times 128 would leave fp16's
         range."""
-        if self.type.name not in ("iq4_nl", "iq4_xs"):
+        if self.type.name not in CODEBOOK_TYPES:
             return None
         n, k = self.shape
         if self.type.name == "iq4_nl":
@@ -113,21 +114,15 @@ class Gguf(QTensor, kind="gguf"):
         rows = qs.reshape(-1, 16)
         step = chunk_rows(32, self.data.device)                 # blocks of 32 per pass: bounded scratch
         for start in range(0, rows.shape[0], step):
-            part = rows[start:start + step]
-            codes[start:start + step] = torch.cat([part & 0xF, part >> 4], dim=1)
+            codes[start:start + step] = nibbles(rows[start:start + step])
         return codes.view(n, k)
 
     def iq4_xs_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """IQ4_XS's super-block scales: d, fp16 [N, K / 256], and the 6-bit ls of its 8 groups of 32, uint8
         [N, K / 256, 8] (a group's scale is d * (ls - 32))."""
         n, k = self.shape
-        b = self.data.reshape(n, k // 256, self.type.type_size)
-        d = b[..., :2].contiguous().view(torch.float16).squeeze(-1)
-        high = b[..., 2].to(torch.int32) | (b[..., 3].to(torch.int32) << 8)
-        shifts = torch.arange(0, 16, 2, device=b.device, dtype=torch.int32)
-        ls = (b[..., 4:8].repeat_interleave(2, dim=-1) >> (4 * (torch.arange(8, device=b.device) % 2))).to(torch.int32)
-        ls = (ls & 0xF) | (((high.unsqueeze(-1) >> shifts) & 3) << 4)
-        return d, ls.to(torch.uint8)
+        d, ls = iq4_xs_scales(self.data.reshape(n * k // 256, self.type.type_size))
+        return d.half().view(n, k // 256), ls.to(torch.uint8).view(n, k // 256, 8)
 
     def affine_scheme(self) -> AffineScheme | None:
         if self.type.affine is None:
