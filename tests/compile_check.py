@@ -64,6 +64,18 @@ def _ggml(name: str) -> tuple[dict, dict]:
 
 _Q4_K, _Q6_K, _IQ4_XS = _ggml("q4_K"), _ggml("q6_K"), _ggml("iq4_xs")
 _Q4K_MMA = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp32")
+def _ws_descs(block_m: int, block_n: int, dt: str) -> dict:
+    """The TMA descriptor arguments of the warp-specialized W4 kernel (wgmma_ws.descriptors' layouts)."""
+    def nvmma(swizzle: int, bits: int) -> str:
+        return (f"NVMMASharedLayout(swizzle_byte_width={swizzle}, element_bitwidth={bits}, rank=2, transposed=False, "
+                "fp4_padded=False, cga_layout=[])")
+    return dict(w_desc=f"tensordesc<i32[16,{block_n}],{nvmma(128, 32)}>",
+                s_desc=f"tensordesc<i32[1,{block_n}],{nvmma(0, 32)}>",
+                x_desc=f"tensordesc<{dt}[{block_m},64],{nvmma(128, 16)}>", bias_ptr="*fp16", y_ptr="*fp16")
+
+
+_WS = dict(GS=128, ZERO=8, HAS_ZB=False, HAS_BIAS=False, STAGES=3, LAG=3, ATOMIC=False, PDL=True)
+
 _GGML_WG = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr="*fp16", y_ptr="*fp16")
 _GGML_WGMMA = dict(KIND=4, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=128, STAGES=3, LAG=2, ATOMIC=True, PDL=True)
 _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32", part_lse_ptr="*fp32",
@@ -303,6 +315,11 @@ CASES = {
                                              PDL=False), 4, 1, 90),
     "affine_wgmma_w4_m128_two_warpgroups": ("affine.wgmma", "_w4_wgmma_kernel", _WG,
                                             dict(_WGMMA, BLOCK_M=128, ATOMIC=False, STAGES=4, PDL=False), 8, 1, 90),
+    "affine_wgmma_ws_w4_m128": ("affine.wgmma_ws", "_w4_ws_kernel", _ws_descs(128, 256, "fp16"), _WS, 8, 1, 90),
+    "affine_wgmma_ws_w4_bf16_zb_bias_m64": ("affine.wgmma_ws", "_w4_ws_kernel",
+                                            dict(_ws_descs(64, 256, "bf16"), bias_ptr="*bf16", y_ptr="*fp32"),
+                                            dict(_WS, HAS_ZB=True, HAS_BIAS=True, ATOMIC=True, LAG=2, STAGES=4),
+                                            8, 1, 90),
     "ggml_wgmma_q4_k": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG, _GGML_WGMMA, 4, 1, 90),
     "ggml_wgmma_q5_k_m32_bias_stored": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG,
                                         dict(_GGML_WGMMA, KIND=5, BLOCK_M=32, HAS_BIAS=True, ATOMIC=False, LAG=3,

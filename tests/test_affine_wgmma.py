@@ -21,13 +21,14 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 sm90 = pytest.mark.skipif(not HOPPER, reason="wgmma runs on sm90")
 
 
-def check(w, m, dtype, bias=False, config=None, seed=1):
+def check(w, m, dtype, bias=False, config=None, seed=1, kernel=wgmma):
+    """`kernel`'s matmul (wgmma, or wgmma_ws) of M random rows against the weight's dequantize() in float64."""
     g = torch.Generator().manual_seed(seed)
     st = affine.prepare(w, "cuda", dtype)
-    assert wgmma.weight_fits(st)
+    assert kernel.weight_fits(st)
     x = torch.randn(m, w.shape[1], generator=g).to("cuda", dtype)
     b = (torch.randn(w.shape[0], generator=g) * 0.1).to("cuda", dtype) if bias else None
-    y = wgmma.matmul(x, st, b, config=config)
+    y = kernel.matmul(x, st, b, config=config)
     ref = x.double() @ w.dequantize().double().T + (b.double() if bias else 0)
     assert y.shape == (m, w.shape[0]) and y.dtype == dtype
     assert rel_err(y, ref) < TOL[dtype], rel_err(y, ref)
