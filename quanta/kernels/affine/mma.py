@@ -143,16 +143,20 @@ def _row_scales(sz_ptr, g, y_cols, N, ZERO: tl.constexpr, HAS_ZB: tl.constexpr, 
 def _codes(p, i: tl.constexpr, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS: tl.constexpr,
            ZERO: tl.constexpr, HAS_ZB: tl.constexpr, MODE: tl.constexpr, TILE_SCALE: tl.constexpr,
            H2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr):
-    """Weights [BN, R] in DT of code i of words p: columns kt + i * R + r. With H2 two columns an instruction
-    (_h2_codes); other modes (bf16 8-bit codes, fp8) decode per element through layout.decode."""
-    if not TILE_SCALE:                                              # groups narrower than the tile
+    """(weights [BN, R] in DT of code i of words p: columns kt + i * R + r; the scales they took). With H2 two
+    columns an instruction (_h2_codes); other modes (bf16 8-bit codes, fp8) decode per element through
+    layout.decode. Groups narrower than the tile: s, zb are code i - 1's, read again only where a group begins
+    when groups tile the K tile in whole codes (a group of 32 spans two codes; a scale read is a load and a map to
+    the MMA rows); else every code's."""
+    WHOLE_CODES: tl.constexpr = GS % R == 0 and ((32 // BITS) * R) % GS == 0
+    if not TILE_SCALE and (not WHOLE_CODES or (i * R) % GS == 0):
         s, zb = _row_scales(sz_ptr, (kt + i * R) // GS, y_cols, N, ZERO, HAS_ZB, DT, BN)
     if H2:
         w = _h2_codes(p, i, s, zb, BITS, ZERO, HAS_ZB, R, DT, BN)
     else:
         w = decode((p >> (BITS * i)) & ((1 << BITS) - 1), s[:, None], zb[:, None], lut_ptr, ZERO, HAS_ZB, MODE,
                    DT == tl.float16, DT)
-    return w
+    return w, s, zb
 
 
 @triton.jit
@@ -201,23 +205,23 @@ def _decoded_tile(p, sz_ptr, lut_ptr, lut, kt, GS, y_cols, N, s, zb, BITS: tl.co
         w0, w1, w2, w3, w4, w5, w6, w7 = _table_tile(p, lut, sz_ptr, kt, GS, y_cols, N, s, TILE_SCALE, R, DT, BN,
                                                      ZERO)
     else:
-        w0 = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                    R, DT, BN)
-        w1 = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                    R, DT, BN)
-        w2 = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                    R, DT, BN)
-        w3 = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE, H2,
-                    R, DT, BN)
+        w0, s, zb = _codes(p, 0, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                           H2, R, DT, BN)
+        w1, s, zb = _codes(p, 1, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                           H2, R, DT, BN)
+        w2, s, zb = _codes(p, 2, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                           H2, R, DT, BN)
+        w3, s, zb = _codes(p, 3, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
+                           H2, R, DT, BN)
         if BITS == 4:
-            w4 = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                        H2, R, DT, BN)
-            w5 = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                        H2, R, DT, BN)
-            w6 = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                        H2, R, DT, BN)
-            w7 = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE, TILE_SCALE,
-                        H2, R, DT, BN)
+            w4, s, zb = _codes(p, 4, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+                               TILE_SCALE, H2, R, DT, BN)
+            w5, s, zb = _codes(p, 5, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+                               TILE_SCALE, H2, R, DT, BN)
+            w6, s, zb = _codes(p, 6, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+                               TILE_SCALE, H2, R, DT, BN)
+            w7, s, zb = _codes(p, 7, sz_ptr, lut_ptr, kt, GS, y_cols, N, s, zb, BITS, ZERO, HAS_ZB, MODE,
+                               TILE_SCALE, H2, R, DT, BN)
     if BITS == 8:
         j = tl.join(tl.join(w0, w1), tl.join(w2, w3))                 # [BN, R, i0, i1]
         tile = tl.reshape(tl.permute(j, (0, 3, 2, 1)), (BN, 4 * R))   # [BN, i1 i0 r]
