@@ -35,16 +35,16 @@ def check(w, m, dtype, bias=False, config=None, seed=1, kernel=wgmma):
 
 
 def test_weights_it_takes():
-    """4-bit affine codes with a scale row a K tile (group 128, 256 or per channel; act-order too, its input gathered
-    first), not 8-bit codes, narrower groups or table codes."""
+    """4-bit affine codes in groups of 32, 64, a multiple of 128 or per channel (act-order too, its input gathered
+    first), not 8-bit codes, groups of 16 or table codes."""
     def fits(w, dtype=torch.float16):
         return wgmma.weight_fits(affine.prepare(w, DEVICE, dtype))
 
     assert fits(make_affine(64, 256, 4, 128, "sym")) and fits(make_affine(64, 256, 4, 128, "asym"), torch.bfloat16)
     assert fits(make_affine(40, 423, 4, -1, "fmin")) and fits(make_affine(64, 512, 4, 256, "sym"))
     assert fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
-    assert not fits(make_affine(64, 256, 8, 128, "sym"))
-    assert not fits(make_affine(64, 256, 4, 64, "sym")) and not fits(make_affine(64, 256, 4, 32, "sym"))
+    assert fits(make_affine(64, 256, 4, 64, "sym")) and fits(make_affine(64, 256, 4, 32, "fmin"))
+    assert not fits(make_affine(64, 256, 8, 128, "sym")) and not fits(make_affine(64, 256, 4, 16, "sym"))
     assert not wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
 
 
@@ -128,6 +128,20 @@ def test_gpu_llama_shapes(n, k, m, group, zero):
     w = make_affine(n, k, 4, group, zero, device="cuda")
     for dtype in (torch.float16, torch.bfloat16):
         check(w, m, dtype, bias=m == 16)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [2, 16, 33, 300])
+@pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (32, "fmin")])
+def test_gpu_groups_narrower_than_the_tile(n, k, m, group, zero):
+    """Groups of 32 and 64 (GGUF Q4_0 / Q4_1, AWQ / GPTQ g32, g64): a scale row a group, or a pair of groups
+    without zero points, applied from the code where the group begins; one and two warpgroups a program."""
+    w = make_affine(n, k, 4, group, zero, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        check(w, m, dtype, bias=m == 16)
+    check(make_affine(200, 300, 4, group, zero, device="cuda"), m, torch.float16, config=(16, 2, 8.0, 1, 128, 3, 4))
 
 
 @pytest.mark.gpu

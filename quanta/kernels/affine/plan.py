@@ -63,7 +63,9 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
     if not caps.gluon or wgmma.GLUON_ERROR is not None:
         return f"no Gluon wgmma on {caps.name}" + (f" ({wgmma.GLUON_ERROR})" if wgmma.GLUON_ERROR else "")
     if not wgmma.weight_fits(st):
-        return "takes 4-bit affine codes with a scale row a K tile"
+        return "takes 4-bit affine codes in groups of 32, 64, a multiple of 128 or per channel"
+    if st.group_size < wgmma.TILE_K_COLUMNS:
+        return f"groups of {st.group_size}: the MMA kernel's"
     if st.perm is not None and m < WGMMA_GATHER_MIN_M:
         return f"act-order M={m} < {WGMMA_GATHER_MIN_M}: the input would be gathered in a launch of its own"
     if m > WGMMA_MAX_M:

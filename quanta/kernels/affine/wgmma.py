@@ -80,10 +80,30 @@ if GLUON_ERROR is None:
         return w
 
     @gluon.jit
-    def _issue_weights(w_ptr, sz_ptr, w_buf, s_buf, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
+    def _group_scales(s_ring, s, t, j: gl.constexpr, GS: gl.constexpr, HAS_ZB: gl.constexpr, layout: gl.constexpr,
+                      DT: gl.constexpr):
+        """(scale, zbias) [rows] in DT of group j of K tile t in stage s of the scale ring: the stage's row where a
+        group spans the tile, else its row j, or j // 2's halves without zero points."""
+        if GS >= TILE_K:
+            v = s_ring.index(s).load(layout)
+        else:
+            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
+            v = s_ring.index(s * SROWS + (j if HAS_ZB else j // 2)).load(layout)
+        if HAS_ZB:
+            sc = (v & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+            zb = (v >> 16).to(gl.int16).to(DT, bitcast=True)
+        else:
+            half = ((t * TILE_K) // GS % 2) if GS >= TILE_K else j % 2
+            sc = ((v >> (half * 16)) & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+            zb = sc
+        return sc, zb
+
+    @gluon.jit
+    def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
                        BLOCK_N: gl.constexpr):
-        """cp.async K tile t's words [16, BLOCK_N] and scale words [BLOCK_N] into one stage (16-byte copies along
-        the rows); nothing when not pred."""
+        """cp.async K tile t's words [16, BLOCK_N] and scale words [BLOCK_N] (a row a group or pair of groups where
+        groups are narrower than the tile) into stage `stage` (16-byte copies along the rows); nothing when not
+        pred."""
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         r = gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
@@ -93,7 +113,14 @@ if GLUON_ERROR is None:
         ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
         g = (t * TILE_K) // GS
         srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
-        async_copy.async_copy_global_to_shared(s_buf, sz_ptr + srow * N + ns, mask=(ns < N) & pred)
+        if GS >= TILE_K:
+            async_copy.async_copy_global_to_shared(s_ring.index(stage), sz_ptr + srow * N + ns,
+                                                   mask=(ns < N) & pred)
+        else:
+            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
+            for row in gl.static_range(SROWS):
+                async_copy.async_copy_global_to_shared(s_ring.index(stage * SROWS + row),
+                                                       sz_ptr + (srow + row) * N + ns, mask=(ns < N) & pred)
 
     @gluon.jit
     def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr):
@@ -113,7 +140,7 @@ if GLUON_ERROR is None:
         """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
         s = j % STAGES
         pred = j < n_tiles
-        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring.index(s), t_begin + j, n0, N, pred, GS, HAS_ZB,
+        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, pred, GS, HAS_ZB,
                        BLOCK_N)
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
 
@@ -209,14 +236,19 @@ if GLUON_ERROR is None:
         # words [16, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R_ROWS, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
-                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        if GS >= TILE_K:
+            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
+                                               gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        else:                                # the tile's scale rows (_issue_weights)
+            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
+            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES * SROWS, BLOCK_N],
+                                               gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
         # x in wgmma's 128-byte swizzle (an x stage laid out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle
         # was slower at every M)
         x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
-            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring.index(p), t_begin + p, n0, N, p < n_tiles, GS,
+            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, p < n_tiles, GS,
                            HAS_ZB, BLOCK_N)
         # under programmatic dependent launch the weight's first stages are issued before the wait for the
         # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
@@ -237,17 +269,15 @@ if GLUON_ERROR is None:
             _cta_barrier()
             fence_async_shared()
             words = w_ring.index(s).permute((1, 0)).load(A)
-            v = s_ring.index(s).load(gl.SliceLayout(1, A))
-            if HAS_ZB:
-                sc = (v & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
-                zb = (v >> 16).to(gl.int16).to(DT, bitcast=True)
-            else:
-                sc = ((v >> (((t * TILE_K) // GS % 2) * 16)) & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
-                zb = sc
+            sc, zb = _group_scales(s_ring, s, t, 0, GS, HAS_ZB, gl.SliceLayout(1, A), DT)
             sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
             zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
             xs = x_ring.index(s)
             for c in gl.static_range(8):
+                if GS < TILE_K and c > 0 and (c * 16) % GS == 0:   # code c begins a group narrower than the tile
+                    sc, zb = _group_scales(s_ring, s, t, (c * 16) // GS, GS, HAS_ZB, gl.SliceLayout(1, A), DT)
+                    sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
+                    zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
                 w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
                 acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
@@ -271,11 +301,12 @@ class WgmmaConfig(NamedTuple):
 
 
 def weight_fits(st: AffineState) -> bool:
-    """Whether the kernel computes this weight: 4-bit affine codes with one scale row a K tile (a group of a
-    multiple of 128 columns, or per channel), in fp16 or bf16; act-order too, its input gathered first (matmul).
-    Narrower groups stay with the MMA kernel."""
-    return (st.mode == AFFINE and st.bits == 4 and st.group_size % TILE_K_COLUMNS == 0
-            and st.dtype in (torch.float16, torch.bfloat16))
+    """Whether the kernel computes this weight: 4-bit affine codes in groups of a multiple of 128 columns (one
+    scale row a K tile), per channel, or of 32 or 64 columns (GGUF Q4_0 / Q4_1, AWQ / GPTQ g32, g64: a scale row
+    a group, or a pair of groups, each applied from the code where its group begins), in fp16 or bf16; act-order
+    too, its input gathered first (matmul)."""
+    groups_fit = st.group_size % TILE_K_COLUMNS == 0 or st.group_size in (32, 64)
+    return st.mode == AFFINE and st.bits == 4 and groups_fit and st.dtype in (torch.float16, torch.bfloat16)
 
 
 def k_tiles_each(st: AffineState, sms: int) -> float:

@@ -126,9 +126,9 @@ if wgmma.GLUON_ERROR is None:
 
 
 def weight_fits(st: AffineState) -> bool:
-    """Whether the kernel computes this weight: wgmma.weight_fits', with rows of whole 16-byte TMA boxes (N a
-    multiple of 4 words)."""
-    return wgmma.weight_fits(st) and st.n % 4 == 0
+    """Whether the kernel computes this weight: wgmma.weight_fits' with one scale row a K tile (groups of a multiple
+    of 128 columns, or per channel) and rows of whole 16-byte TMA boxes (N a multiple of 4 words)."""
+    return wgmma.weight_fits(st) and st.group_size % wgmma.TILE_K_COLUMNS == 0 and st.n % 4 == 0
 
 
 def default_config(st: AffineState, caps: DeviceCaps, m: int) -> wgmma.WgmmaConfig:
