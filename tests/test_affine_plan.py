@@ -64,11 +64,19 @@ def recorded_path(key: str, m: int) -> str:
 
 
 def expected_path(key: str, m: int) -> str:
-    """The recorded path, but for the one decision changed since: on sm90 an act-order weight takes, from
-    WGMMA_GATHER_MIN_M, the path of the same weight without act-order (its input gathered for the wgmma kernel)."""
+    """The recorded path, but for the decisions changed since: on sm90 an act-order weight takes, from
+    WGMMA_GATHER_MIN_M, the path of the same weight without act-order (its input gathered for the wgmma kernel);
+    fp16 groups of 32 take the wgmma kernel's M up to WGMMA_NARROW_MAX_M, which the MMA kernel had (M = 2..16 always,
+    17..32 where the programs get WGMMA_MIN_TILES_EACH K tiles, as for groups of 128)."""
     if key.startswith("sm90|w4g128act|") and m >= plan.WGMMA_GATHER_MIN_M:
         return recorded_path(key.replace("w4g128act", "w4g128sym"), m)
-    return recorded_path(key, m)
+    path = recorded_path(key, m)
+    if key.startswith("sm90|w4g32") and "|float16|" in key and path == "mma" and m <= plan.WGMMA_NARROW_MAX_M:
+        caps, st = recorded(key)
+        if m <= plan.WGMMA_ALWAYS_MAX_M or m > wgmma.ONE_WARPGROUP_MAX_M \
+                or wgmma.k_tiles_each(st, caps.sm_count) >= plan.WGMMA_MIN_TILES_EACH:
+            return "wgmma"
+    return path
 
 
 @pytest.mark.parametrize("chip", ["sm90", "sm89", "sm80", "sm75"])
@@ -110,6 +118,16 @@ def test_sm90_gemv_at_m1_wgmma_above_and_cublas_past_1024():
     small_bf16 = at_shape(small_state("w4g128sym", torch.bfloat16), 4096, 4096)        # 8B o: too little work
     assert paths(small_bf16, caps, (1, 16, 17, 1024)) == ["gemv", "wgmma", "mma", "wgmma"]
     assert paths(small_bf16, caps, (513, 640)) == ["cublas", "cublas"]     # bf16 with the K loop split
+
+
+def test_sm90_groups_of_32_take_the_wgmma_kernel_in_fp16_up_to_m256():
+    """Groups of 32 (GGUF Q4_0, GPTQ g32) on an H100, 8B gate_up: the GEMV at M = 1, the wgmma kernel from 2 to
+    WGMMA_NARROW_MAX_M in fp16, then the MMA kernel up to 512 and cuBLAS; bf16 keeps the MMA kernel."""
+    caps = PRESETS["sm90"]
+    f16 = at_shape(small_state("w4g32fmin", torch.float16), 28672, 4096)
+    assert paths(f16, caps, (1, 2, 16, 33, 256, 257, 512, 513)) == ["gemv"] + ["wgmma"] * 4 + ["mma"] * 2 + ["cublas"]
+    bf16 = at_shape(small_state("w4g32fmin", torch.bfloat16), 28672, 4096)
+    assert set(paths(bf16, caps, (2, 16, 256))) == {"mma"}
 
 
 @pytest.mark.parametrize("chip", ["sm75", "sm80", "sm89"])

@@ -36,6 +36,9 @@ WGMMA_MIN_TILES_EACH = 2.5
 # bf16 at M = 1: the GEMV decodes bf16 in fp32 (three instructions a code), so the wgmma kernel is faster where its
 # programs have 4 K tiles each or more (from 8B down up), not on the small weights (8B qkv, o).
 WGMMA_BF16_M1_MIN_TILES_EACH = 4
+# Groups of 32 and 64 (GGUF Q4_0 / Q4_1, AWQ / GPTQ g32, g64) go to the wgmma kernel in fp16 up to M = 256, where it
+# was measured faster than the MMA kernel on the Llama shapes; bf16 and larger M keep the MMA kernel's path.
+WGMMA_NARROW_MAX_M = 256
 # Above, dequantize + cuBLAS, whose decode costs the same at any M, is faster on most Llama shapes.
 WGMMA_MAX_M = 1024
 # An act-order weight whose input arrives in the model's order (o, down: no norm writes it sorted) takes the wgmma
@@ -64,8 +67,8 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
         return f"no Gluon wgmma on {caps.name}" + (f" ({wgmma.GLUON_ERROR})" if wgmma.GLUON_ERROR else "")
     if not wgmma.weight_fits(st):
         return "takes 4-bit affine codes in groups of 32, 64, a multiple of 128 or per channel"
-    if st.group_size < wgmma.TILE_K_COLUMNS:
-        return f"groups of {st.group_size}: the MMA kernel's"
+    if st.group_size < wgmma.TILE_K_COLUMNS and (st.dtype != torch.float16 or m > WGMMA_NARROW_MAX_M):
+        return f"groups of {st.group_size} in {st.dtype} at M={m}: the MMA kernel's"
     if st.perm is not None and m < WGMMA_GATHER_MIN_M:
         return f"act-order M={m} < {WGMMA_GATHER_MIN_M}: the input would be gathered in a launch of its own"
     if m > WGMMA_MAX_M:
@@ -132,7 +135,7 @@ def _why_splitk(st: AffineState, caps: DeviceCaps, m: int) -> str:
 # The paths in order, and what each takes:
 #   wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile (act-order from WGMMA_GATHER_MIN_M):
 #           M = 2..16, M = 17..32 where its programs have work enough, M = 33..1024 (bf16 where its K loop is not
-#           split), bf16 M = 1 on the larger weights
+#           split), bf16 M = 1 on the larger weights; groups of 32 / 64 in fp16 only, M = 2..256
 #   gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)
 #   mma     sm90, affine or 4-bit table codes, M <= 512
 #   cublas  table codes above the GEMV where the MMA kernel does not run, and every weight from M = 256
