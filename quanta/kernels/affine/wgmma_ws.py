@@ -6,7 +6,7 @@ In wgmma.py each of a program's 256 threads computes addresses and masks for a s
 Here one warp issues the stage's four TMA copies (words, scale row, x in two 64-column halves) against a `ready`
 mbarrier; the consumers wait on it and free a stage through an `empty` mbarrier once the wgmmas that read it have
 completed. The decode, the wgmma per code and the epilogue are wgmma.py's. The plan does not route to it: it has not
-been faster than wgmma.py's kernel (RESULTS.md, "Known gaps"); wgmma_ws_sweep.py measures the two side by side.
+been faster than wgmma.py's kernel, whose copies were not its cost (benchmarks/wgmma_ws_sweep.py compares them).
 """
 from __future__ import annotations
 
