@@ -80,30 +80,24 @@ if GLUON_ERROR is None:
         return w
 
     @gluon.jit
-    def _group_scales(s_ring, s, t, j: gl.constexpr, GS: gl.constexpr, HAS_ZB: gl.constexpr, layout: gl.constexpr,
-                      DT: gl.constexpr):
-        """(scale, zbias) [rows] in DT of group j of K tile t in stage s of the scale ring: the stage's row where a
-        group spans the tile, else its row j, or j // 2's halves without zero points."""
-        if GS >= TILE_K:
-            v = s_ring.index(s).load(layout)
-        else:
-            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
-            v = s_ring.index(s * SROWS + (j if HAS_ZB else j // 2)).load(layout)
+    def operand_scales(v, g, HAS_ZB: gl.constexpr, DT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """(scale, zbias) [BLOCK_N, 16] in DT, broadcast over a code's 16 columns, of group g from its scale words v
+        [BLOCK_N] (operand A's rows): (scale, zbias) a word, or without zero points group g's half of the word of
+        groups 2j, 2j + 1."""
         if HAS_ZB:
             sc = (v & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
             zb = (v >> 16).to(gl.int16).to(DT, bitcast=True)
         else:
-            half = ((t * TILE_K) // GS % 2) if GS >= TILE_K else j % 2
-            sc = ((v >> (half * 16)) & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+            sc = ((v >> ((g % 2) * 16)) & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
             zb = sc
-        return sc, zb
+        return (gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16]),
+                gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16]))
 
     @gluon.jit
     def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
-                       BLOCK_N: gl.constexpr):
-        """cp.async K tile t's words [16, BLOCK_N] and scale words [BLOCK_N] (a row a group or pair of groups where
-        groups are narrower than the tile) into stage `stage` (16-byte copies along the rows); nothing when not
-        pred."""
+                       SROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+        """cp.async K tile t's words [16, BLOCK_N] and its SROWS rows of scale words [BLOCK_N] (the kernel says how
+        many) into stage `stage` (16-byte copies along the rows); nothing when not pred."""
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         r = gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
@@ -113,14 +107,9 @@ if GLUON_ERROR is None:
         ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
         g = (t * TILE_K) // GS
         srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
-        if GS >= TILE_K:
-            async_copy.async_copy_global_to_shared(s_ring.index(stage), sz_ptr + srow * N + ns,
+        for row in gl.static_range(SROWS):
+            async_copy.async_copy_global_to_shared(s_ring.index(stage * SROWS + row), sz_ptr + (srow + row) * N + ns,
                                                    mask=(ns < N) & pred)
-        else:
-            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
-            for row in gl.static_range(SROWS):
-                async_copy.async_copy_global_to_shared(s_ring.index(stage * SROWS + row),
-                                                       sz_ptr + (srow + row) * N + ns, mask=(ns < N) & pred)
 
     @gluon.jit
     def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr):
@@ -135,12 +124,12 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, j, t_begin, n_tiles, STAGES: gl.constexpr, n0, m0,
-                    M, N, K, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr):
+                    M, N, K, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr, SROWS: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
         s = j % STAGES
         pred = j < n_tiles
-        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, pred, GS, HAS_ZB,
+        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, pred, GS, HAS_ZB, SROWS,
                        BLOCK_N)
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
 
@@ -236,20 +225,18 @@ if GLUON_ERROR is None:
         # words [16, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R_ROWS, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
-        if GS >= TILE_K:
-            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
-                                               gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-        else:                                # the tile's scale rows (_issue_weights)
-            SROWS: gl.constexpr = TILE_K // GS if HAS_ZB else TILE_K // GS // 2
-            s_ring = gl.allocate_shared_memory(gl.int32, [STAGES * SROWS, BLOCK_N],
-                                               gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        # a stage's scale words: one row where a group spans the tile, else one a group, or a pair of groups
+        # without zero points (a word holds both halves)
+        SROWS: gl.constexpr = 1 if GS >= TILE_K else (TILE_K // GS if HAS_ZB else TILE_K // GS // 2)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES * SROWS, BLOCK_N],
+                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
         # x in wgmma's 128-byte swizzle (an x stage laid out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle
         # was slower at every M)
         x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, p < n_tiles, GS,
-                           HAS_ZB, BLOCK_N)
+                           HAS_ZB, SROWS, BLOCK_N)
         # under programmatic dependent launch the weight's first stages are issued before the wait for the
         # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
         if PDL:
@@ -269,21 +256,21 @@ if GLUON_ERROR is None:
             _cta_barrier()
             fence_async_shared()
             words = w_ring.index(s).permute((1, 0)).load(A)
-            sc, zb = _group_scales(s_ring, s, t, 0, GS, HAS_ZB, gl.SliceLayout(1, A), DT)
-            sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
-            zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
+            g0 = (t * TILE_K) // GS
+            sc, zb = operand_scales(s_ring.index(s * SROWS).load(gl.SliceLayout(1, A)), g0, HAS_ZB, DT, BLOCK_N)
             xs = x_ring.index(s)
             for c in gl.static_range(8):
                 if GS < TILE_K and c > 0 and (c * 16) % GS == 0:   # code c begins a group narrower than the tile
-                    sc, zb = _group_scales(s_ring, s, t, (c * 16) // GS, GS, HAS_ZB, gl.SliceLayout(1, A), DT)
-                    sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
-                    zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
+                    row = (c * 16) // GS if HAS_ZB else (c * 16) // GS // 2
+                    v = s_ring.index(s * SROWS + row).load(gl.SliceLayout(1, A))
+                    # the tile's first group is even here (groups of 32 / 64): the parity is the code's, known
+                    sc, zb = operand_scales(v, (c * 16) // GS, HAS_ZB, DT, BLOCK_N)
                 w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
                 acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
-                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, BLOCK_M, BLOCK_N)
+                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M, BLOCK_N)
         finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, PDL, HAS_BIAS,
                ATOMIC, BLOCK_N, BLOCK_M)
 

@@ -79,14 +79,7 @@ if wgmma.GLUON_ERROR is None:
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             words = w_ring.index(s).permute((1, 0)).load(A)
             v = s_ring.index(s).reshape([BLOCK_N]).load(gl.SliceLayout(1, A))
-            if HAS_ZB:
-                sc = (v & 0xFFFF).to(gl.int16).to(x_ring.dtype, bitcast=True)
-                zb = (v >> 16).to(gl.int16).to(x_ring.dtype, bitcast=True)
-            else:
-                sc = ((v >> (((t * TILE_K) // GS % 2) * 16)) & 0xFFFF).to(gl.int16).to(x_ring.dtype, bitcast=True)
-                zb = sc
-            sc = gl.expand_dims(sc, 1).broadcast_to([BLOCK_N, 16])
-            zb = gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16])
+            sc, zb = wgmma.operand_scales(v, (t * TILE_K) // GS, HAS_ZB, x_ring.dtype, BLOCK_N)
             for c in gl.static_range(8):
                 w = wgmma._decode_code(words, c, sc, zb, ZERO, HAS_ZB, x_ring.dtype)
                 xs = x_ring.index(2 * s + c // 4).slice((c % 4) * 16, 16, dim=1)
