@@ -17,6 +17,7 @@ from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, plan, wgmma
 from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
 from quanta.planner.weight_bytes import gguf_gemm_bytes
+from quanta.kernels.triton_support import tl, triton
 from quanta.quant.kinds.gguf import Gguf
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
@@ -411,7 +412,27 @@ def test_wgmma_takes_fp16_q4_k_q5_k_q6_k_on_sm90_with_gluon(monkeypatch):
     assert "not importable" in plan.explain(fresh, caps, 16)[1]
 
 
-@pytest.mark.parametrize("name", ["q4_K", "q6_K"])
+@triton.jit
+def _mma_order_kernel(x_ptr, y_ptr, Q6: tl.constexpr):
+    rows = tl.arange(0, 16)[:, None] * 256
+    cols = tl.arange(0, 128)[None, :]
+    for step in tl.static_range(2):
+        x = tl.load(x_ptr + rows + step * 128 + cols)
+        tl.store(y_ptr + rows + step * 128 + cols, mma._in_mma_order(x, Q6, 16))
+
+
+@pytest.mark.parametrize("kind", [4, 6])
+def test_wgmma_x_order_is_the_mma_kernels(kind):
+    """x[:, mma_order] (the gather before the wgmma kernel from ORDERED_MIN_M rows) puts each K step's columns where
+    the MMA kernel's in-register permutation puts them (the decode both kernels share reads them there)."""
+    x = torch.randn(16, 256, device=DEVICE)
+    y = torch.empty_like(x)
+    _mma_order_kernel[(1,)](x, y, Q6=kind == 6)
+    assert torch.equal(x[:, wgmma.mma_order(256, kind, x.device)], y)
+    assert not torch.equal(wgmma.mma_order(256, 4, x.device), wgmma.mma_order(256, 6, x.device))
+
+
+@pytest.mark.parametrize("name", ["q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("m,block_m,warps,rows", [(1, 16, 4, 128), (16, 16, 4, 128), (17, 32, 4, 128),
                                                   (33, 64, 8, 256), (64, 64, 8, 256), (65, 128, 8, 256)])
 def test_wgmma_config_by_rows(name, m, block_m, warps, rows):
@@ -420,7 +441,7 @@ def test_wgmma_config_by_rows(name, m, block_m, warps, rows):
     steps."""
     st = types.SimpleNamespace(n=14336, k=4096, name=name)
     config = wgmma.default_config(st, PRESETS["sm90"], m)
-    block_m = 64 if m > 64 and name == "q6_K" else block_m
+    block_m = 64 if m > 64 and name != "q4_K" else block_m
     assert (config.block_m, config.warps, config.rows) == (block_m, warps, rows)
     tiles, splits, per = wgmma.grid(st, 132, config, m)
     assert tiles == -(-14336 // rows) * -(-m // block_m) and splits * per >= 4096 // wgmma.STEP > (splits - 1) * per
@@ -461,7 +482,8 @@ def test_gpu_llama_shapes(name, n, k):
     ref_w = w.dequantize(torch.float32).double()
     for dtype in (torch.float16, torch.bfloat16):
         module, _ = registry.select(w, torch.device("cuda"), dtype)
-        assert (module is ggml_gemm) == (name in K_QUANTS or name == "IQ4_NL"), module.NAME
+        on_ggml = (name in K_QUANTS or name == "IQ4_NL") and not (name.startswith("IQ4") and dtype == torch.float16)
+        assert (module is ggml_gemm) == on_ggml, module.NAME          # fp16 IQ4 runs on the codebook kernels
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         st = ggml_gemm.prepare(w, torch.device("cuda"), dtype)
@@ -491,17 +513,21 @@ def test_gpu_llama_shapes(name, n, k):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm90 GPU")
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("m,config", [(5, None), (16, (16, 3, 1e-3, 1, 128, 2, 4)), (31, (32, 2, 1e-3, 1, 128, 3, 4)),
-                                      (70, None), (70, (64, 3, None, 1, 128, 1, 8))])
-def test_gpu_wgmma_edges(name, m, config):
+@pytest.mark.parametrize("m,config,ordered", [(5, None, None), (16, (16, 3, 1e-3, 1, 128, 2, 4), None),
+                                              (16, (16, 3, 1e-3, 1, 128, 2, 4), True),
+                                              (31, (32, 2, 1e-3, 1, 128, 3, 4), None), (70, None, None),
+                                              (70, (64, 3, None, 1, 128, 1, 8), None),
+                                              (70, (64, 3, None, 1, 128, 1, 8), False)])
+def test_gpu_wgmma_edges(name, m, config, ordered):
     """The Gluon kernel against the gguf package on 200 rows (no multiple of a program's rows) and five super-blocks
-    (an odd number of K steps' halves), x a strided view: its K order, each sub-block's scale (and min, fifth or
-    top bits), masked rows of W and x, one program over the whole K loop and split over it, a bias."""
+    (an odd number of K steps' halves), x a strided view: its K order (x gathered in the kernel, or before it),
+    each sub-block's scale (and min, fifth or top bits), masked rows of W and x, one program over the whole K loop
+    and split over it, a bias."""
     w, ref = make_gguf(200, 1280, name, seed=m, device="cuda")
     st = ggml_gemm.prepare(w, torch.device("cuda"), torch.float16)
     x = torch.randn(m, 1280 + 64, device="cuda", dtype=torch.float16)[:, 32:1312]
     bias = torch.randn(200, device="cuda", dtype=torch.float16)
-    y = wgmma.matmul(x, st, bias, config)
+    y = wgmma.matmul(x, st, bias, config, ordered=ordered)
     assert y.dtype == torch.float16
     assert rel_err(y, x.double() @ ref.double().T.cuda() + bias.double()) < TOL[torch.float16]
 

@@ -6,9 +6,12 @@ The MMA kernel (mma.py) decodes a whole K step of 128 values into one tl.dot ope
 the next; here slice i of the step goes to its wgmma while slice i + 1 decodes, as the affine kernel does, and the
 code words, scale words and x arrive by cp.async into a ring of shared-memory stages. The decode is the MMA
 kernel's (its slice maps, PTX and scales), so the wgmma's K order is not the file's: x is copied into its stage
-already permuted into the MMA's order (mma._in_mma_order's map), 4 bytes a copy.
+in the MMA's order (mma._in_mma_order's map), gathered 4 bytes a copy for a few rows, or put in that order before
+the kernel (mma_order) from ORDERED_MIN_M rows.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -23,6 +26,10 @@ from quanta.kernels.triton_support import gdc_wait, pdl_launch, zero_
 TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND (mma.TYPES, the decoders it shares)
 STEP = 128                  # values of a row a K step: half a super-block, 16 code words
 ONE_WARPGROUP_MAX_M = 32    # above, two warpgroups share each stage of x (default_config)
+# From here x is put in the MMA's column order by a gather of its own before the kernel, which then copies it 16
+# bytes a copy: gathered in the kernel, 4 bytes a copy, a large tile of x costs each program more copy and address
+# instructions than its decode; for a few rows the gather's launch costs more than they do.
+ORDERED_MIN_M = ONE_WARPGROUP_MAX_M + 1
 LARGE_M_MIN_STEPS = 2
 
 if GLUON_ERROR is None:
@@ -130,16 +137,24 @@ if GLUON_ERROR is None:
         async_copy.async_copy_global_to_shared(s_buf, at + N, mask=(ns < N) & pred)
 
     @gluon.jit
-    def _issue_x(x_ptr, x_buf, step, m0, M, stride_xm, pred, KIND: gl.constexpr, BLOCK_M: gl.constexpr):
+    def _issue_x(x_ptr, x_buf, step, m0, M, stride_xm, pred, KIND: gl.constexpr, BLOCK_M: gl.constexpr,
+                 ORDERED: gl.constexpr):
         """cp.async K step `step` of x [BLOCK_M rows, 128] into one stage in the MMA's column order (column
         64 HIGH + 16 t + 2 q' + e holds value 64 (q' // 4) + 32 HIGH + 8 (q' % 4) + 2 t + e; Q6_K's, value
-        64 HIGH + 32 (q' // 4) + 8 (q' % 4) + 2 t + e: pairs of adjacent values, 4 bytes a copy), zeros past M;
-        then commit the stage's group."""
-        XL: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [gl.num_warps(), 1], [1, 0])
+        64 HIGH + 32 (q' // 4) + 8 (q' % 4) + 2 t + e), zeros past M; then commit the stage's group. ORDERED: x
+        arrives in that order (mma_order), 16 bytes a copy; else it is gathered here, pairs of adjacent values,
+        4 bytes a copy."""
+        if ORDERED:
+            XL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+        else:
+            XL: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [gl.num_warps(), 1], [1, 0])
         m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
         j = gl.arange(0, STEP_COLS, layout=gl.SliceLayout(0, XL))
-        halves = 32 * (j // 64) + 64 * ((j // 8) % 2) if KIND != 6 else 64 * (j // 64) + 32 * ((j // 8) % 2)
-        k = step * STEP_COLS + halves + 8 * ((j // 2) % 4) + 2 * ((j // 16) % 4) + j % 2
+        if ORDERED:
+            k = step * STEP_COLS + j
+        else:
+            halves = 32 * (j // 64) + 64 * ((j // 8) % 2) if KIND != 6 else 64 * (j // 64) + 32 * ((j // 8) % 2)
+            k = step * STEP_COLS + halves + 8 * ((j // 2) % 4) + 2 * ((j // 16) % 4) + j % 2
         async_copy.async_copy_global_to_shared(x_buf, x_ptr + m[:, None] * stride_xm + k[None, :],
                                                mask=(m < M)[:, None] & pred)
         async_copy.commit_group()
@@ -148,7 +163,7 @@ if GLUON_ERROR is None:
     def _ggml_wgmma_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, M, N, steps_per_split, num_steps, stride_xm,
                            stride_ym, KIND: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr,
-                           PDL: gl.constexpr):
+                           PDL: gl.constexpr, ORDERED: gl.constexpr = False):
         """y[M, N] (+)= (W[BLOCK_N rows, K steps of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
         (output tile, split j), over the column-major planes of mma._ggml_mma_kernel (its docstring lists them by
         type; KIND 4, 5, 6 = Q4_K, Q5_K, Q6_K). affine/wgmma._w4_wgmma_kernel's pipeline and waits (its docstring
@@ -178,7 +193,7 @@ if GLUON_ERROR is None:
         if PDL:
             gdc_wait()
         for p in gl.static_range(AHEAD):
-            _issue_x(x_ptr, x_ring.index(p), s_begin + p, m0, M, stride_xm, p < n_steps, KIND, BLOCK_M)
+            _issue_x(x_ptr, x_ring.index(p), s_begin + p, m0, M, stride_xm, p < n_steps, KIND, BLOCK_M, ORDERED)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         o1 = gl.zeros([BLOCK_N, 16], gl.float16, A)
@@ -225,7 +240,8 @@ if GLUON_ERROR is None:
                     ring = j % STAGES
                     _issue_weights(p0, p1, p2, p3, w_ring, h_ring, dm_ring, f_ring, s_ring, ring, s_begin + j, n0,
                                    N, j < n_steps, KIND, BLOCK_N)
-                    _issue_x(x_ptr, x_ring.index(ring), s_begin + j, m0, M, stride_xm, j < n_steps, KIND, BLOCK_M)
+                    _issue_x(x_ptr, x_ring.index(ring), s_begin + j, m0, M, stride_xm, j < n_steps, KIND, BLOCK_M,
+                             ORDERED)
         finish(acc, o1, o2, o3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, s_begin == 0, n_steps > 0, PDL, HAS_BIAS,
                ATOMIC, BLOCK_N, BLOCK_M)
 
@@ -247,15 +263,25 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     return WgmmaConfig(128, 4, None, LARGE_M_MIN_STEPS, 256, 3, 8)
 
 
+@functools.lru_cache(maxsize=None)
+def mma_order(k: int, kind: int, device: torch.device) -> torch.Tensor:
+    """int64 [k]: x[:, mma_order(...)] is x in the MMA's column order of each K step (mma._in_mma_order's
+    permutation of a step's 128 columns; Q6_K's, kind 6, its own), as the kernel reads it with ORDERED."""
+    dims = (0, 1, 4, 2, 3, 5) if kind == 6 else (0, 2, 4, 1, 3, 5)
+    steps = torch.arange(k, device=device).view(k // STEP, 2, 2, 4, 4, 2)
+    return steps.permute(dims).reshape(k)
+
+
 def grid(st: GgmlState, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
     """(output tiles, K splits, K steps a split) of a launch of `config` for M rows (affine/wgmma.grid_of's rule)."""
     return grid_of(st.n, st.k // STEP, sms, config, m)
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
-           caps: DeviceCaps | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (WgmmaConfig's fields) forced by tests and benchmarks. Split-K
-    partial sums are added into a zeroed fp16 output."""
+           caps: DeviceCaps | None = None, ordered: bool | None = None) -> torch.Tensor:
+    """y[M, N] = x2[M, K] @ W.T (+ bias); `config` (WgmmaConfig's fields) and `ordered` (x put in the MMA's order
+    before the kernel; default from ORDERED_MIN_M rows) forced by tests and benchmarks. Split-K partial sums are
+    added into a zeroed fp16 output."""
     assert st.name in TYPES and x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1
     m = x2.shape[0]
     caps = caps or device_caps(x2.device)
@@ -263,6 +289,9 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     bm, stages, _, _, bn, lag, warps = config
     assert bm in (16, 32, 64, 128) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
         and stages >= (2 if warps == 4 else 3), config
+    ordered = m >= ORDERED_MIN_M if ordered is None else ordered
+    if ordered:
+        x2 = x2.index_select(1, mma_order(st.k, TYPES[st.name], x2.device))
     x2, _ = aligned_rows(x2, st.k)
     tiles, splits, per = grid(st, caps.sm_count, config, m)
     # split-K partial sums are added in fp16, as the affine kernels' are: a float32 sum would take a cast, one launch
@@ -274,5 +303,5 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     _ggml_wgmma_kernel[(tiles, splits)](
         x2, *planes, bias if bias is not None else x2, y, m, st.n, per, st.k // STEP, x2.stride(0), y.stride(0),
         KIND=TYPES[st.name], HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag,
-        ATOMIC=splits > 1, num_warps=warps, **pdl_launch(caps))
+        ATOMIC=splits > 1, ORDERED=ordered, num_warps=warps, **pdl_launch(caps))
     return y
