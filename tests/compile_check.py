@@ -344,6 +344,8 @@ CASES = {
                                             dict(_GGML_WGMMA, KIND=5, BLOCK_M=128, BLOCK_N=256, STAGES=3, LAG=3,
                                                  ORDERED=True),
                                             8, 1, 90),
+    "ggml_wgmma_q4_k_m16_256_rows": ("ggml.wgmma", "_ggml_wgmma_kernel", _GGML_WG, dict(_GGML_WGMMA, BLOCK_N=256),
+                                     4, 1, 90),
     "silu_and_mul": ("activation", "_silu_and_mul_kernel", dict(x_ptr="*fp16", y_ptr="*fp16"),
                      dict(BLOCK=1024), 4, 1, 75),
 }

@@ -365,11 +365,11 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     q4k = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)
     iq4 = ggml_gemm.prepare(make_gguf(40, 256, "IQ4_XS")[0], DEVICE, torch.float16)
     assert plan.CUBLAS_MIN_M == 65 and [plan.cublas_min_m(w) for w in (q4k, st, iq4)] == [65, 17, 2]
-    assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64] and [plan.wgmma_max_m(w) for w in (q4k, st)] == [128] * 2
-    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 6 + ["cublas"] * 3
+    assert [plan.mma_max_m(w) for w in (q4k, st)] == [128, 64] and [plan.wgmma_max_m(w) for w in (q4k, st)] == [384, 256]
+    assert [plan.choose(q4k, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 8 + ["cublas"]
     assert [plan.choose(q4k, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 5 + \
         ["cublas"] * 4
-    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 6 + ["cublas"] * 3
+    assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 7 + ["cublas"] * 2
     assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 2 + \
         ["cublas"] * 7
     assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
@@ -379,7 +379,7 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
         other_st = ggml_gemm.prepare(make_gguf(40, 256, other)[0], DEVICE, torch.float16)
         assert plan.choose(other_st, caps, 1).path.name == "gemv_cols", other
         assert plan.choose(other_st, caps, 16).path.name == ("gemm" if other in ("Q3_K", "Q2_K") else "wgmma"), other
-        assert plan.choose(other_st, caps, 129).path.name == "cublas", other
+        assert plan.choose(other_st, caps, 129 if other != "Q4_K" else 385).path.name == "cublas", other
     assert gemm.default_config(st, PRESETS["sm75"], 200).block_m <= 64       # fits a T4's shared memory
     name, reason = ggml_gemm.path(st, 1)
     assert name == "triton_ggml/gemv" and "GEMV" in reason and "not gemv_cols: not CUDA" in reason
@@ -437,11 +437,13 @@ def test_wgmma_x_order_is_the_mma_kernels(kind):
                                                   (33, 64, 8, 256), (64, 64, 8, 256), (65, 128, 8, 256)])
 def test_wgmma_config_by_rows(name, m, block_m, warps, rows):
     """One warpgroup and 16 or 32 rows of x up to M = 32, split for two waves; above, two warpgroups share 64 rows
-    of x (Q4_K's 128 from M = 65) over 256 weight rows, split for whole waves; every split at least its least K
-    steps."""
+    of x (from M = 65 Q4_K's 128 in 4 stages, Q6_K's in 3; Q5_K's 64) over 256 weight rows (Q4_K's 256 from one
+    row), split for whole waves; every split at least its least K steps."""
     st = types.SimpleNamespace(n=14336, k=4096, name=name)
     config = wgmma.default_config(st, PRESETS["sm90"], m)
-    block_m = 64 if m > 64 and name != "q4_K" else block_m
+    block_m = 64 if m > 64 and name == "q5_K" else block_m
+    rows = 256 if m <= 16 and name == "q4_K" else rows
+    assert config.stages == (3 if m <= 32 or (m > 64 and name == "q6_K") else 4)
     assert (config.block_m, config.warps, config.rows) == (block_m, warps, rows)
     tiles, splits, per = wgmma.grid(st, 132, config, m)
     assert tiles == -(-14336 // rows) * -(-m // block_m) and splits * per >= 4096 // wgmma.STEP > (splits - 1) * per

@@ -43,9 +43,11 @@ class TypeRule(NamedTuple):
 #   Q6_K's decode (two planes a code) costs more, so its copy wins from fewer rows; Q5_K's (Q4_K's and a fifth bit)
 #   still beats the copy to 128 rows.
 # - The wgmma path (Gluon, sm90) decodes as the MMA path but overlaps each slice's decode with the previous slice's
-#   wgmma: faster than the MMA path at every M and than the copy up to 128 rows for all three, Q6_K included.
-RULES = {"q4_K": TypeRule(mma_max_m=128, wgmma_max_m=128), "q5_K": TypeRule(mma_max_m=128, wgmma_max_m=128),
-         "q6_K": TypeRule(17, mma_max_m=64, wgmma_max_m=128),
+#   wgmma: faster than the MMA path at every M and than the copy up to 128 rows for all three; with x put in its
+#   order before the kernel (wgmma.ORDERED_MIN_M), up to 384 for Q4_K and 256 for Q6_K (on 128 rows of x), not
+#   further for Q5_K, whose decode (a fifth bit from a plane of its own) leaves 128 rows of x too few registers.
+RULES = {"q4_K": TypeRule(mma_max_m=128, wgmma_max_m=384), "q5_K": TypeRule(mma_max_m=128, wgmma_max_m=128),
+         "q6_K": TypeRule(17, mma_max_m=64, wgmma_max_m=256),
          "q3_K": TypeRule(17), "iq4_nl": TypeRule(2), "iq4_xs": TypeRule(2)}
 LOWEST_CUBLAS_MIN_M = min(CUBLAS_MIN_M, *(r.cublas_min_m for r in RULES.values()))
 

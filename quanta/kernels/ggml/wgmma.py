@@ -252,15 +252,18 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
-    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program, the K loop
-    split for two waves of programs; above, two warpgroups share each stage's 64 rows of x (Q4_K's 128 from M = 65:
-    Q5_K's and Q6_K's qh stage leaves 128 rows too few registers) over 256 weight rows a program, split for whole
-    waves of one program an SM, in as many stages as shared memory holds."""
+    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program (Q4_K's 256
+    up to M = 16: half the programs, each decoding twice the rows for the same x), the K loop split for two waves
+    of programs; above, two warpgroups share each stage's 64 rows of x (from M = 65 128 for
+    Q4_K, and for Q6_K in the 3 stages its qh stage leaves room for; Q5_K's decode leaves 128 rows too few
+    registers) over 256 weight rows a program, split for whole waves of one program an SM, in as many stages as
+    shared memory holds."""
     if m <= ONE_WARPGROUP_MAX_M:
-        return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, 128, 2, 4)
-    if m <= 64 or st.name != "q4_K":
+        rows = 256 if m <= 16 and st.name == "q4_K" else 128
+        return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, rows, 2, 4)
+    if m <= 64 or st.name == "q5_K":
         return WgmmaConfig(64, 4, None, LARGE_M_MIN_STEPS, 256, 2, 8)
-    return WgmmaConfig(128, 4, None, LARGE_M_MIN_STEPS, 256, 3, 8)
+    return WgmmaConfig(128, 4 if st.name == "q4_K" else 3, None, LARGE_M_MIN_STEPS, 256, 3, 8)
 
 
 @functools.lru_cache(maxsize=None)
