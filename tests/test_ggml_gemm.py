@@ -437,8 +437,8 @@ def test_wgmma_x_order_is_the_mma_kernels(kind):
                                                   (33, 64, 8, 256), (64, 64, 8, 256), (65, 128, 8, 256)])
 def test_wgmma_config_by_rows(name, m, block_m, warps, rows):
     """One warpgroup and 16 or 32 rows of x up to M = 32, split for two waves; above, two warpgroups share 64 rows
-    of x (from M = 65 Q4_K's 128 in 4 stages, Q6_K's in 3; Q5_K's 64) over 256 weight rows (Q4_K's 256 from one
-    row), split for whole waves; every split at least its least K steps."""
+    of x (from M = 65 Q4_K's 128 in 4 stages, Q6_K's in 3; Q5_K's 64) over 256 weight rows (Q4_K's 256 up to
+    M = 16 too), split for whole waves; every split at least its least K steps."""
     st = types.SimpleNamespace(n=14336, k=4096, name=name)
     config = wgmma.default_config(st, PRESETS["sm90"], m)
     block_m = 64 if m > 64 and name == "q5_K" else block_m

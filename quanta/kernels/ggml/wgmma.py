@@ -27,8 +27,8 @@ TYPES = {"q4_K": 4, "q5_K": 5, "q6_K": 6}     # name -> the kernel's KIND (mma.T
 STEP = 128                  # values of a row a K step: half a super-block, 16 code words
 ONE_WARPGROUP_MAX_M = 32    # above, two warpgroups share each stage of x (default_config)
 # From here x is put in the MMA's column order by a gather of its own before the kernel, which then copies it 16
-# bytes a copy: gathered in the kernel, 4 bytes a copy, a large tile of x costs each program more copy and address
-# instructions than its decode; for a few rows the gather's launch costs more than they do.
+# bytes a copy: gathered in the kernel, a copy and its address every 4 bytes (32 a thread a K step at 128 rows of x)
+# hold the loop back; for a few rows the gather's launch costs more than they do.
 ORDERED_MIN_M = ONE_WARPGROUP_MAX_M + 1
 LARGE_M_MIN_STEPS = 2
 
@@ -254,10 +254,9 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program (Q4_K's 256
     up to M = 16: half the programs, each decoding twice the rows for the same x), the K loop split for two waves
-    of programs; above, two warpgroups share each stage's 64 rows of x (from M = 65 128 for
-    Q4_K, and for Q6_K in the 3 stages its qh stage leaves room for; Q5_K's decode leaves 128 rows too few
-    registers) over 256 weight rows a program, split for whole waves of one program an SM, in as many stages as
-    shared memory holds."""
+    of programs. Above, two warpgroups share each stage's rows of x over 256 weight rows a program, split for whole
+    waves of one program an SM: 64 rows of x, from M = 65 128 for Q4_K (4 stages) and Q6_K (the 3 its qh stage
+    leaves room for); Q5_K's decode leaves 128 rows too few registers."""
     if m <= ONE_WARPGROUP_MAX_M:
         rows = 256 if m <= 16 and st.name == "q4_K" else 128
         return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, rows, 2, 4)
