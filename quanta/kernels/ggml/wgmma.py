@@ -12,6 +12,7 @@ the kernel (mma_order) from ORDERED_MIN_M rows.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -251,18 +252,32 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
     return GLUON_ERROR or mma.refusal(st, caps, "wgmma")
 
 
+class TypeTiles(NamedTuple):
+    """A type's tile choices: weight rows a program up to M = 16 (one warpgroup), rows of x a program and stages
+    from M = 65 (two warpgroups)."""
+    m16_rows: int
+    large_block_m: int
+    large_stages: int
+
+
+# Q4_K: 256 weight rows up to M = 16 (half the programs, each decoding twice the rows for the same x), 128 rows of x
+# in 4 stages from M = 65; Q6_K: 128 rows of x in the 3 stages its qh stage leaves room for; Q5_K: its decode leaves
+# 128 rows of x too few registers.
+TILES = {"q4_K": TypeTiles(256, 128, 4), "q5_K": TypeTiles(128, 64, 4), "q6_K": TypeTiles(128, 128, 3)}
+
+
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
-    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program (Q4_K's 256
-    up to M = 16: half the programs, each decoding twice the rows for the same x), the K loop split for two waves
-    of programs. Above, two warpgroups share each stage's rows of x over 256 weight rows a program, split for whole
-    waves of one program an SM: 64 rows of x, from M = 65 128 for Q4_K (4 stages) and Q6_K (the 3 its qh stage
-    leaves room for); Q5_K's decode leaves 128 rows too few registers."""
+    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program (up to M =
+    16 the type's TILES row), the K loop split for two waves of programs. Above, two warpgroups share each stage's
+    rows of x over 256 weight rows a program, split for whole waves of one program an SM: 64 rows of x in 4 stages,
+    from M = 65 the type's."""
+    tiles = TILES[st.name]
     if m <= ONE_WARPGROUP_MAX_M:
-        rows = 256 if m <= 16 and st.name == "q4_K" else 128
-        return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, rows, 2, 4)
-    if m <= 64 or st.name == "q5_K":
+        return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, tiles.m16_rows if m <= 16 else 128, 2, 4)
+    if m <= 64:
         return WgmmaConfig(64, 4, None, LARGE_M_MIN_STEPS, 256, 2, 8)
-    return WgmmaConfig(128, 4 if st.name == "q4_K" else 3, None, LARGE_M_MIN_STEPS, 256, 3, 8)
+    lag = 3 if tiles.large_block_m == 128 else 2
+    return WgmmaConfig(tiles.large_block_m, tiles.large_stages, None, LARGE_M_MIN_STEPS, 256, lag, 8)
 
 
 @functools.lru_cache(maxsize=None)
