@@ -5,6 +5,7 @@ Gluon kernels have no interpreter: the kernel runs in the GPU tests (sm90); on t
 tests/ptx_emulator.py. The CPU tests here check which weights it takes and how it launches; which M the plan gives
 it, test_affine_plan."""
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -117,6 +118,17 @@ def test_gpu_act_order_input_gathered(m):
     """An act-order weight (GPTQ desc_act: columns sorted by group at load) against its dequantize() in the model's
     column order: the kernel reads x gathered through perm."""
     check(make_affine(4096, 4096, 4, 128, "sym", act_order=True, device="cuda"), m, torch.float16, bias=m == 17)
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_runs_with_pdl_off():
+    """QUANTA_PDL=0 on sm90 (caps without PDL): the plan's wgmma path launches its kernel with PDL off."""
+    w = make_affine(4096, 4096, 4, 128, "sym", device="cuda")
+    st = affine.prepare(w, "cuda", torch.float16)
+    x = torch.randn(40, 4096, device="cuda", dtype=torch.float16)
+    y = plan.matmul(x, st, path="wgmma", caps=replace(device_caps(x.device), pdl=False))
+    assert rel_err(y, x.double() @ w.dequantize().double().T.cuda()) < TOL[torch.float16]
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 package's own dequantization of the same bytes: random valid blocks (random bytes, the fp16 d / dmin fields set to
 small finite values), every path, held at the file's bytes."""
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPR
 import ptx_emulator
 from quanta.kernels import ggml_gemm, registry
 from quanta.kernels.affine.layout import Affine
-from quanta.kernels.device_caps import PRESETS
+from quanta.kernels.device_caps import PRESETS, device_caps
 from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, plan, wgmma
 from quanta.kernels.ggml import layout
 from quanta.kernels.ggml.layout import k4_scale_pairs
@@ -532,6 +533,20 @@ def test_gpu_wgmma_edges(name, m, config, ordered):
     y = wgmma.matmul(x, st, bias, config, ordered=ordered)
     assert y.dtype == torch.float16
     assert rel_err(y, x.double() @ ref.double().T.cuda() + bias.double()) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("path,m", [("gemv_cols", 1), ("wgmma", 16), ("wgmma", 70)])
+def test_gpu_paths_run_with_pdl_off(path, m):
+    """QUANTA_PDL=0 on sm90 (caps without PDL): the column GEMV and the Gluon kernel, x gathered in it and before
+    it, launch with PDL off."""
+    w, ref = make_gguf(512, 1280, "Q4_K", seed=m, device="cuda")
+    st = ggml_gemm.prepare(w, torch.device("cuda"), torch.float16)
+    x = torch.randn(m, 1280, device="cuda", dtype=torch.float16)
+    y = plan.matmul(x, st, path=path, caps=replace(device_caps(x.device), pdl=False))
+    assert rel_err(y, x.double() @ ref.double().T.cuda()) < TOL[torch.float16]
 
 
 @pytest.mark.gpu

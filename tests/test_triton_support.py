@@ -1,4 +1,6 @@
 """The launch helpers shared by the Triton kernels."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,10 +11,12 @@ from quanta.kernels.device_caps import PRESETS, device_caps
 
 def test_pdl_follows_the_device_caps():
     """PDL launch keywords exactly where the caps say PDL (sm90 with Triton's griddepcontrol), never on the CPU's
-    interpreter, and not on a chip the caps stand for that lacks it (QUANTA_DEVICE_CAPS=sm80 on an H100)."""
+    interpreter, and not on a chip the caps stand for that lacks it (QUANTA_DEVICE_CAPS=sm80 on an H100). Off, the
+    PDL constexpr is still given: the Gluon kernels' has no default, and QUANTA_PDL=0 on sm90 launches them."""
     assert triton_support.pdl_launch(PRESETS["sm90"]) == {"PDL": True, "launch_pdl": True}
     for name in ("sm89", "sm80", "sm75", "cpu"):
-        assert triton_support.pdl_launch(PRESETS[name]) == {}
+        assert triton_support.pdl_launch(PRESETS[name]) == {"PDL": False}
+    assert triton_support.pdl_launch(replace(PRESETS["sm90"], pdl=False)) == {"PDL": False}
     assert not device_caps("cpu").pdl
 
 

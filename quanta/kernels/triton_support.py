@@ -112,9 +112,9 @@ def stream_k(tiles_out: int, k_tiles: int, sms: int) -> tuple[int, int, int, int
 # programmatic edges when capturing.
 
 def pdl_launch(caps: DeviceCaps) -> dict:
-    """The launch keywords for PDL on a device of these caps, the kernel's PDL constexpr included: {} when off
-    (PDL defaults to False), so Triton versions without the `launch_pdl` option work."""
-    return {"PDL": True, "launch_pdl": True} if caps.pdl else {}
+    """The launch keywords for PDL on a device of these caps: the kernel's PDL constexpr, always given (a Gluon
+    kernel's may have no default), and `launch_pdl` only when on, so Triton versions without that option work."""
+    return {"PDL": True, "launch_pdl": True} if caps.pdl else {"PDL": False}
 
 
 if triton is not None:
