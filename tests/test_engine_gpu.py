@@ -177,3 +177,22 @@ def test_preemption_and_prefix_cache_on_gpu():
     assert agreement(a, tokens(big.generate(ps, GREEDY, use_tqdm=False))) >= 0.9
     assert_pool_empty(llm)
     assert_pool_empty(big)
+
+
+@pytest.mark.parametrize("model", ["synthetic:tiny-tp:w4g64", "synthetic:tiny-tp:gguf-q4_K_M"])
+def test_no_kernel_compiles_while_serving(model, tmp_path, monkeypatch):
+    """Start-up compiles every kernel config an eager step can meet (ModelRunner.compile_step_shapes): a workload of
+    varied prompt lengths, chunked and mixed with decodes, then finds each of its kernels compiled (a kernel
+    compiled in this process before the engine started, for another test, is compiled already either way)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+    def compiled():
+        return {f.name for f in tmp_path.rglob("*.json") if not f.name.startswith("__grp__")}
+
+    llm = LLM(model, gpu_memory_utilization=0.2, max_num_batched_tokens=700, max_num_seqs=48)
+    started = compiled()
+    outs = llm.generate(prompts([3, 17, 100, 250, 511, 64, 1000, 5, 40, 129, 2, 300] * 4, seed=1),
+                        SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 20 for o in outs)
+    assert compiled() - started == set()
+    assert_pool_empty(llm)

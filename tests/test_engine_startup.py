@@ -73,3 +73,17 @@ def test_one_triton_decision_reaches_every_elementwise_op_and_attention(device, 
     ops = [m for m in core.model.modules() if isinstance(m, (RMSNorm, RotaryEmbedding, MergedQuantLinear))]
     assert {type(m) for m in ops} == {RMSNorm, RotaryEmbedding, MergedQuantLinear}
     assert [m.triton for m in ops] + [core.kv_cache.triton] == [triton] * (len(ops) + 1)
+
+
+def test_start_up_step_sizes_run_and_leave_generation_as_it_was():
+    """compile_step_shapes (the GPU start-up's run over every eager step size, on the profile's scratch runner) runs
+    each size's forward and logits here on the CPU's engine, over the plans' row classes and the powers of two; the
+    engine then generates what one that never ran them generates."""
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 9, 2, 41, 7, 3, 8]}]
+    fresh = LLM("synthetic:tiny:fp16", device="cpu", max_num_batched_tokens=80, max_num_seqs=4)
+    want = fresh.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM("synthetic:tiny:fp16", device="cpu", max_num_batched_tokens=80, max_num_seqs=4)
+    sizes = llm.core.runner.compile_step_shapes()
+    assert sizes == llm.core.runner.step_sizes() and {1, 2, 16, 17, 64, 65, 80} <= set(sizes) and max(sizes) == 80
+    assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == want

@@ -201,6 +201,7 @@ class EngineCore:
         scratch = ModelRunner(self.model, self._new_cache(blocks), self.max_model_len, cfg.max_num_seqs,
                               cfg.max_num_batched_tokens, lora=self.lora)
         peak = scratch.profile_peak_memory()
+        scratch.compile_step_shapes()
         del scratch
         torch.cuda.empty_cache()
         return peak

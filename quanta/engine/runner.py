@@ -15,6 +15,7 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.engine.scheduler import ScheduledSeq
 from quanta.engine.sequence import Sequence
 from quanta.kernels.paged_attention import default_num_splits
+from quanta.kernels.path_table import row_classes
 
 
 @dataclass(eq=False)
@@ -272,6 +273,30 @@ class ModelRunner:
         sample_batch(logits, [SamplingParams(temperature=1.0)] * rows, [None] * rows, [([], [])] * rows)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
+
+    def step_sizes(self) -> list[int]:
+        """Token counts that stand for every eager step's: path_table.row_classes up to max_num_batched_tokens (a
+        kernel's config follows its plan's bucket of rows), and each power of two with the count after it for the
+        kernels no plan covers (norms, attention), whose compiles differ only by Triton's specializations."""
+        limit, sizes, p = self.max_num_batched_tokens, set(row_classes(self.max_num_batched_tokens)), 1
+        while p <= limit:
+            sizes.update(n for n in (p, p + 1) if n <= limit)
+            p *= 2
+        return sorted(sizes)
+
+    @torch.inference_mode()
+    def compile_step_shapes(self) -> list[int]:
+        """A forward and the logits of a step of each of step_sizes() tokens, so that Triton compiles now the kernel
+        configs that eager steps (prefills, mixed batches) will meet, not inside the first requests that meet them.
+        Run on the start-up profile's runner, whose cache holds the largest step; returns the sizes."""
+        sizes = self.step_sizes()
+        for n in sizes:
+            fb, input_ids, positions, items, last = self.prepare(dummy_batch(n, self.max_model_len, self.block_size))
+            hidden = self.model(input_ids, positions, fb)
+            self.model.compute_logits(hidden[-min(n, self.max_num_seqs):])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return sizes
 
     def graph_buckets(self) -> list[int]:
         """Decode batch sizes that get a CUDA graph: powers of two below max_num_seqs, then max_num_seqs."""
