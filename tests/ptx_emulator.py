@@ -2,7 +2,7 @@
 (which refuses inline assembly) can run those kernels on the CPU in tests.
 
 Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
-(ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
+(ta = 0xF0, tb = 0xCC, tc = 0xAA); `mov.b64 {lo, hi}` splits a 64-bit operand; `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2` arithmetic works on the
 two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b and `sub.rn` a - b once to fp16
 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy rounds
@@ -15,6 +15,13 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """An operand's register bits: 32-bit values as uint32 patterns, 64-bit ones (constraint l) as uint64."""
+    if x.dtype.itemsize == 8:
+        return x.view(np.uint64)
+    return x.view(np.uint32) if x.dtype.itemsize == 4 else x.astype(np.uint32)
 
 
 def _halves(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,8 +74,7 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
     """Execute `asm` ($0.. the outputs, then the inputs, as 32-bit patterns); returns $0's 32-bit patterns, or a list
     of the `outputs` first registers' when more than one."""
     shape = np.broadcast_shapes(*(x.shape for x in inputs))
-    regs: dict[str, np.ndarray] = {f"${i + outputs}": np.broadcast_to(x.view(np.uint32) if x.dtype.itemsize == 4
-                                                                 else x.astype(np.uint32), shape).copy()
+    regs: dict[str, np.ndarray] = {f"${i + outputs}": np.broadcast_to(_bits(x), shape).copy()
                                    for i, x in enumerate(inputs)}
 
     def val(tok: str) -> np.ndarray:
@@ -83,8 +89,9 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
             continue
         op, rest = stmt.split(None, 1)
         if m := re.fullmatch(r"\{\s*([\w$]+)\s*,\s*([\w$]+)\s*\}\s*,\s*(\S+)", rest):      # mov.b32 {lo, hi}, r
-            src = val(m.group(3))
-            regs[m.group(1)], regs[m.group(2)] = src & 0xFFFF, src >> 16
+            src, half = val(m.group(3)).astype(np.uint64), 32 if op == "mov.b64" else 16
+            lo, hi = src & ((1 << half) - 1), src >> half
+            regs[m.group(1)], regs[m.group(2)] = lo.astype(np.uint32), hi.astype(np.uint32)
             continue
         dst, *args = [t.strip() for t in rest.split(",")]
         if op == "mov.b32":

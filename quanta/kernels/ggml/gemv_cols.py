@@ -98,7 +98,10 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
     x_g = x_row + 16 * g
     acc_q = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of d * sc * dot
     acc_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of dmin * m * sum(x)
-    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+    # one 64-value chunk c (chunk j = c % 4 of super-block t = c // 4) an iteration: the loads of a whole
+    # super-block at once would hold four times the registers (fewer programs an SM) for no more bytes in flight
+    for c in tl.range(t_begin * 4, t_end * 4, num_stages=STAGES):
+        t = c // 4
         dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
         if Q5:
             hq = qh_ptr + (t * 8 + 4 * g) * N + cols
@@ -106,30 +109,25 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
             h1 = tl.load(hq + N, mask=m2, other=0, eviction_policy="evict_first")
             h2 = tl.load(hq + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
             h3 = tl.load(hq + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
-        part_q = tl.zeros((2, BLOCK_N), dtype=tl.float32)
-        part_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(4):
-            sc = tl.load(sc_ptr + (t * 4 + j) * N + cols, mask=m2, other=0)
-            at = qs_ptr + (t * 32 + 8 * j + 4 * g) * N + cols
-            w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
-            w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
-            w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-            w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
-            pdl_wait(PDL)                                    # (returns at once after the first time)
-            x_t = x_g + t * 256 + 64 * j
-            a0, a1, a2, a3, xs_a = _x_pairs4(x_t)
-            b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32)
-            x0, x1 = (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1])
-            x2, x3 = (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1])
-            if Q5:      # chunk j's fifth bits: qh rotated left by 4 - 2j (_q5k_dots)
-                rot = tl.full((1, 1), (4 - 2 * j) & 31, tl.int32)
-                dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX)
-            else:
-                dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX)
-            part_q += dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16)
-            part_m += xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24)
-        acc_q += _half(dm) * part_q
-        acc_m += _half(dm >> 16) * part_m
+        sc = tl.load(sc_ptr + c * N + cols, mask=m2, other=0)
+        at = qs_ptr + (c * 8 + 4 * g) * N + cols
+        w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
+        w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
+        w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+        w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+        pdl_wait(PDL)                                        # (returns at once after the first time)
+        x_t = x_g + c * 64
+        a0, a1, a2, a3, xs_a = _x_pairs4(x_t, PTX)
+        b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32, PTX)
+        x0, x1 = (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1])
+        x2, x3 = (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1])
+        if Q5:          # chunk j's fifth bits: qh rotated left by 4 - 2j (_q5k_dots)
+            rot = tl.zeros((1, 1), tl.int32) + ((4 - 2 * (c % 4)) & 31)
+            dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX)
+        else:
+            dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX)
+        acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
+        acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
     return tl.sum(acc_q * 16.0 - acc_m, axis=0)
 
 
@@ -143,27 +141,25 @@ def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
     x_u = x_row + 8 * u
     shift = (u // 2) * 8                                     # quarter q's scale: byte 2 (q % 2) + u // 2 of word q // 2
     acc = tl.zeros((4, BLOCK_N), dtype=tl.float32)
-    for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
-        part = tl.zeros((4, BLOCK_N), dtype=tl.float32)
-        for h in tl.static_range(2):
-            ql = ql_ptr + (t * 32 + 16 * h + 2 * u) * N + cols
-            qh = qh_ptr + (t * 16 + 8 * h + 2 * u) * N + cols
-            ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
-            ql0_1 = tl.load(ql + N, mask=m2, other=0, eviction_policy="evict_first")
-            ql1_0 = tl.load(ql + 8 * N, mask=m2, other=0, eviction_policy="evict_first")
-            ql1_1 = tl.load(ql + 9 * N, mask=m2, other=0, eviction_policy="evict_first")
-            qh_0 = tl.load(qh, mask=m2, other=0, eviction_policy="evict_first")
-            qh_1 = tl.load(qh + N, mask=m2, other=0, eviction_policy="evict_first")
-            sc_lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)
-            sc_hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)
-            pdl_wait(PDL)
-            x_t = x_u + t * 256 + 128 * h
-            d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t), _q6k_pairs(x_t + 4),
-                                       PTX)
-            part += d0 * _i8(sc_lo, shift) + d1 * _i8(sc_lo, shift + 16) + d2 * _i8(sc_hi, shift) \
-                + d3 * _i8(sc_hi, shift + 16)
-        acc += d * part
+    # one 128-value half h = c % 2 of super-block t = c // 2 an iteration (as _q45k_sums' chunks)
+    for c in tl.range(t_begin * 2, t_end * 2, num_stages=STAGES):
+        d = tl.load(d_ptr + (c // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)
+        ql = ql_ptr + (c * 16 + 2 * u) * N + cols
+        qh = qh_ptr + (c * 8 + 2 * u) * N + cols
+        ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
+        ql0_1 = tl.load(ql + N, mask=m2, other=0, eviction_policy="evict_first")
+        ql1_0 = tl.load(ql + 8 * N, mask=m2, other=0, eviction_policy="evict_first")
+        ql1_1 = tl.load(ql + 9 * N, mask=m2, other=0, eviction_policy="evict_first")
+        qh_0 = tl.load(qh, mask=m2, other=0, eviction_policy="evict_first")
+        qh_1 = tl.load(qh + N, mask=m2, other=0, eviction_policy="evict_first")
+        sc_lo = tl.load(sc_ptr + (c * 2) * N + cols, mask=m2, other=0)
+        sc_hi = tl.load(sc_ptr + (c * 2 + 1) * N + cols, mask=m2, other=0)
+        pdl_wait(PDL)
+        x_t = x_u + c * 128
+        d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t, PTX),
+                                   _q6k_pairs(x_t + 4, PTX), PTX)
+        acc += d * (d0 * _i8(sc_lo, shift) + d1 * _i8(sc_lo, shift + 16) + d2 * _i8(sc_hi, shift)
+                    + d3 * _i8(sc_hi, shift + 16))
     return tl.sum(acc, axis=0) * 16.0
 
 
@@ -413,8 +409,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     another type (pair_applies must hold; not with glu), N their rows together, `bias` theirs. `config`
     (GemvConfig's fields), `ptx` (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
-    if st.name in FLOAT32_TYPES and (x2.data_ptr() % 8 or x2.stride(0) % 4):
-        x2 = x2.clone()                     # _x4 reads four activations a 64-bit load: rows 8-byte aligned
+    if x2.data_ptr() % 8 or x2.stride(0) % 4:
+        x2 = x2.clone()                     # four activations a 64-bit load (_x4, _x_pairs): rows 8-byte aligned
     caps = caps or device_caps(x2.device)
     config = GemvConfig(*(config or (default_config(st, caps, x2.shape[0]) if second is None
                                      else pair_config(st, second))))

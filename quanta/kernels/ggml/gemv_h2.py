@@ -13,7 +13,7 @@ as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i and qh word i h
 """
 from __future__ import annotations
 
-from quanta.kernels.affine.gemv_words import pair as _pair
+from quanta.kernels.ggml.decode import _half
 from quanta.kernels.triton_support import tl, triton
 
 _LANES_TO_F32 = """mov.b32 {{h0, h1}}, {acc};
@@ -114,15 +114,29 @@ _Q6K_DOT = tl.constexpr(
 Q6K_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * (Q6K_WORDS * 11)))
 
 
+# (x0 | x2 << 16, x1 | x3 << 16, x0 + x1 + x2 + x3 in float32) of a 64-bit word of four fp16 activations: two
+# byte permutes, four conversions and three adds
+_X_PAIRS_PTX = tl.constexpr("{\n.reg .b32 lo, hi;\n.reg .b16 x0, x1, x2, x3;\n.reg .f32 f0, f1, f2, f3;\n"
+                            "mov.b64 {lo, hi}, $3;\nprmt.b32 $0, lo, hi, 0x5410;\nprmt.b32 $1, lo, hi, 0x7632;\n"
+                            "mov.b32 {x0, x1}, lo;\nmov.b32 {x2, x3}, hi;\ncvt.f32.f16 f0, x0;\ncvt.f32.f16 f1, x1;\n"
+                            "cvt.f32.f16 f2, x2;\ncvt.f32.f16 f3, x3;\nadd.f32 f0, f0, f1;\nadd.f32 f2, f2, f3;\n"
+                            "add.f32 $2, f0, f2;\n}")
+
+
 @triton.jit
-def _x_pairs(x_at):
-    """The activation pairs of a word's four bytes at x_at (values 0, 2 and 1, 3), and their float32 sum."""
-    x0 = tl.load(x_at, eviction_policy="evict_last")
-    x1 = tl.load(x_at + 1, eviction_policy="evict_last")
-    x2 = tl.load(x_at + 2, eviction_policy="evict_last")
-    x3 = tl.load(x_at + 3, eviction_policy="evict_last")
-    xs = x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
-    return _pair(x0, x2), _pair(x1, x3), xs
+def _x_pairs(x_at, PTX: tl.constexpr):
+    """The activation pairs of a word's four bytes at x_at (values 0, 2 and 1, 3), and their float32 sum: one
+    64-bit load of the four (x_at 8-byte aligned; every thread loads the same activations, so a load each would
+    cost the loop an issue slot a value), the pairs made by byte permutes in PTX (masks and shifts without)."""
+    q = tl.load(x_at.to(tl.pointer_type(tl.int64)), eviction_policy="evict_last")
+    if PTX:
+        p02, p13, xs = tl.inline_asm_elementwise(_X_PAIRS_PTX, "=r,=r,=f,l", [q],
+                                                 dtype=(tl.int32, tl.int32, tl.float32), is_pure=True, pack=1)
+    else:
+        lo, hi = q.to(tl.int32), (q >> 32).to(tl.int32)     # x0 | x1 << 16, x2 | x3 << 16
+        xs = (_half(lo) + _half(lo >> 16)) + (_half(hi) + _half(hi >> 16))
+        p02, p13 = (lo & 0xFFFF) | (hi << 16), ((lo >> 16) & 0xFFFF) | (hi & -65536)
+    return p02, p13, xs
 
 
 @triton.jit
@@ -239,20 +253,20 @@ def _u8_float(word, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _x_pairs4(x_at):
+def _x_pairs4(x_at, PTX: tl.constexpr):
     """The pairs of four consecutive words' activations (x_at, x_at + 4, + 8, + 12) and their float32 sum."""
-    p0, r0, s0 = _x_pairs(x_at)
-    p1, r1, s1 = _x_pairs(x_at + 4)
-    p2, r2, s2 = _x_pairs(x_at + 8)
-    p3, r3, s3 = _x_pairs(x_at + 12)
+    p0, r0, s0 = _x_pairs(x_at, PTX)
+    p1, r1, s1 = _x_pairs(x_at + 4, PTX)
+    p2, r2, s2 = _x_pairs(x_at + 8, PTX)
+    p3, r3, s3 = _x_pairs(x_at + 12, PTX)
     return (p0, r0), (p1, r1), (p2, r2), (p3, r3), s0 + s1 + s2 + s3
 
 
 @triton.jit
-def _q6k_pairs(x_at):
+def _q6k_pairs(x_at, PTX: tl.constexpr):
     """A word column's pairs: quarters 0..3 (x_at + 32q) x (values 0, 2), (1, 3)."""
-    p0, r0, _ = _x_pairs(x_at)
-    p1, r1, _ = _x_pairs(x_at + 32)
-    p2, r2, _ = _x_pairs(x_at + 64)
-    p3, r3, _ = _x_pairs(x_at + 96)
+    p0, r0, _ = _x_pairs(x_at, PTX)
+    p1, r1, _ = _x_pairs(x_at + 32, PTX)
+    p2, r2, _ = _x_pairs(x_at + 64, PTX)
+    p3, r3, _ = _x_pairs(x_at + 96, PTX)
     return p0, r0, p1, r1, p2, r2, p3, r3
