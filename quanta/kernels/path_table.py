@@ -6,6 +6,7 @@ and cached on the weight's state (`state.plans`).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ TABLES: list[PathTable] = []       # every plan's table, in the order the plans 
 PLANS = ("quanta.kernels.affine.plan", "quanta.kernels.ggml.plan")     # the modules that build one
 
 
+@functools.lru_cache(maxsize=8)
 def row_classes(limit: int) -> list[int]:
     """Row counts up to `limit` that meet every class of M a launch can compile apart: per class (the bucket of
     every table in TABLES, whether M divides by 16, whether M is 1: Triton specializes integer arguments so) its
@@ -46,7 +48,7 @@ def row_classes(limit: int) -> list[int]:
     for m in range(1, limit + 1):
         key = (*(t.bucket_edge(m) for t in TABLES), m % 16 == 0, m == 1)
         ends.setdefault(key, [m, m])[1] = m
-    return sorted({m for pair in ends.values() for m in pair})
+    return sorted({m for pair in ends.values() for m in pair})          # (cached: every engine start asks)
 
 
 class PathTable:
