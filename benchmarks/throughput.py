@@ -151,8 +151,8 @@ def main() -> None:
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch-sizes", default="16,32,64")
     ap.add_argument("--warmup-prompts", type=int, default=8,
-                    help="requests run untimed first, other prompts of the same lengths (as many as the timed "
-                         "run: every batch shape compiled before timing)")
+                    help="requests run untimed first, other prompts of the same lengths; as many as the timed run "
+                         "meet its batch shapes before timing (the engine's start-up compiles their kernels too)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", default=None, help="write the JSON result here too")
