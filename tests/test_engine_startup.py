@@ -77,13 +77,21 @@ def test_one_triton_decision_reaches_every_elementwise_op_and_attention(device, 
 
 def test_start_up_step_sizes_run_and_leave_generation_as_it_was():
     """compile_step_shapes (the GPU start-up's run over every eager step size, on the profile's scratch runner) runs
-    each size's forward and logits here on the CPU's engine, over the plans' row classes and the powers of two; the
-    engine then generates what one that never ran them generates."""
+    each size's forward and logits here on the CPU's engine, over the plans' row classes and the powers of two, then
+    mixed steps of each graph bucket's decodes over 1, 16 and 17 table blocks; the engine then generates what one
+    that never ran them generates."""
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompt = [{"prompt_token_ids": [5, 9, 2, 41, 7, 3, 8]}]
     fresh = LLM("synthetic:tiny:fp16", device="cpu", max_num_batched_tokens=80, max_num_seqs=4)
     want = fresh.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     llm = LLM("synthetic:tiny:fp16", device="cpu", max_num_batched_tokens=80, max_num_seqs=4)
-    sizes = llm.core.runner.compile_step_shapes()
-    assert sizes == llm.core.runner.step_sizes() and {1, 2, 16, 17, 64, 65, 80} <= set(sizes) and max(sizes) == 80
+    runner, steps = llm.core.runner, []
+    prepare = runner.prepare
+    runner.prepare = lambda batch: steps.append(batch) or prepare(batch)
+    sizes = runner.compile_step_shapes()
+    assert sizes == runner.step_sizes() and {1, 2, 16, 17, 64, 65, 80} <= set(sizes) and max(sizes) == 80
+    mixed = {(sum(it.num_tokens == 1 for it in b), max(len(it.seq.block_table) for it in b))
+             for b in steps[len(sizes):]}
+    assert mixed == {(d, w) for d in (1, 2, 4) for w in (1, 16, 17)}    # decodes of each graph bucket, table widths
+    del runner.prepare
     assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == want

@@ -46,6 +46,20 @@ def dummy_batch(num_tokens: int, max_model_len: int, block_size: int) -> list[Sc
     return batch
 
 
+def dummy_mixed_batch(decodes: int, width: int, block_size: int) -> list[ScheduledSeq]:
+    """A start-up step of `decodes` decode rows, each over a context of `width` blocks (all on blocks 0 ..
+    width - 1: their KV is never read for its values), and a 5-token prompt on block `width`."""
+    context = width * block_size
+    batch = []
+    for _ in range(decodes):
+        seq = Sequence("profile", 0, [0] * context, SamplingParams(temperature=1.0))
+        seq.block_table, seq.num_computed_tokens = list(range(width)), context - 1
+        batch.append(ScheduledSeq(seq, 1))
+    prompt = Sequence("profile", 0, [0] * 5, SamplingParams(temperature=1.0))
+    prompt.block_table = [width]
+    return batch + [ScheduledSeq(prompt, 5)]
+
+
 def blocks_spanned(batch: list[ScheduledSeq]) -> int:
     """KV blocks the sequences of `batch` hold."""
     return sum(len(it.seq.block_table) for it in batch)
@@ -287,13 +301,19 @@ class ModelRunner:
     @torch.inference_mode()
     def compile_step_shapes(self) -> list[int]:
         """A forward and the logits of a step of each of step_sizes() tokens, so that Triton compiles now the kernel
-        configs that eager steps (prefills, mixed batches) will meet, not inside the first requests that meet them.
-        Run on the start-up profile's runner, whose cache holds the largest step; returns the sizes."""
+        configs that eager steps (prefills, mixed batches) will meet, not inside the first requests that meet them;
+        then mixed steps of each graph bucket's count of decodes (the decode kernel's splits follow it) over block
+        tables 1, 16 and 17 wide (Triton specializes their stride so). Run on the start-up profile's runner, whose
+        cache holds the largest step; returns the sizes."""
         sizes = self.step_sizes()
-        for n in sizes:
+        for n in sizes:                 # the logits of up to max_num_seqs rows: as many as a step's sequences
             fb, input_ids, positions, items, last = self.prepare(dummy_batch(n, self.max_model_len, self.block_size))
-            hidden = self.model(input_ids, positions, fb)
-            self.model.compute_logits(hidden[-min(n, self.max_num_seqs):])
+            self.model.compute_logits(self.model(input_ids, positions, fb)[-min(n, self.max_num_seqs):])
+        widths = [w for w in (1, 16, 17) if w * self.block_size <= self.max_model_len and w < self.kv_cache.num_blocks]
+        for b in self.graph_buckets():
+            for w in widths if b + 5 <= self.max_num_batched_tokens else ():
+                fb, input_ids, positions, items, last = self.prepare(dummy_mixed_batch(b, w, self.block_size))
+                self._logits(self.model(input_ids, positions, fb), last)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return sizes
