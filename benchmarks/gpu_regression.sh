@@ -3,9 +3,11 @@
 # 8B and 70B shapes, engine batch-1 decode and offline throughput (1000 x 512 / 128, KV in fp16), then the GGUF
 # GPU tests and the engine's GPU tests as an sm75 chip. Each stage has its own time limit, so a slow one leaves
 # the others' results in $OUT.
-#   STAGES="kernels latency throughput gguf sm75"   the stages to run (default: all)
+#   STAGES="kernels ggml latency throughput gguf sm75"   the stages to run (default: all but ggml)
 #   BASELINE=DIR     a checkout of the build to compare with (quanta/ and benchmarks/ of another commit): the
-#                    latency and throughput stages then run it too, alternating with this build, on one machine
+#                    ggml, latency and throughput stages then run it too, alternating with this build, on one machine
+#   MODEL=synthetic:llama3-8b:FMT   the latency and throughput stages' model (default w4g128)
+#   GGML_TYPES=q4_K,q6_K            the ggml stage's types (its kernels at M = 1 on the Llama-3-8B shapes)
 #   KERNELS_TIMEOUT, GGUF_TIMEOUT, SM75_TIMEOUT   seconds for those stages (a cold machine compiles every kernel
 #                    the tests run first: the GGUF stage's 80 s ended it after four tests)
 source "$(dirname "$0")/gpu_env.sh"
@@ -26,17 +28,25 @@ if has kernels; then
   timeout "${KERNELS_TIMEOUT:-230}" python3 benchmarks/linears.py --out "$OUT/kernels.json" --models 8b,70b \
     --ms 1,16,256,1024 2>&1 | grep -v '^{' | tail -n 40
 fi
+if has ggml; then
+  for b in "${builds[@]}"; do set -- $b
+    echo "== ggml kernels at M = 1 ($2)"
+    (cd "$1" && PYTHONPATH=$PWD:$PYTHONPATH timeout 120 python3 benchmarks/ggml_gemm.py --out "$OUT/ggml-$2.json" \
+      --types "${GGML_TYPES:-q4_K,q6_K}" --ms 1) 2>&1 | grep -E "copy|^ +[A-Za-z0-9_]+ +[a-z_]+ +1 " | head -n 12
+  done
+fi
 if has latency; then
   for b in "${builds[@]}"; do set -- $b
     echo "== latency ($2)"
-    engine "$1" "latency-$2" timeout 110 python3 benchmarks/latency.py --input-len 128 --output-len 256 --runs 3
+    engine "$1" "latency-$2" timeout 110 python3 benchmarks/latency.py --input-len 128 --output-len 256 --runs 3 \
+      --model "${MODEL:-synthetic:llama3-8b:w4g128}"
   done
 fi
 if has throughput; then
   for b in "${builds[@]}"; do set -- $b
     echo "== throughput ($2)"
     engine "$1" "throughput-$2" timeout 150 python3 benchmarks/throughput.py --num-prompts 1000 --input-len 512 \
-      --output-len 128 --kv-cache-dtype auto --quiet
+      --output-len 128 --kv-cache-dtype auto --quiet --model "${MODEL:-synthetic:llama3-8b:w4g128}"
   done
 fi
 if has gguf; then
