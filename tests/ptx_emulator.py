@@ -1,9 +1,9 @@
 """A NumPy emulator of the few PTX instructions quanta's inline assembly uses, so that Triton's interpreter
 (which refuses inline assembly) can run those kernels on the CPU in tests.
 
-Semantics follow the PTX ISA: registers hold 32-bit patterns; `lop3.b32` applies its 8-bit truth table
-(ta = 0xF0, tb = 0xCC, tc = 0xAA); `mov.b64 {lo, hi}` splits a 64-bit operand; `shf.l.wrap.b32` is the upper word of {b, a} shifted left by c mod 32
-(a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2` arithmetic works on the
+Semantics follow the PTX ISA: registers hold 32-bit patterns (a 64-bit operand, which `mov.b64 {lo, hi}` splits,
+64); `lop3.b32` applies its 8-bit truth table (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper
+word of {b, a} shifted left by c mod 32 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2` arithmetic works on the
 two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b and `sub.rn` a - b once to fp16
 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy rounds
 float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /

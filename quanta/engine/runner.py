@@ -48,7 +48,7 @@ def dummy_batch(num_tokens: int, max_model_len: int, block_size: int) -> list[Sc
 
 def dummy_mixed_batch(decodes: int, width: int, block_size: int) -> list[ScheduledSeq]:
     """A start-up step of `decodes` decode rows, each over a context of `width` blocks (all on blocks 0 ..
-    width - 1: their KV is never read for its values), and a 5-token prompt on block `width`."""
+    width - 1, whose contents do not matter), and a 5-token prompt on block `width`."""
     context = width * block_size
     batch = []
     for _ in range(decodes):
