@@ -2,13 +2,13 @@
 (which refuses inline assembly) can run those kernels on the CPU in tests.
 
 Semantics follow the PTX ISA: registers hold 32-bit patterns (a 64-bit operand, which `mov.b64 {lo, hi}` splits,
-64); `lop3.b32` applies its 8-bit truth table (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper
-word of {b, a} shifted left by c mod 32 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a}; `.f16x2` arithmetic works on the
-two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b and `sub.rn` a - b once to fp16
-(float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is the right one; numpy rounds
-float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16; `cvt.f32.f16` widens, `add.f32` /
-`mul.f32` / `fma.rn.f32` work in float32; `%laneid` reads 0 (the interpreter runs a program as one thread). Anything
-else raises, so a kernel using a new instruction fails loudly.
+64); `lop3.b32` applies its 8-bit truth table (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word
+of {b, a} shifted left by c mod 32 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a};
+`.f16x2` arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b
+and `sub.rn` a - b once to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is
+the right one; numpy rounds float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16;
+`cvt.f32.f16` widens, `add.f32` / `mul.f32` / `fma.rn.f32` work in float32; `%laneid` reads 0 (the interpreter runs
+a program as one thread). Anything else raises, so a kernel using a new instruction fails loudly.
 """
 from __future__ import annotations
 
