@@ -15,10 +15,12 @@ STAGES=${STAGES:-kernels latency throughput gguf sm75}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
-# engine ROOT NAME CMD...: run a benchmark script of the checkout at ROOT (its quanta/ first on the path)
+# engine ROOT NAME CMD...: run a benchmark script of the checkout at ROOT (its quanta/ first on the path), the last
+# $TAIL_LINES (3) lines of its output shown
 engine() {
   local root=$1 name=$2; shift 2
-  (cd "$root" && PYTHONPATH=$PWD:$PYTHONPATH "$@" --out "$OUT/$name.json") 2>&1 | grep -v '^loading' | tail -n 3
+  (cd "$root" && PYTHONPATH=$PWD:$PYTHONPATH "$@" --out "$OUT/$name.json") 2>&1 | grep -v '^loading' \
+    | tail -n "${TAIL_LINES:-3}"
 }
 builds=(". this")
 [ -n "${BASELINE:-}" ] && builds+=("$BASELINE baseline")
@@ -31,8 +33,8 @@ fi
 if has ggml; then
   for b in "${builds[@]}"; do set -- $b
     echo "== ggml kernels at M = 1 ($2)"
-    (cd "$1" && PYTHONPATH=$PWD:$PYTHONPATH timeout 120 python3 benchmarks/ggml_gemm.py --out "$OUT/ggml-$2.json" \
-      --types "${GGML_TYPES:-q4_K,q6_K}" --ms 1) 2>&1 | grep -E "copy|^ +[A-Za-z0-9_]+ +[a-z_]+ +1 " | head -n 12
+    TAIL_LINES=30 engine "$1" "ggml-$2" timeout 120 python3 benchmarks/ggml_gemm.py \
+      --types "${GGML_TYPES:-q4_K,q6_K}" --ms 1
   done
 fi
 if has latency; then

@@ -195,7 +195,8 @@ class EngineCore:
                             self.config.kv_cache_dtype, scales, self.triton)
 
     def _activation_peak(self) -> int:
-        """Peak activation bytes of the largest step, from a dry run on a scratch runner and cache."""
+        """Peak activation bytes of the largest step, from a dry run on a scratch runner and cache; the runner then
+        runs every eager step's shape once (compile_step_shapes), so that Triton compiles now, on that cache."""
         cfg = self.config
         blocks = blocks_spanned(dummy_batch(cfg.max_num_batched_tokens, self.max_model_len, cfg.block_size))
         scratch = ModelRunner(self.model, self._new_cache(blocks), self.max_model_len, cfg.max_num_seqs,

@@ -280,13 +280,18 @@ class ModelRunner:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fb, input_ids, positions, items, last = self.prepare(dummy_batch(tokens, self.max_model_len, self.block_size))
-        hidden = self.model(input_ids, positions, fb)
-        rows = min(tokens, self.max_num_seqs)
-        logits = self.model.compute_logits(hidden[-rows:])
+        logits = self._prompt_step(tokens)
+        rows = logits.shape[0]
         sample_batch(logits, [SamplingParams(temperature=1.0)] * rows, [None] * rows, [([], [])] * rows)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
+
+    def _prompt_step(self, num_tokens: int) -> torch.Tensor:
+        """The logits of a start-up step of num_tokens prompt tokens (dummy_batch), for as many of its last rows as
+        a step samples at most (min(num_tokens, max_num_seqs))."""
+        fb, input_ids, positions, items, last = self.prepare(dummy_batch(num_tokens, self.max_model_len,
+                                                                         self.block_size))
+        return self.model.compute_logits(self.model(input_ids, positions, fb)[-min(num_tokens, self.max_num_seqs):])
 
     def step_sizes(self) -> list[int]:
         """Token counts that stand for every eager step's: path_table.row_classes up to max_num_batched_tokens (a
@@ -306,9 +311,8 @@ class ModelRunner:
         tables 1, 16 and 17 wide (Triton specializes their stride so). Run on the start-up profile's runner, whose
         cache holds the largest step; returns the sizes."""
         sizes = self.step_sizes()
-        for n in sizes:                 # the logits of up to max_num_seqs rows: as many as a step's sequences
-            fb, input_ids, positions, items, last = self.prepare(dummy_batch(n, self.max_model_len, self.block_size))
-            self.model.compute_logits(self.model(input_ids, positions, fb)[-min(n, self.max_num_seqs):])
+        for n in sizes:
+            self._prompt_step(n)
         widths = [w for w in (1, 16, 17) if w * self.block_size <= self.max_model_len and w < self.kv_cache.num_blocks]
         for b in self.graph_buckets():
             for w in widths if b + 5 <= self.max_num_batched_tokens else ():

@@ -33,20 +33,18 @@ class Choice(NamedTuple):
     config: tuple
 
 
-TABLES: list[PathTable] = []       # every plan's table, in the order the plans were imported
-PLANS = ("quanta.kernels.affine.plan", "quanta.kernels.ggml.plan")     # the modules that build one
+PLANS = ("quanta.kernels.affine.plan", "quanta.kernels.ggml.plan")     # the modules whose TABLE is a PathTable
 
 
 @functools.lru_cache(maxsize=8)
 def row_classes(limit: int) -> list[int]:
     """Row counts up to `limit` that meet every class of M a launch can compile apart: per class (the bucket of
-    every table in TABLES, whether M divides by 16, whether M is 1: Triton specializes integer arguments so) its
+    every PLANS module's TABLE, whether M divides by 16, whether M is 1: Triton specializes integer arguments so) its
     smallest and its largest M, since a launcher may derive more (the split of K) from M within a bucket."""
-    for module in PLANS:
-        importlib.import_module(module)
+    edges = [importlib.import_module(module).TABLE.bucket_edge for module in PLANS]
     ends: dict[tuple, list[int]] = {}
     for m in range(1, limit + 1):
-        key = (*(t.bucket_edge(m) for t in TABLES), m % 16 == 0, m == 1)
+        key = (*(edge(m) for edge in edges), m % 16 == 0, m == 1)
         ends.setdefault(key, [m, m])[1] = m
     return sorted({m for pair in ends.values() for m in pair})          # (cached: every engine start asks)
 
@@ -57,7 +55,6 @@ class PathTable:
     def __init__(self, paths: tuple[Path, ...], bucket_edge: Callable[[int], int]):
         self.paths, self.bucket_edge = paths, bucket_edge
         self.by_name = {p.name: p for p in paths}
-        TABLES.append(self)
 
     def decide(self, st, caps: DeviceCaps, m: int) -> Choice:
         """The first path that fits M rows, with its config (uncached)."""
