@@ -57,10 +57,11 @@ def timed(fn, xs: list[torch.Tensor], weights: list, nbytes: int, ref: torch.Ten
     return round(bench(fn, xs, weights, nbytes), 2)
 
 
-# Launch configs (BLOCK_N, warps, waves, min tiles) --sweep times for the packed-half GEMV (gemv_cols) at M = 1.
-COLS_SWEEP = ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1), (128, 1, 8.0, 2), (128, 1, 16.0, 1),
-              (128, 1, 32.0, 1), (128, 2, 16.0, 1), (512, 4, 8.0, 2), (512, 4, 16.0, 1), (256, 4, 16.0, 1),
-              (256, 4, 32.0, 1), (128, 4, 32.0, 1), (256, 4, 8.0, 2))
+# Launch configs (BLOCK_N, warps, waves, min tiles, chunks) --sweep times for the packed-half GEMV (gemv_cols) at
+# M = 1: the launch shapes at one, two and four K-loop steps an iteration (Q6_K takes at most two).
+COLS_SWEEP = tuple(cfg + (chunks,) for cfg in ((256, 2, 16.0, 1), (256, 2, 8.0, 2), (256, 2, 32.0, 1),
+                                               (128, 1, 16.0, 1), (128, 2, 16.0, 1), (256, 4, 16.0, 1),
+                                               (512, 4, 16.0, 1)) for chunks in (1, 2, 4))
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,

@@ -75,13 +75,15 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
 def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     """The column GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX itself in
     the -m gpu tests, and here through the emulator, one row: Q2_K's and Q3_K's code PTX exactly as its twin, the
-    packed-half types' dots and activation pairs within fp16's error), whole and split over K, with a bias."""
+    packed-half types' dots and activation pairs within fp16's error), whole and split over K, its loop one, two
+    and four steps an iteration, with a bias."""
     w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
     want = x.double() @ ref.double().T.to(DEVICE) + bias.double()
-    for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1)):        # planned; one program's K loop; split-K
+    # planned; one program's K loop; split-K; the K loop two and four steps an iteration
+    for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1), (16, 4, 1e-3, 1, 2), (32, 4, 8.0, 1, 4)):
         y = gemv_cols.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
     if m == 1:                                                       # rows not 8-byte aligned: copied first

@@ -35,6 +35,7 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
                       b0, b1, b2, b3, N_A,                                                        # TWO only
                       Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                       SPLIT_K: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False,
+                      CHUNKS: tl.constexpr = 1,
                       GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
                       FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
                       FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
@@ -55,13 +56,13 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     if TWO:
         if pid_n * BLOCK_N < N_A:
             y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N_A, t_begin, t_end, BLOCK_N, Q2, Q3,
-                      Q5, Q6, PTX, STAGES, PDL)
+                      Q5, Q6, PTX, STAGES, PDL, CHUNKS)
         else:
             y = _sums(x_row, b0, b1, b2, b3, offs_n[None, :] - N_A, mask_n[None, :], N - N_A, t_begin, t_end, BLOCK_N,
-                      Q2B, Q3B, Q5B, Q6B, PTX, STAGES, PDL)
+                      Q2B, Q3B, Q5B, Q6B, PTX, STAGES, PDL, CHUNKS)
     else:
         y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, Q2, Q3, Q5, Q6,
-                  PTX, STAGES, PDL)
+                  PTX, STAGES, PDL, CHUNKS)
     pdl_wait(PDL)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
@@ -72,24 +73,27 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
 @triton.jit
 def _sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr, Q2: tl.constexpr,
           Q3: tl.constexpr, Q5: tl.constexpr, Q6: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr,
-          PDL: tl.constexpr):
-    """The sums [BLOCK_N] of columns cols [1, BLOCK_N] of a weight of N columns over planes p0..p3, by its type."""
+          PDL: tl.constexpr, CHUNKS: tl.constexpr):
+    """The sums [BLOCK_N] of columns cols [1, BLOCK_N] of a weight of N columns over planes p0..p3, by its type;
+    CHUNKS: the K loop steps (64-value chunks, Q6_K's 128-value halves) an iteration of the packed-half types."""
     if Q2:
         y = _q2k_sums(x_row, p0, p1, p2, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
     elif Q3:
         y = _q3k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
     elif Q6:
-        y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+        y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL, min(CHUNKS, 2))
     elif Q5:
-        y = _q45k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, True, PTX, STAGES, PDL)
+        y = _q45k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, True, PTX, STAGES, PDL,
+                       CHUNKS)
     else:
-        y = _q45k_sums(x_row, p0, p1, p2, p2, cols, m2, N, t_begin, t_end, BLOCK_N, False, PTX, STAGES, PDL)
+        y = _q45k_sums(x_row, p0, p1, p2, p2, cols, m2, N, t_begin, t_end, BLOCK_N, False, PTX, STAGES,
+                       PDL, CHUNKS)
     return y
 
 
 @triton.jit
 def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
-               Q5: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+               Q5: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
     """Q4_K's (Q5_K's) sums [BLOCK_N] over super-blocks t_begin..t_end of columns cols [1, BLOCK_N]. Planes, a row
     per word of a super-block over N columns: dm [blocks, N] (d | dmin << 16), sc [blocks * 4, N] (word j: scale 2j,
     min 2j, scale 2j + 1, min 2j + 1), [qh [blocks * 8, N]: word i the fifth bits of word i of every chunk], qs
@@ -98,42 +102,44 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
     x_g = x_row + 16 * g
     acc_q = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of d * sc * dot
     acc_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of dmin * m * sum(x)
-    # one 64-value chunk c (chunk j = c % 4 of super-block t = c // 4) an iteration: the loads of a whole
-    # super-block at once would hold four times the registers (fewer programs an SM) for no more bytes in flight
-    for c in tl.range(t_begin * 4, t_end * 4, num_stages=STAGES):
-        t = c // 4
-        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
-        if Q5:
-            hq = qh_ptr + (t * 8 + 4 * g) * N + cols
-            h0 = tl.load(hq, mask=m2, other=0, eviction_policy="evict_first")
-            h1 = tl.load(hq + N, mask=m2, other=0, eviction_policy="evict_first")
-            h2 = tl.load(hq + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-            h3 = tl.load(hq + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
-        sc = tl.load(sc_ptr + c * N + cols, mask=m2, other=0)
-        at = qs_ptr + (c * 8 + 4 * g) * N + cols
-        w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
-        w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
-        w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-        w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
-        pdl_wait(PDL)                                        # (returns at once after the first time)
-        x_t = x_g + c * 64
-        a0, a1, a2, a3, xs_a = _x_pairs4(x_t, PTX)
-        b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32, PTX)
-        x0, x1 = (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1])
-        x2, x3 = (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1])
-        if Q5:          # chunk j's fifth bits: qh rotated left by 4 - 2j (_q5k_dots)
-            rot = tl.zeros((1, 1), tl.int32) + ((4 - 2 * (c % 4)) & 31)
-            dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX)
-        else:
-            dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX)
-        acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
-        acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
+    # CHUNKS 64-value chunks c (chunk j = c % 4 of super-block t = c // 4) an iteration: more chunks put more bytes
+    # in flight for each program, for the registers that let fewer programs share an SM
+    for c0 in tl.range(t_begin * 4, t_end * 4, CHUNKS, num_stages=STAGES):
+        for i in tl.static_range(CHUNKS):
+            c = c0 + i
+            t = c // 4
+            dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
+            if Q5:
+                hq = qh_ptr + (t * 8 + 4 * g) * N + cols
+                h0 = tl.load(hq, mask=m2, other=0, eviction_policy="evict_first")
+                h1 = tl.load(hq + N, mask=m2, other=0, eviction_policy="evict_first")
+                h2 = tl.load(hq + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+                h3 = tl.load(hq + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+            sc = tl.load(sc_ptr + c * N + cols, mask=m2, other=0)
+            at = qs_ptr + (c * 8 + 4 * g) * N + cols
+            w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
+            w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
+            w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+            w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+            pdl_wait(PDL)                                        # (returns at once after the first time)
+            x_t = x_g + c * 64
+            a0, a1, a2, a3, xs_a = _x_pairs4(x_t, PTX)
+            b0, b1, b2, b3, xs_b = _x_pairs4(x_t + 32, PTX)
+            x0, x1 = (a0[0], a0[1], b0[0], b0[1]), (a1[0], a1[1], b1[0], b1[1])
+            x2, x3 = (a2[0], a2[1], b2[0], b2[1]), (a3[0], a3[1], b3[0], b3[1])
+            if Q5:          # chunk j's fifth bits: qh rotated left by 4 - 2j (_q5k_dots)
+                rot = tl.zeros((1, 1), tl.int32) + ((4 - 2 * (c % 4)) & 31)
+                dot_a, dot_b = _q5k_dots(w0, w1, w2, w3, h0, h1, h2, h3, rot, x0, x1, x2, x3, PTX)
+            else:
+                dot_a, dot_b = _q4k_dots(w0, w1, w2, w3, x0, x1, x2, x3, PTX)
+            acc_q += _half(dm) * (dot_a * _u8_float(sc, 0) + dot_b * _u8_float(sc, 16))
+            acc_m += _half(dm >> 16) * (xs_a * _u8_float(sc, 8) + xs_b * _u8_float(sc, 24))
     return tl.sum(acc_q * 16.0 - acc_m, axis=0)
 
 
 @triton.jit
 def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
-              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
     """Q6_K's sums [BLOCK_N], as _q45k_sums. Planes: ql [blocks * 32, N], qh [blocks * 16, N] (per 128-value half h,
     ql words 16h + i and 16h + 8 + i and qh word 8h + i hold values 4i .. 4i + 3 of its four 32-value quarters), sc
     [blocks * 4, N] (the 16 int8 scales, four a word), d [blocks, N] fp16. Word column i = 2u + c of a half."""
@@ -141,25 +147,27 @@ def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
     x_u = x_row + 8 * u
     shift = (u // 2) * 8                                     # quarter q's scale: byte 2 (q % 2) + u // 2 of word q // 2
     acc = tl.zeros((4, BLOCK_N), dtype=tl.float32)
-    # one 128-value half h = c % 2 of super-block t = c // 2 an iteration (as _q45k_sums' chunks)
-    for c in tl.range(t_begin * 2, t_end * 2, num_stages=STAGES):
-        d = tl.load(d_ptr + (c // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)
-        ql = ql_ptr + (c * 16 + 2 * u) * N + cols
-        qh = qh_ptr + (c * 8 + 2 * u) * N + cols
-        ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
-        ql0_1 = tl.load(ql + N, mask=m2, other=0, eviction_policy="evict_first")
-        ql1_0 = tl.load(ql + 8 * N, mask=m2, other=0, eviction_policy="evict_first")
-        ql1_1 = tl.load(ql + 9 * N, mask=m2, other=0, eviction_policy="evict_first")
-        qh_0 = tl.load(qh, mask=m2, other=0, eviction_policy="evict_first")
-        qh_1 = tl.load(qh + N, mask=m2, other=0, eviction_policy="evict_first")
-        sc_lo = tl.load(sc_ptr + (c * 2) * N + cols, mask=m2, other=0)
-        sc_hi = tl.load(sc_ptr + (c * 2 + 1) * N + cols, mask=m2, other=0)
-        pdl_wait(PDL)
-        x_t = x_u + c * 128
-        d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t, PTX),
-                                   _q6k_pairs(x_t + 4, PTX), PTX)
-        acc += d * (d0 * _i8(sc_lo, shift) + d1 * _i8(sc_lo, shift + 16) + d2 * _i8(sc_hi, shift)
-                    + d3 * _i8(sc_hi, shift + 16))
+    # CHUNKS 128-value halves h = c % 2 of super-block t = c // 2 an iteration (as _q45k_sums' chunks)
+    for c0 in tl.range(t_begin * 2, t_end * 2, CHUNKS, num_stages=STAGES):
+        for i in tl.static_range(CHUNKS):
+            c = c0 + i
+            d = tl.load(d_ptr + (c // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)
+            ql = ql_ptr + (c * 16 + 2 * u) * N + cols
+            qh = qh_ptr + (c * 8 + 2 * u) * N + cols
+            ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
+            ql0_1 = tl.load(ql + N, mask=m2, other=0, eviction_policy="evict_first")
+            ql1_0 = tl.load(ql + 8 * N, mask=m2, other=0, eviction_policy="evict_first")
+            ql1_1 = tl.load(ql + 9 * N, mask=m2, other=0, eviction_policy="evict_first")
+            qh_0 = tl.load(qh, mask=m2, other=0, eviction_policy="evict_first")
+            qh_1 = tl.load(qh + N, mask=m2, other=0, eviction_policy="evict_first")
+            sc_lo = tl.load(sc_ptr + (c * 2) * N + cols, mask=m2, other=0)
+            sc_hi = tl.load(sc_ptr + (c * 2 + 1) * N + cols, mask=m2, other=0)
+            pdl_wait(PDL)
+            x_t = x_u + c * 128
+            d0, d1, d2, d3 = _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, _q6k_pairs(x_t, PTX),
+                                       _q6k_pairs(x_t + 4, PTX), PTX)
+            acc += d * (d0 * _i8(sc_lo, shift) + d1 * _i8(sc_lo, shift + 16) + d2 * _i8(sc_hi, shift)
+                        + d3 * _i8(sc_hi, shift + 16))
     return tl.sum(acc, axis=0) * 16.0
 
 
@@ -347,18 +355,21 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
     return None
 
 
-# (BLOCK_N, warps, waves, min tiles). The packed-half types: four columns a thread in two warps, the K loop split
-# for sixteen programs an SM at every size. Alone (benchmarks/ggml_gemm.py --sweep) the large weights wanted eight
-# with two super-blocks each; in the decode chain, where the next GEMV's programs start as this one drains (PDL),
-# the shorter programs of a split a super-block are faster (benchmarks/gemv_cols_engine_configs.sh)
-PACKED_HALF = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1)
+# (BLOCK_N, warps, waves, min tiles, chunks). The packed-half types: four columns a thread in two warps, two 64-value
+# chunks an iteration, the K loop split for sixteen programs an SM at every size. Alone (benchmarks/ggml_gemm.py
+# --sweep) the small weights wanted whole super-blocks an iteration and the large ones eight programs an SM; in the
+# decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs with fewer
+# registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds twice a chunk's
+# loads: two columns a thread in four warps, one half an iteration.
+PACKED_HALF = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
+Q6_K_CONFIG = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
 # the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); Q2_K's small
 # weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
 FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
 # type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
-CONFIGS = {"q2_K": (Q2_K_SMALL, FLOAT32), "q3_K": (FLOAT32, FLOAT32)}
+CONFIGS = {"q2_K": (Q2_K_SMALL, FLOAT32), "q3_K": (FLOAT32, FLOAT32), "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
@@ -418,7 +429,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     assert rope is None or (not glu and rope_applies(st, rope, config, second))
     n = _rows(st, second)
     assert not glu or n % 2 == 0
-    bn, warps, waves, min_tiles = config
+    bn, warps, waves, min_tiles, chunks = config
     m = x2.shape[0]
     column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
     splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
@@ -430,7 +441,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
         *(rope.kernel_args() if rope is not None else (x2,) * 7), n, per, st.tiles,
         *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
         *plane_args(b), st.n, BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, GLU=glu, ROPE=rope is not None,
+        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, CHUNKS=chunks, GLU=glu, ROPE=rope is not None,
         HEAD_D=rope.head_dim if rope is not None else 128, **_type_flags(st, ""), **_type_flags(b, "B"),
         TWO=second is not None, **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps,
         **pdl_launch(caps))
