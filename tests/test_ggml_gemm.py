@@ -74,9 +74,8 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
 @pytest.mark.parametrize("m", [1, 3])
 def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     """The column GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX itself in
-    the -m gpu tests, and here through the emulator, one row: Q2_K's and Q3_K's code PTX exactly as its twin, the
-    packed-half types' dots and activation pairs within fp16's error), whole and split over K, its loop one, two
-    and four steps an iteration, with a bias."""
+    the -m gpu tests, and here through the emulator, one row: the packed-half dots and activation pairs within
+    fp16's error), whole and split over K, its loop one, two and four steps an iteration, with a bias."""
     w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
@@ -94,10 +93,7 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     if DEVICE == "cpu" and m == 1:
         ptx_emulator.install(monkeypatch)
         y_ptx = gemv_cols.matmul(x, st, bias, None, ptx=True)
-        if name in gemv_cols.FLOAT32_TYPES:                          # the same floats, exactly
-            assert torch.equal(y_ptx, gemv_cols.matmul(x, st, bias, None, ptx=False))
-        else:
-            assert rel_err(y_ptx, want) < TOL[torch.float16]
+        assert rel_err(y_ptx, want) < TOL[torch.float16]
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q2_K"])
@@ -134,7 +130,8 @@ def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, f
     check_rope_epilogue(fused, lambda: gemv_cols.matmul(x, st, None, config), 1, hq, hk, d, fmt, g)
 
 
-@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K"), ("Q2_K", "Q3_K")])
+@pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K"), ("Q2_K", "Q3_K"),
+                                 ("Q4_K", "Q3_K")])
 @pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
 def test_column_gemv_stacks_two_types_in_one_launch(a, b, config):
     """W = [A; B] of two types (a mixed file's q, k over its v) in one launch: each part's columns against the gguf
@@ -152,10 +149,11 @@ def test_column_gemv_stacks_two_types_in_one_launch(a, b, config):
 
 
 def test_column_gemv_pairs_it_cannot_stack_say_why():
-    q4, q2 = (ggml_gemm.prepare(make_gguf(256, 512, name)[0], DEVICE, torch.float16) for name in ("Q4_K", "Q2_K"))
+    q4 = ggml_gemm.prepare(make_gguf(256, 512, "Q4_K")[0], DEVICE, torch.float16)
     short = ggml_gemm.prepare(make_gguf(40, 512, "Q6_K")[0], DEVICE, torch.float16)
     wide = ggml_gemm.prepare(make_gguf(256, 768, "Q6_K")[0], DEVICE, torch.float16)
-    assert "summed differently" in gemv_cols.pair_applies(q4, q2)
+    iq4 = ggml_gemm.prepare(make_gguf(40, 512, "IQ4_XS")[0], DEVICE, torch.float16)
+    assert "no column-major GEMV" in gemv_cols.pair_applies(q4, iq4)
     assert "whole blocks of 256" in gemv_cols.pair_applies(short, q4)
     assert "do not share an input" in gemv_cols.pair_applies(q4, wide)
     assert ggml_gemm.apply_rows(torch.zeros(1, 512, dtype=torch.float16, device=DEVICE), [q4, short, short]) is None

@@ -1,13 +1,12 @@
-"""The K-quants' GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV does
-(Q4_K, Q5_K, Q6_K in packed halves; Q2_K, Q3_K in float32).
+"""The K-quants' GEMV over column-major words: a thread owns output columns and walks K, as the affine GEMV does,
+every type's codes meeting the activations in packed halves.
 
 Word w of super-block t of every row lies in row t * words + w of a [words, N] plane (the file's bytes, transposed
 at load: layout.GgmlLayout.columns), so a warp's load of one word row is contiguous over its columns, a thread
-holds the same words of four neighbouring columns, and one set of activation pairs serves them all. The words
-meet their activations in gemv_h2's PTX (_q4k_dots ...); scales and mins apply in float32. Q2_K's and Q3_K's codes
-become floats 1 + q / 4 (1 + (q + 4 hbit) / 8) by a funnel shift and a lop3 each (_CODE2_PTX; decode._one_plus),
-whose dot with x is corrected by x's sum per 16-value sub-block. The affine GEMV's ends (gemv_out): split-K sums
-through its workspace (no zeroed output, no memset), the SwiGLU and rotary + KV-store epilogues.
+holds the same words of neighbouring columns, and one set of activation pairs serves them all. The words meet their
+activations in gemv_h2's PTX (_q4k_dots ... _q23k_dot); scales and mins apply in float32, mins against x's sum per
+sub-block. The affine GEMV's ends (gemv_out): split-K sums through its workspace (no zeroed output, no memset), the
+SwiGLU and rotary + KV-store epilogues.
 """
 from __future__ import annotations
 
@@ -15,17 +14,16 @@ import torch
 
 from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml.decode import _half, _one_plus, q3k_scale
+from quanta.kernels.ggml.decode import _half, q3k_scale
 from quanta.kernels.ggml.gemv import GemvConfig
-from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _small_float, _u8_float,
-                                         _x_pairs4)
+from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _q23k_dot, _small_float,
+                                         _u8_float, _x_pairs4)
 from quanta.kernels.ggml.layout import GgmlState, plane_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
 
 TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
-FLOAT32_TYPES = ("q2_K", "q3_K")       # summed in float32 (_q2k_sums, _q3k_sums), four activations a 64-bit load
 
 
 @triton.jit
@@ -172,110 +170,9 @@ def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
 
 
 @triton.jit
-def _x4(x_at):
-    """The four activations x_at + 0..3 (scalars; x_at 8-byte aligned) as float32, and their sum: one 64-bit load
-    (fewer loads in flight, so fewer registers, than four 16-bit ones), its halves split by shifts."""
-    q = tl.load(x_at.to(tl.pointer_type(tl.int64)))
-    x0, x1, x2, x3 = _half(q), _half(q >> 16), _half(q >> 32), _half(q >> 48)
-    return x0, x1, x2, x3, (x0 + x1) + (x2 + x3)
-
-
-@triton.jit
-def _rotate(u, R: tl.constexpr):
-    """uint32 u rotated right by R bits (one funnel shift on the GPU)."""
-    if R == 0:
-        out = u
-    else:
-        out = (u >> R) | (u << (32 - R))
-    return out
-
-
-# A 2-bit code (and Q3_K's third bit) to the float 1 + q / 4 (1 + (q + 4 hbit) / 8) in PTX, one string per rotation
-# (the shift an immediate, so that no register holds it): the word rotated left by k (funnel shift), masked and ORed
-# with 1.0's bits (or with $2, the third bit already placed) in one lop3.
-_CODE2_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; "
-                                f"lop3.b32 $0, t, 0x600000, 0x3F800000, 0xEA; }}" for k in range(32)))
-_CODE3_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; lop3.b32 $0, t, 0x300000, $2, 0xEA; }}"
-                                for k in range(32)))
-_HBIT_PTX = tl.constexpr(tuple(f"{{ .reg .b32 t; shf.l.wrap.b32 t, $1, $1, {k}; "
-                               f"lop3.b32 $0, t, 0x400000, 0x3F800000, 0xEA; }}" for k in range(32)))
-
-
-@triton.jit
-def _code_float(words, high, AT: tl.constexpr, HIGH_AT: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
-    """f = 1 + code / 2**bits: the 2-bit code at bit AT of `words`, moved to bits 21-22 (f = 1 + q / 4), or with Q3
-    to bits 20-21 with the third bit from bit HIGH_AT of `high` on bit 22 (f = 1 + (q + 4 hbit) / 8). PTX:
-    _CODE2_PTX, or _HBIT_PTX then _CODE3_PTX; else shifts."""
-    TO: tl.constexpr = 20 if Q3 else 21
-    if PTX:
-        w = words.to(tl.int32, bitcast=True)
-        if Q3:
-            hbit = tl.inline_asm_elementwise(_HBIT_PTX[(22 - HIGH_AT) % 32], "=r,r", [high.to(tl.int32, bitcast=True)],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-            bits = tl.inline_asm_elementwise(_CODE3_PTX[(TO - AT) % 32], "=r,r,r", [w, hbit], dtype=tl.int32,
-                                             is_pure=True, pack=1)
-        else:
-            bits = tl.inline_asm_elementwise(_CODE2_PTX[(TO - AT) % 32], "=r,r", [w], dtype=tl.int32, is_pure=True,
-                                             pack=1)
-        f = bits.to(tl.float32, bitcast=True)
-    else:
-        bits = _rotate(words, (AT - TO) % 32) & (3 << TO)
-        if Q3:
-            bits |= _rotate(high, (HIGH_AT - 22) % 32) & 0x400000
-        f = _one_plus(bits)
-    return f
-
-
-@triton.jit
-def _run_dot(words, high, x_at, H: tl.constexpr, J: tl.constexpr, Q3: tl.constexpr, PTX: tl.constexpr):
-    """(sum over the word's 4 bytes e of f_e x_e, sum of x_e) for run J of half H: f's code the bits 2J of byte e,
-    with Q3 its third bit bit 4H + J of byte e of `high` (_code_float)."""
-    x0, x1, x2, x3, xs = _x4(x_at)
-    dot = tl.zeros(words.shape, tl.float32)
-    for e in tl.static_range(4):
-        f = _code_float(words, high, 8 * e + 2 * J, 8 * e + 4 * H + J, Q3, PTX)
-        dot += f * (x0 if e == 0 else x1 if e == 1 else x2 if e == 2 else x3)
-    return dot, xs
-
-
-@triton.jit
 def _nibble_float(word, shift):
     """Bits shift .. shift + 3 of int32 `word` as float32."""
     return _small_float((word >> shift) & 0xF)
-
-
-@triton.jit
-def _q23k_runs(qs_ptr, hm_ptr, x_t, cols, m2, N, t, H: tl.constexpr, V, Q3: tl.constexpr,
-               PTX: tl.constexpr):
-    """The four 16-value sub-blocks 8H + 2j + V (j = 0..3) of super-block t: per j, (sum over its 16 values of
-    f x, one [BLOCK_N] a column, and the sum of their x), from qs words 8H + 4V .. + 3 (and Q3's hmask words
-    4V .. + 3). A thread's columns share each activation it loads."""
-    d0 = tl.zeros(cols.shape, tl.float32)
-    d1, d2, d3 = d0, d0, d0
-    s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
-    for i in tl.static_range(4):
-        w = tl.load(qs_ptr + (t * 16 + 8 * H + 4 * V + i) * N + cols, mask=m2, other=0,
-                    eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-        hm = w
-        if Q3:
-            hm = tl.load(hm_ptr + (t * 8 + 4 * V + i) * N + cols, mask=m2, other=0).to(tl.uint32, bitcast=True)
-        x_at = x_t + 128 * H + 16 * V + 4 * i
-        a, b = _run_dot(w, hm, x_at, H, 0, Q3, PTX)
-        d0, s0 = d0 + a, s0 + b
-        a, b = _run_dot(w, hm, x_at + 32, H, 1, Q3, PTX)
-        d1, s1 = d1 + a, s1 + b
-        a, b = _run_dot(w, hm, x_at + 64, H, 2, Q3, PTX)
-        d2, s2 = d2 + a, s2 + b
-        a, b = _run_dot(w, hm, x_at + 96, H, 3, Q3, PTX)
-        d3, s3 = d3 + a, s3 + b
-    return d0, d1, d2, d3, s0, s1, s2, s3
-
-
-@triton.jit
-def _q2k_scaled(sc, d, xs, J: tl.constexpr, V):
-    """(sc * dot(q, x) / 4, m * sum x) of sub-block 8H + 2J + V, whose byte is 2 (J % 2) + V of the scale word sc."""
-    at = 8 * (2 * (J % 2) + V)
-    return (d - xs) * _nibble_float(sc, at), xs * _nibble_float(sc, at + 4)
 
 
 @triton.jit
@@ -283,36 +180,38 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
               STAGES: tl.constexpr, PDL: tl.constexpr):
     """Q2_K's sums [BLOCK_N], as _q45k_sums. Planes: sc [blocks * 4, N] (byte s: scale | min << 4 of 16-value
     sub-block s), qs [blocks * 16, N] (word 8h + i: bytes 4i .. 4i + 3 of 128-value half h, bits 2j of byte l the
-    value 128h + 32j + l, in sub-block 8h + 2j + l // 16), dm [blocks, N] (d | dmin << 16)."""
+    value 128h + 32j + l, in sub-block 8h + 2j + l // 16), dm [blocks, N] (d | dmin << 16). Words 8h + 4v .. + 3
+    hold sub-blocks 8h + 2j + v, j = 0..3: one run of _q23k_dot each."""
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
-        part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of sc * dot(q, x) / 4
+        part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of sc * dot(q, x)
         part_m = tl.zeros(cols.shape, dtype=tl.float32)     # sum of m * sum(x)
         pdl_wait(PDL)                                        # (returns at once after the first time)
         for h in tl.static_range(2):
             lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
             hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
             for v in tl.range(0, 2):
-                d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, qs_ptr, x_row + t * 256, cols, m2, N, t, h, v,
-                                                            False, PTX)
-                q, m = _q2k_scaled(lo, d0, s0, 0, v)
-                part_q, part_m = part_q + q, part_m + m
-                q, m = _q2k_scaled(lo, d1, s1, 1, v)
-                part_q, part_m = part_q + q, part_m + m
-                q, m = _q2k_scaled(hi, d2, s2, 2, v)
-                part_q, part_m = part_q + q, part_m + m
-                q, m = _q2k_scaled(hi, d3, s3, 3, v)
-                part_q, part_m = part_q + q, part_m + m
-        acc += _half(dm) * part_q * 4.0 - _half(dm >> 16) * part_m
+                w0, w1, w2, w3 = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
+                for j in tl.static_range(4):
+                    x0, x1, x2, x3, xs = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+                    dot = _q23k_dot(w0, w1, w2, w3, w0, w1, w2, w3, x0, x1, x2, x3, j, h, False, PTX)
+                    at = 8 * (2 * (j % 2) + v)
+                    sc = lo if j < 2 else hi
+                    part_q += dot * _nibble_float(sc, at)
+                    part_m += xs * _nibble_float(sc, at + 4)
+        acc += _half(dm) * part_q - _half(dm >> 16) * part_m
     return tl.reshape(acc, (BLOCK_N,))
 
 
 @triton.jit
-def _q3k_scaled(s_lo, s_hi, d, xs, H: tl.constexpr, J: tl.constexpr, V):
-    """(sc - 32) (8 dot - 12 sum x) of sub-block s = 8H + 2J + V, sc from scale word J // 2 of the three (s_lo) and
-    word 2 (s_hi) by decode.q3k_scale."""
-    return (d * 8.0 - xs * 12.0) * (_small_float(q3k_scale(s_lo, s_hi, 8 * H + 2 * J + V)) - 32.0)
+def _words4(at, m2, N):
+    """Four word rows at, at + N, at + 2N, at + 3N of a plane (streamed once: evict first)."""
+    w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
+    w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
+    w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
+    w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+    return w0, w1, w2, w3
 
 
 @triton.jit
@@ -330,11 +229,14 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
         part = tl.zeros(cols.shape, dtype=tl.float32)
         pdl_wait(PDL)
         for v in tl.range(0, 2):
+            m0, m1, m2_, m3 = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
             for h in tl.static_range(2):
-                d0, d1, d2, d3, s0, s1, s2, s3 = _q23k_runs(qs_ptr, hm_ptr, x_row + t * 256, cols, m2, N, t, h, v,
-                                                            True, PTX)
-                part += _q3k_scaled(s_lo0, s_hi, d0, s0, h, 0, v) + _q3k_scaled(s_lo0, s_hi, d1, s1, h, 1, v) \
-                    + _q3k_scaled(s_lo1, s_hi, d2, s2, h, 2, v) + _q3k_scaled(s_lo1, s_hi, d3, s3, h, 3, v)
+                w0, w1, w2, w3 = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
+                for j in tl.static_range(4):
+                    x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+                    dot = _q23k_dot(w0, w1, w2, w3, m0, m1, m2_, m3, x0, x1, x2, x3, j, h, True, PTX)
+                    scale = _small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0
+                    part += dot * scale
         acc += d * part
     return tl.reshape(acc, (BLOCK_N,))
 
@@ -364,12 +266,12 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 PACKED_HALF = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
 Q6_K_CONFIG = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
-# the float32-summed types: two columns a thread (with four, their float32 sums run twice as long); Q2_K's small
-# weights one a thread, twice the programs (its qkv and o shapes wanted them in the H100 sweep; Q3_K's did not)
-FLOAT32 = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+# Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; Q2_K's small weights one a
+# thread, twice the programs
+TWO_BIT = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
 # type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
-CONFIGS = {"q2_K": (Q2_K_SMALL, FLOAT32), "q3_K": (FLOAT32, FLOAT32), "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
+CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, TWO_BIT), "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
@@ -388,15 +290,13 @@ def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
 
 def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -> str | None:
     """None where one launch can take weight a stacked over b (matmul's `second`), else why not: both on this
-    GEMV, over one input, summed alike (both in float32 or both in packed halves: one launch config), and a's rows
-    filling whole column blocks, so that each program's columns lie in one of the two."""
+    GEMV, over one input, and a's rows filling whole column blocks of the launch config (a's), so that each
+    program's columns lie in one of the two."""
     why = applies(a) or applies(b)
     if why is not None:
         return why
     if a.k != b.k or a.dtype != b.dtype:
         return f"{a.name} [{a.n}, {a.k}] and {b.name} [{b.n}, {b.k}] do not share an input"
-    if (a.name in FLOAT32_TYPES) != (b.name in FLOAT32_TYPES):
-        return f"{a.name} and {b.name} are summed differently (float32 / packed halves)"
     block_n = GemvConfig(*(config or pair_config(a, b))).block_n
     return None if a.n % block_n == 0 else f"{a.name}'s {a.n} rows are not whole blocks of {block_n} columns"
 

@@ -13,6 +13,8 @@ as Q6_K's qh bits do: per 128-value half h, ql words i and 8 + i and qh word i h
 """
 from __future__ import annotations
 
+import struct
+
 from quanta.kernels.ggml.decode import _half
 from quanta.kernels.triton_support import tl, triton
 
@@ -112,6 +114,43 @@ _Q6K_DOT = tl.constexpr(
                         [f"${4 + 3 * Q6K_WORDS + 8 * c + e}" for e in range(8)], c == 0) for c in range(Q6K_WORDS))
     + "".join(_LANES_TO_F32.format(acc=f"a{q}", out=f"${q}") for q in range(4)) + "}")
 Q6K_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * (Q6K_WORDS * 11)))
+
+
+def _h2_immediate(v: float) -> str:
+    """The 32-bit immediate of the pair (v, v) of fp16 (v exact in fp16)."""
+    bits = struct.unpack("<H", struct.pack("<e", v))[0]
+    return f"0x{bits:04X}{bits:04X}"
+
+
+def _q23k_run_ptx(j: int, h: int | None) -> str:
+    """PTX of run j (the 2-bit codes at bits 2j of every byte) of four Q2_K words $1..$4 (Q3_K, h given: then their
+    hmask words $5..$8, bit 4h + j of a byte the code's third bit) against each word's pairs (x0, x2), (x1, x3), the
+    next eight operands, summed in packed halves (eight products a lane) into $0 in float32. A lop3 leaves the half
+    1024 + 4^j q (Q3_K: the third bit rotated into bit 2j + 2 and ORed in), one FMA by 4^-j maps it to q (q - 4)
+    exactly; bytes 1 and 3 likewise from the word shifted right by 8."""
+    q3 = h is not None
+    pairs = 5 + 4 * q3
+    mask, third = (3 << 2 * j) * 0x10001, (4 << 2 * j) * 0x10001
+    lines = [f"mov.b32 k, {_h2_immediate(4.0 ** -j)};", f"mov.b32 z, {_h2_immediate(-1024.0 * 4.0 ** -j - 4 * q3)};"]
+    for c in range(4):
+        for half, src in enumerate((f"${1 + c}", "t")):
+            if half:
+                lines.append(f"shr.u32 t, ${1 + c}, 8;")
+            lines.append(f"lop3.b32 v, {src}, 0x{mask:08X}, 0x64006400, 0xEA;")
+            if q3:
+                rot = (j + 2 - 4 * h - 8 * half) % 32
+                lines += [f"shf.l.wrap.b32 u, ${5 + c}, ${5 + c}, {rot};", f"lop3.b32 v, u, 0x{third:08X}, v, 0xEA;"]
+            lines.append("fma.rn.f16x2 v, v, k, z;")
+            x = f"${pairs + 2 * c + half}"
+            lines.append(f"mul.rn.f16x2 a, v, {x};" if c == half == 0 else f"fma.rn.f16x2 a, v, {x}, a;")
+    return ("{\n.reg .b32 t, u, v, a, k, z;\n.reg .f16 h0, h1;\n.reg .f32 f0, f1;\n" + "\n".join(lines) + "\n"
+            + _LANES_TO_F32.format(acc="a", out="$0") + "}")
+
+
+_Q2K_RUNS = tl.constexpr(tuple(_q23k_run_ptx(j, None) for j in range(4)))          # by run j
+_Q3K_RUNS = tl.constexpr(tuple(_q23k_run_ptx(j, h) for h in range(2) for j in range(4)))   # by 4h + j
+Q2K_RUN_ARGS = tl.constexpr("=f," + ",".join(["r"] * 12))
+Q3K_RUN_ARGS = tl.constexpr("=f," + ",".join(["r"] * 16))
 
 
 # (x0 | x2 << 16, x1 | x3 << 16, x0 + x1 + x2 + x3 in float32) of a 64-bit word of four fp16 activations: two
@@ -238,6 +277,41 @@ def _q6k_dots(ql0_0, ql1_0, qh_0, ql0_1, ql1_1, qh_1, x0, x1, PTX: tl.constexpr)
         d2 = _q6k_quarter_f32(ql0_0, qh_0, 4, 4, x0[4], x0[5]) + _q6k_quarter_f32(ql0_1, qh_1, 4, 4, x1[4], x1[5])
         d3 = _q6k_quarter_f32(ql1_0, qh_0, 4, 6, x0[6], x0[7]) + _q6k_quarter_f32(ql1_1, qh_1, 4, 6, x1[6], x1[7])
     return d0, d1, d2, d3
+
+
+@triton.jit
+def _q23k_word_f32(w, hm, p02, p13, J: tl.constexpr, H: tl.constexpr, Q3: tl.constexpr):
+    """The float32 twin of one word of _q23k_run_ptx: run J's codes (Q3_K: with their third bits from hm) times x."""
+    w = w.to(tl.int32)
+    even, odd = (w >> 2 * J) & 0x00030003, (w >> 8 + 2 * J) & 0x00030003
+    if Q3:
+        m = hm.to(tl.int32)
+        even |= ((m >> 4 * H + J) & 0x00010001) << 2
+        odd |= ((m >> 8 + 4 * H + J) & 0x00010001) << 2
+    dot = _pair_dot(even, odd, p02, p13)
+    if Q3:
+        dot -= 4.0 * (_lane(p02, 0) + _lane(p02, 16) + _lane(p13, 0) + _lane(p13, 16))
+    return dot
+
+
+@triton.jit
+def _q23k_dot(w0, w1, w2, w3, m0, m1, m2, m3, x0, x1, x2, x3, J: tl.constexpr, H: tl.constexpr, Q3: tl.constexpr,
+              PTX: tl.constexpr):
+    """Sum of q * x (Q3_K: (q - 4) * x) over run J of four Q2_K / Q3_K qs words w_c (Q3_K: their hmask words m_c,
+    half H); x_c word c's pairs ((0, 2), (1, 3)). The PTX on CUDA, its float32 twin in the interpreter."""
+    if PTX:
+        if Q3:
+            dot = tl.inline_asm_elementwise(_Q3K_RUNS[4 * H + J], Q3K_RUN_ARGS,
+                                            [w0, w1, w2, w3, m0, m1, m2, m3, x0[0], x0[1], x1[0], x1[1], x2[0], x2[1],
+                                             x3[0], x3[1]], dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            dot = tl.inline_asm_elementwise(_Q2K_RUNS[J], Q2K_RUN_ARGS,
+                                            [w0, w1, w2, w3, x0[0], x0[1], x1[0], x1[1], x2[0], x2[1], x3[0], x3[1]],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        dot = (_q23k_word_f32(w0, m0, x0[0], x0[1], J, H, Q3) + _q23k_word_f32(w1, m1, x1[0], x1[1], J, H, Q3)
+               + _q23k_word_f32(w2, m2, x2[0], x2[1], J, H, Q3) + _q23k_word_f32(w3, m3, x3[0], x3[1], J, H, Q3))
+    return dot
 
 
 @triton.jit

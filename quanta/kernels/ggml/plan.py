@@ -78,9 +78,8 @@ def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
 
 
 def _why_gemv_cols(st: GgmlState, caps: DeviceCaps, m: int) -> str:
-    inner = "code words to floats, float32 FMAs" if st.name in gemv_cols.FLOAT32_TYPES else \
-        "code words to packed halves, packed-half FMAs"
-    return f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} {inner}"
+    return (f"M={m} <= {GEMV_MAX_M}: bandwidth-bound GEMV over column-major words, {st.name} code words to packed "
+            "halves, packed-half FMAs")
 
 
 def _gemv_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
