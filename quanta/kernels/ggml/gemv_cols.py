@@ -108,17 +108,9 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
             t = c // 4
             dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
             if Q5:
-                hq = qh_ptr + (t * 8 + 4 * g) * N + cols
-                h0 = tl.load(hq, mask=m2, other=0, eviction_policy="evict_first")
-                h1 = tl.load(hq + N, mask=m2, other=0, eviction_policy="evict_first")
-                h2 = tl.load(hq + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-                h3 = tl.load(hq + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+                h0, h1, h2, h3 = _words4(qh_ptr + (t * 8 + 4 * g) * N + cols, m2, N)
             sc = tl.load(sc_ptr + c * N + cols, mask=m2, other=0)
-            at = qs_ptr + (c * 8 + 4 * g) * N + cols
-            w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
-            w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
-            w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-            w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
+            w0, w1, w2, w3 = _words4(qs_ptr + (c * 8 + 4 * g) * N + cols, m2, N)
             pdl_wait(PDL)                                        # (returns at once after the first time)
             x_t = x_g + c * 64
             a0, a1, a2, a3, xs_a = _x_pairs4(x_t, PTX)
