@@ -103,12 +103,12 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
     # CHUNKS 64-value chunks c (chunk j = c % 4 of super-block t = c // 4) an iteration: more chunks put more bytes
     # in flight for each program, for the registers that let fewer programs share an SM
     for c0 in tl.range(t_begin * 4, t_end * 4, CHUNKS, num_stages=STAGES):
+        t = c0 // 4                 # CHUNKS divides 4: an iteration's chunks share super-block t, its dm and qh
+        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
+        if Q5:
+            h0, h1, h2, h3 = _words4(qh_ptr + (t * 8 + 4 * g) * N + cols, m2, N)
         for i in tl.static_range(CHUNKS):
             c = c0 + i
-            t = c // 4
-            dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
-            if Q5:
-                h0, h1, h2, h3 = _words4(qh_ptr + (t * 8 + 4 * g) * N + cols, m2, N)
             sc = tl.load(sc_ptr + c * N + cols, mask=m2, other=0)
             w0, w1, w2, w3 = _words4(qs_ptr + (c * 8 + 4 * g) * N + cols, m2, N)
             pdl_wait(PDL)                                        # (returns at once after the first time)
@@ -139,9 +139,9 @@ def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
     acc = tl.zeros((4, BLOCK_N), dtype=tl.float32)
     # CHUNKS 128-value halves h = c % 2 of super-block t = c // 2 an iteration (as _q45k_sums' chunks)
     for c0 in tl.range(t_begin * 2, t_end * 2, CHUNKS, num_stages=STAGES):
+        d = tl.load(d_ptr + (c0 // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)    # (CHUNKS divides 2)
         for i in tl.static_range(CHUNKS):
             c = c0 + i
-            d = tl.load(d_ptr + (c // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)
             ql = ql_ptr + (c * 16 + 2 * u) * N + cols
             qh = qh_ptr + (c * 8 + 2 * u) * N + cols
             ql0_0 = tl.load(ql, mask=m2, other=0, eviction_policy="evict_first")
@@ -322,6 +322,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     n = _rows(st, second)
     assert not glu or n % 2 == 0
     bn, warps, waves, min_tiles, chunks = config
+    assert chunks in (1, 2, 4), chunks          # an iteration's chunks (Q6_K's halves) lie in one super-block
     m = x2.shape[0]
     column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
     splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
