@@ -6,7 +6,7 @@ Each variant runs benchmarks/latency.py in a process of its own; the variants al
         --variant "quanta.kernels.affine.gemv:GEMV_CONFIGS_PDL_W8=band(GEMV_CONFIGS_PDL_W8, 100_000_000,
                    200_000_000, GemvConfig(512, 8, 8, 16.0, 1, tile_sums=True))"
     python benchmarks/engine_configs.py --model synthetic:llama3-8b:gguf-q4_K_M --variant "" \\
-        --variant "quanta.kernels.ggml.gemv_cols:PACKED_HALF=GemvConfig(256, 2, 32.0, 1, 2)"
+        --variant "quanta.kernels.ggml.gemv_cols:PACKED_HALF=ColsConfig(256, 2, 32.0, 1, 2)"
 
 A variant is ';'-separated MODULE:NAME=EXPR assignments, EXPR evaluated in the module's namespace with band()
 added; "" runs the build as it is. JSON on the last line (--out: also to a file).

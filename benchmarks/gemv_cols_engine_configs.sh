@@ -7,7 +7,7 @@
 #   usage: bash benchmarks/gemv_cols_engine_configs.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 G=quanta.kernels.ggml.gemv_cols
-C() { echo "GemvConfig($1)"; }
+C() { echo "ColsConfig($1)"; }
 # configs Q45_SMALL Q45_LARGE Q6_SMALL Q6_LARGE
 configs() {
   local q45="($(C "$1"), $(C "$2"))"

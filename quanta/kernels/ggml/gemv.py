@@ -78,12 +78,11 @@ def store_row(y, bias_ptr, y_ptr, pid_m, pid_k, offs_n, mask_n, stride_ym, HAS_B
 
 class GemvConfig(NamedTuple):
     """A GEMV launch: BLOCK_N weight rows a program; split-K aims at `waves` programs an SM, each with at least
-    `min_tiles` K tiles; the column GEMV's `chunks` K-loop steps an iteration (its loads in flight at once)."""
+    `min_tiles` K tiles."""
     block_n: int
     warps: int
     waves: float
     min_tiles: int
-    chunks: int = 1
 
 
 # The GEMV must stream the weight at copy bandwidth: enough programs to keep every SM's loads in flight (split-K
@@ -129,7 +128,7 @@ class Launch(NamedTuple):
     @classmethod
     def of(cls, x2: torch.Tensor, st: GgmlState, config: tuple, caps: DeviceCaps) -> Launch:
         """The launch of `config` (GemvConfig's fields) for x2 [M, K] against st on a device of these caps."""
-        bn, warps, waves, min_tiles = config[:4]
+        bn, warps, waves, min_tiles = config
         m, column_blocks = x2.shape[0], cdiv(st.n, bn)
         splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
         y = split_output(x2, st, splits)

@@ -10,12 +10,13 @@ SwiGLU and rotary + KV-store epilogues.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, q3k_scale
-from quanta.kernels.ggml.gemv import GemvConfig
 from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _q23k_dot, _small_float,
                                          _u8_float, _x_pairs4)
 from quanta.kernels.ggml.layout import GgmlState, plane_args
@@ -221,12 +222,12 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
         part = tl.zeros(cols.shape, dtype=tl.float32)
         pdl_wait(PDL)
         for v in tl.range(0, 2):
-            m0, m1, m2_, m3 = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
+            hm0, hm1, hm2, hm3 = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
             for h in tl.static_range(2):
                 w0, w1, w2, w3 = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
                 for j in tl.static_range(4):
                     x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
-                    dot = _q23k_dot(w0, w1, w2, w3, m0, m1, m2_, m3, x0, x1, x2, x3, j, h, True, PTX)
+                    dot = _q23k_dot(w0, w1, w2, w3, hm0, hm1, hm2, hm3, x0, x1, x2, x3, j, h, True, PTX)
                     scale = _small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0
                     part += dot * scale
         acc += d * part
@@ -249,38 +250,49 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
     return None
 
 
+class ColsConfig(NamedTuple):
+    """A launch of the column GEMV: BLOCK_N columns a program in `warps` warps; split-K aims at `waves` programs an
+    SM, each with at least `min_tiles` super-blocks; `chunks` K-loop steps an iteration (1, 2 or 4: its loads in
+    flight at once)."""
+    block_n: int
+    warps: int
+    waves: float
+    min_tiles: int
+    chunks: int = 1
+
+
 # (BLOCK_N, warps, waves, min tiles, chunks). The packed-half types: four columns a thread in two warps, two 64-value
 # chunks an iteration, the K loop split for sixteen programs an SM at every size. Alone (benchmarks/ggml_gemm.py
 # --sweep) the small weights wanted whole super-blocks an iteration and the large ones eight programs an SM; in the
 # decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs with fewer
 # registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds twice a chunk's
 # loads: two columns a thread in four warps, one half an iteration.
-PACKED_HALF = GemvConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
-Q6_K_CONFIG = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+PACKED_HALF = ColsConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
+Q6_K_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
 # Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; Q2_K's small weights one a
 # thread, twice the programs
-TWO_BIT = GemvConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
-Q2_K_SMALL = GemvConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
+TWO_BIT = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+Q2_K_SMALL = ColsConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
 # type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
 CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, TWO_BIT), "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
 
 
-def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
+def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> ColsConfig:
     """The launch config of a weight (any M: the plan gives this path one row)."""
     return _config(st.name, st.n * st.k)
 
 
-def _config(name: str, values: int) -> GemvConfig:
+def _config(name: str, values: int) -> ColsConfig:
     return CONFIGS.get(name, (PACKED_HALF, PACKED_HALF))[values >= LARGE_WEIGHT]
 
 
-def pair_config(a: GgmlState, b: GgmlState) -> GemvConfig:
+def pair_config(a: GgmlState, b: GgmlState) -> ColsConfig:
     """The launch config of weights a and b stacked in one launch (matmul's `second`)."""
     return _config(a.name, (a.n + b.n) * a.k)
 
 
-def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -> str | None:
+def pair_applies(a: GgmlState, b: GgmlState, config: ColsConfig | None = None) -> str | None:
     """None where one launch can take weight a stacked over b (matmul's `second`), else why not: both on this
     GEMV, over one input, and a's rows filling whole column blocks of the launch config (a's), so that each
     program's columns lie in one of the two."""
@@ -289,7 +301,7 @@ def pair_applies(a: GgmlState, b: GgmlState, config: GemvConfig | None = None) -
         return why
     if a.k != b.k or a.dtype != b.dtype:
         return f"{a.name} [{a.n}, {a.k}] and {b.name} [{b.n}, {b.k}] do not share an input"
-    block_n = GemvConfig(*(config or pair_config(a, b))).block_n
+    block_n = ColsConfig(*(config or pair_config(a, b))).block_n
     return None if a.n % block_n == 0 else f"{a.name}'s {a.n} rows are not whole blocks of {block_n} columns"
 
 
@@ -298,9 +310,9 @@ def _rows(st: GgmlState, second: GgmlState | None) -> int:
     return st.n + (second.n if second is not None else 0)
 
 
-def rope_applies(st: GgmlState, rope: RopeStore, config: GemvConfig, second: GgmlState | None = None) -> bool:
+def rope_applies(st: GgmlState, rope: RopeStore, config: ColsConfig, second: GgmlState | None = None) -> bool:
     """Whether the epilogue can finish W = [q; k; v] (st, or st over `second`) under `config` (gemv_out.rope_fits)."""
-    return rope_fits(_rows(st, second), rope, GemvConfig(*config).block_n)
+    return rope_fits(_rows(st, second), rope, ColsConfig(*config).block_n)
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
@@ -310,12 +322,12 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     [gate; up] and y[M, N/2] = silu(gate) * up; `rope`: W stacks [q; k; v], q and k rotated and k, v stored in the
     paged caches (rope_applies must hold), as the affine GEMV's epilogues. `second`: W stacks st over a weight of
     another type (pair_applies must hold; not with glu), N their rows together, `bias` theirs. `config`
-    (GemvConfig's fields), `ptx` (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
+    (ColsConfig's fields), `ptx` (the PTX, or its float32 twin) and `stages` forced by tests and benchmarks."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     if x2.data_ptr() % 8 or x2.stride(0) % 4:
         x2 = x2.clone()                     # four activations a 64-bit load (_x4, _x_pairs): rows 8-byte aligned
     caps = caps or device_caps(x2.device)
-    config = GemvConfig(*(config or (default_config(st, caps, x2.shape[0]) if second is None
+    config = ColsConfig(*(config or (default_config(st, caps, x2.shape[0]) if second is None
                                      else pair_config(st, second))))
     assert second is None or (not glu and pair_applies(st, second, config) is None)
     assert rope is None or (not glu and rope_applies(st, rope, config, second))

@@ -298,7 +298,8 @@ def _q23k_word_f32(w, hm, p02, p13, J: tl.constexpr, H: tl.constexpr, Q3: tl.con
 def _q23k_dot(w0, w1, w2, w3, m0, m1, m2, m3, x0, x1, x2, x3, J: tl.constexpr, H: tl.constexpr, Q3: tl.constexpr,
               PTX: tl.constexpr):
     """Sum of q * x (Q3_K: (q - 4) * x) over run J of four Q2_K / Q3_K qs words w_c (Q3_K: their hmask words m_c,
-    half H); x_c word c's pairs ((0, 2), (1, 3)). The PTX on CUDA, its float32 twin in the interpreter."""
+    half H; Q2_K reads neither); x_c word c's pairs ((0, 2), (1, 3)). The PTX on CUDA, its float32 twin in the
+    interpreter."""
     if PTX:
         if Q3:
             dot = tl.inline_asm_elementwise(_Q3K_RUNS[4 * H + J], Q3K_RUN_ARGS,
@@ -351,12 +352,13 @@ def _x_pairs4(x_at, PTX: tl.constexpr):
         p0, r0, p1, r1, p2, r2, p3, r3, xs = tl.inline_asm_elementwise(
             _X_PAIRS4_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,=f,l,l,l,l", [q0, q1, q2, q3],
             dtype=(tl.int32,) * 8 + (tl.float32,), is_pure=True, pack=1)
-        return (p0, r0), (p1, r1), (p2, r2), (p3, r3), xs
-    p0, r0, s0 = _x_pairs(x_at, PTX)
-    p1, r1, s1 = _x_pairs(x_at + 4, PTX)
-    p2, r2, s2 = _x_pairs(x_at + 8, PTX)
-    p3, r3, s3 = _x_pairs(x_at + 12, PTX)
-    return (p0, r0), (p1, r1), (p2, r2), (p3, r3), s0 + s1 + s2 + s3
+    else:
+        p0, r0, s0 = _x_pairs(x_at, PTX)
+        p1, r1, s1 = _x_pairs(x_at + 4, PTX)
+        p2, r2, s2 = _x_pairs(x_at + 8, PTX)
+        p3, r3, s3 = _x_pairs(x_at + 12, PTX)
+        xs = s0 + s1 + s2 + s3
+    return (p0, r0), (p1, r1), (p2, r2), (p3, r3), xs
 
 
 @triton.jit
