@@ -266,16 +266,24 @@ class ColsConfig(NamedTuple):
 # --sweep) the small weights wanted whole super-blocks an iteration and the large ones eight programs an SM; in the
 # decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs with fewer
 # registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds twice a chunk's
-# loads: two columns a thread in four warps, one half an iteration.
+# loads: two columns a thread in four warps, one half an iteration. Q5_K, whose high bits add a word to each chunk's
+# loads: two columns a thread, four chunks an iteration on the small weights and two on the large.
 PACKED_HALF = ColsConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
 Q6_K_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+Q5_K_SMALL = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=4)
+Q5_K_LARGE = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
 # Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; Q2_K's small weights one a
-# thread, twice the programs
+# thread, twice the programs; Q3_K's large ones 512 columns a program (four a thread)
 TWO_BIT = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q2_K_SMALL = ColsConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
+Q3_K_LARGE = ColsConfig(block_n=512, warps=4, waves=16.0, min_tiles=1)
 # type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
-CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, TWO_BIT), "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
+CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, Q3_K_LARGE), "q5_K": (Q5_K_SMALL, Q5_K_LARGE),
+           "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
+# Two weights in one launch (a mixed file's q and k over a v of another type) take the first one's config in four
+# warps: a Q6_K v holds four columns a thread's registers in two.
+PAIR_WARPS = 4
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> ColsConfig:
@@ -289,7 +297,7 @@ def _config(name: str, values: int) -> ColsConfig:
 
 def pair_config(a: GgmlState, b: GgmlState) -> ColsConfig:
     """The launch config of weights a and b stacked in one launch (matmul's `second`)."""
-    return _config(a.name, (a.n + b.n) * a.k)
+    return _config(a.name, (a.n + b.n) * a.k)._replace(warps=PAIR_WARPS)
 
 
 def pair_applies(a: GgmlState, b: GgmlState, config: ColsConfig | None = None) -> str | None:
