@@ -65,7 +65,7 @@ COLS_SWEEP = tuple(cfg + (chunks,) for cfg in ((256, 2, 16.0, 1), (256, 2, 8.0, 
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,
-             sweep: bool = False, as_loaded: bool = False) -> None:
+             sweep: tuple = (), as_loaded: bool = False) -> None:
     """Time the ggml kernels on GGML type `name` at each layer shape and M, beside cuBLAS and the W4A16 kernels
     (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M)).
     `as_loaded`: the kernels the registry gives the type instead (the affine ones for Q4_0 .. Q8_0, the codebook
@@ -91,7 +91,7 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")
             if module is ggml_gemm and sweep and m == 1 and gemv_cols.applies(st[0]) is None:
-                for cfg in COLS_SWEEP:
+                for cfg in sweep:
                     rec[f"cols_{'_'.join(map(str, cfg))}_us"] = timed(
                         lambda x, s: gemv_cols.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"cols {cfg}")
             if (layer, m) not in w4_us:                   # the W4A16 g128 kernels on the same shape, once a run
@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--ms", default="1,16,256,2048")
     ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
+    ap.add_argument("--sweep-configs", help="with --sweep, these configs instead of COLS_SWEEP: ';'-separated "
+                    "ColsConfig fields, e.g. '256,2,16,1,2,2;256,2,16,1,1,4'")
     ap.add_argument("--as-loaded", action="store_true", help="time the kernels the registry gives each type (the "
                     "affine ones for Q4_0 .. Q8_0, the codebook ones for IQ4_NL) instead of the ggml ones")
     ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
@@ -150,13 +152,16 @@ def main() -> None:
     if args.profile:
         profile()
         return
+    sweep = () if not args.sweep else COLS_SWEEP if not args.sweep_configs else tuple(
+        tuple(float(v) if i == 2 else int(v) for i, v in enumerate(c.split(",")))
+        for c in args.sweep_configs.split(";"))
     t0, meta = start_run()
     layers = args.layers.split(",")
     w4 = {layer: (w := affine_w(*LAYERS[layer], 4, 128), prepared_copies(w)) for layer in layers}
     results: list[dict] = []
     w4_us: dict = {}
     for name in args.types.split(","):
-        run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us, args.sweep,
+        run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us, sweep,
                  args.as_loaded)
     write_run(args.out, meta, t0, results=results)
     summary(meta, results)

@@ -75,14 +75,17 @@ def test_paths_match_the_gguf_dequantization(name, path, m):
 def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     """The column GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX itself in
     the -m gpu tests, and here through the emulator, one row: the packed-half dots and activation pairs within
-    fp16's error), whole and split over K, its loop one, two and four steps an iteration, with a bias."""
+    fp16's error), whole and split over K (at super-blocks, halves and quarters: what the type's loop takes), its
+    loop one, two and four steps an iteration, with a bias."""
     w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
     want = x.double() @ ref.double().T.to(DEVICE) + bias.double()
-    # planned; one program's K loop; split-K; the K loop two and four steps an iteration
-    for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1), (16, 4, 1e-3, 1, 2), (32, 4, 8.0, 1, 4)):
+    # planned; one program's K loop; split-K; the K loop two and four steps an iteration; splits of super-blocks'
+    # halves and quarters (each of two parts; the four steps of one a quarter's single one)
+    for config in (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1), (16, 4, 1e-3, 1, 2), (32, 4, 8.0, 1, 4),
+                   (32, 4, 64.0, 1, 1, 2), (16, 4, 64.0, 2, 2, 2), (32, 4, 64.0, 1, 4, 4), (16, 4, 64.0, 2, 1, 4)):
         y = gemv_cols.matmul(x, st, bias, config)
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
     if m == 1:                                                       # rows not 8-byte aligned: copied first
@@ -132,7 +135,8 @@ def test_column_gemv_rope_epilogue_equals_the_gemv_then_rotary_and_store(name, f
 
 @pytest.mark.parametrize("a,b", [("Q4_K", "Q6_K"), ("Q6_K", "Q5_K"), ("Q3_K", "Q2_K"), ("Q2_K", "Q3_K"),
                                  ("Q4_K", "Q3_K")])
-@pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1)], ids=["planned", "split-k"])
+@pytest.mark.parametrize("config", [None, (32, 4, 64.0, 1), (32, 4, 64.0, 1, 2, 4)],
+                         ids=["planned", "split-k", "parts"])
 def test_column_gemv_stacks_two_types_in_one_launch(a, b, config):
     """W = [A; B] of two types (a mixed file's q, k over its v) in one launch: each part's columns against the gguf
     package's dequantization, with a bias; pair_applies refuses what one launch cannot run."""

@@ -34,14 +34,15 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
                       b0, b1, b2, b3, N_A,                                                        # TWO only
                       Q5: tl.constexpr, Q6: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                       SPLIT_K: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False,
-                      CHUNKS: tl.constexpr = 1,
+                      CHUNKS: tl.constexpr = 1, PARTS: tl.constexpr = 1,
                       GLU: tl.constexpr = False, ROPE: tl.constexpr = False, HEAD_D: tl.constexpr = 128,
                       FP8: tl.constexpr = 0, FP8_MAX: tl.constexpr = 0.0, FP8_SHIFT: tl.constexpr = 0,
                       FP8_REBIAS: tl.constexpr = 0, FP8_MIN_NORMAL: tl.constexpr = 0.0,
                       FP8_MAGIC: tl.constexpr = 0.0, FP8_MAGIC_BITS: tl.constexpr = 0, Q2: tl.constexpr = False,
                       Q3: tl.constexpr = False, TWO: tl.constexpr = False, Q2B: tl.constexpr = False,
                       Q3B: tl.constexpr = False, Q5B: tl.constexpr = False, Q6B: tl.constexpr = False):
-    """y[m, n] = sum_k x[m, k] W[n, k]; program (row m, BLOCK_N columns, split of super-blocks); the planes p0..p3
+    """y[m, n] = sum_k x[m, k] W[n, k]; program (row m, BLOCK_N columns, split of K), a split whole parts of the
+    super-blocks, PARTS a super-block (tiles_per_split, num_tiles count parts); the planes p0..p3
     as _q45k_sums (Q4_K, Q5_K), _q6k_sums (Q6), _q2k_sums (Q2) or _q3k_sums (Q3) take them. TWO: W stacks two
     weights of different types, the first's N_A rows (a multiple of BLOCK_N) over planes p0..p3 and types Q2 .. Q6,
     the rest over b0..b3 and Q2B .. Q6B (a program's columns lie in one of them). GLU and ROPE: the affine GEMV's
@@ -55,13 +56,13 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     if TWO:
         if pid_n * BLOCK_N < N_A:
             y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N_A, t_begin, t_end, BLOCK_N, Q2, Q3,
-                      Q5, Q6, PTX, STAGES, PDL, CHUNKS)
+                      Q5, Q6, PTX, STAGES, PDL, CHUNKS, PARTS)
         else:
             y = _sums(x_row, b0, b1, b2, b3, offs_n[None, :] - N_A, mask_n[None, :], N - N_A, t_begin, t_end, BLOCK_N,
-                      Q2B, Q3B, Q5B, Q6B, PTX, STAGES, PDL, CHUNKS)
+                      Q2B, Q3B, Q5B, Q6B, PTX, STAGES, PDL, CHUNKS, PARTS)
     else:
         y = _sums(x_row, p0, p1, p2, p3, offs_n[None, :], mask_n[None, :], N, t_begin, t_end, BLOCK_N, Q2, Q3, Q5, Q6,
-                  PTX, STAGES, PDL, CHUNKS)
+                  PTX, STAGES, PDL, CHUNKS, PARTS)
     pdl_wait(PDL)
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
                  mask_n, N, SPLIT_K, BLOCK_N, GLU, pos_ptr, freq_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr,
@@ -72,28 +73,31 @@ def _ggml_cols_kernel(x_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr,
 @triton.jit
 def _sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr, Q2: tl.constexpr,
           Q3: tl.constexpr, Q5: tl.constexpr, Q6: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr,
-          PDL: tl.constexpr, CHUNKS: tl.constexpr):
-    """The sums [BLOCK_N] of columns cols [1, BLOCK_N] of a weight of N columns over planes p0..p3, by its type;
-    CHUNKS: the K loop steps (64-value chunks, Q6_K's 128-value halves) an iteration of the packed-half types."""
+          PDL: tl.constexpr, CHUNKS: tl.constexpr, PARTS: tl.constexpr):
+    """The sums [BLOCK_N] of columns cols [1, BLOCK_N] of a weight of N columns over planes p0..p3, by its type,
+    over parts t_begin..t_end (PARTS a super-block: the packed-half types' K loop steps, 64-value chunks or Q6_K's
+    128-value halves, 4 // PARTS or 2 // PARTS a part; Q2_K, Q3_K whole super-blocks); CHUNKS: steps an iteration,
+    at most a part's."""
     if Q2:
         y = _q2k_sums(x_row, p0, p1, p2, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
     elif Q3:
         y = _q3k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
     elif Q6:
-        y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL, min(CHUNKS, 2))
+        y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin * (2 // PARTS), t_end * (2 // PARTS), BLOCK_N,
+                      PTX, STAGES, PDL, min(CHUNKS, 2 // PARTS))
     elif Q5:
-        y = _q45k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, True, PTX, STAGES, PDL,
-                       CHUNKS)
+        y = _q45k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin * (4 // PARTS), t_end * (4 // PARTS), BLOCK_N,
+                       True, PTX, STAGES, PDL, min(CHUNKS, 4 // PARTS))
     else:
-        y = _q45k_sums(x_row, p0, p1, p2, p2, cols, m2, N, t_begin, t_end, BLOCK_N, False, PTX, STAGES,
-                       PDL, CHUNKS)
+        y = _q45k_sums(x_row, p0, p1, p2, p2, cols, m2, N, t_begin * (4 // PARTS), t_end * (4 // PARTS), BLOCK_N,
+                       False, PTX, STAGES, PDL, min(CHUNKS, 4 // PARTS))
     return y
 
 
 @triton.jit
-def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, c_begin, c_end, BLOCK_N: tl.constexpr,
                Q5: tl.constexpr, PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
-    """Q4_K's (Q5_K's) sums [BLOCK_N] over super-blocks t_begin..t_end of columns cols [1, BLOCK_N]. Planes, a row
+    """Q4_K's (Q5_K's) sums [BLOCK_N] over 64-value chunks c_begin..c_end of columns cols [1, BLOCK_N]. Planes, a row
     per word of a super-block over N columns: dm [blocks, N] (d | dmin << 16), sc [blocks * 4, N] (word j: scale 2j,
     min 2j, scale 2j + 1, min 2j + 1), [qh [blocks * 8, N]: word i the fifth bits of word i of every chunk], qs
     [blocks * 32, N] (word 8j + 4g + c: values 16g + 4c .. + 3 of sub-blocks 2j and 2j + 1, low and high nibbles)."""
@@ -103,7 +107,7 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
     acc_m = tl.zeros((2, BLOCK_N), dtype=tl.float32)        # sum of dmin * m * sum(x)
     # CHUNKS 64-value chunks c (chunk j = c % 4 of super-block t = c // 4) an iteration: more chunks put more bytes
     # in flight for each program, for the registers that let fewer programs share an SM
-    for c0 in tl.range(t_begin * 4, t_end * 4, CHUNKS, num_stages=STAGES):
+    for c0 in tl.range(c_begin, c_end, CHUNKS, num_stages=STAGES):
         t = c0 // 4                 # CHUNKS divides 4: an iteration's chunks share super-block t, its dm and qh
         dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
         if Q5:
@@ -129,17 +133,18 @@ def _q45k_sums(x_row, dm_ptr, sc_ptr, qh_ptr, qs_ptr, cols, m2, N, t_begin, t_en
 
 
 @triton.jit
-def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+def _q6k_sums(x_row, ql_ptr, qh_ptr, sc_ptr, d_ptr, cols, m2, N, c_begin, c_end, BLOCK_N: tl.constexpr,
               PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
-    """Q6_K's sums [BLOCK_N], as _q45k_sums. Planes: ql [blocks * 32, N], qh [blocks * 16, N] (per 128-value half h,
-    ql words 16h + i and 16h + 8 + i and qh word 8h + i hold values 4i .. 4i + 3 of its four 32-value quarters), sc
-    [blocks * 4, N] (the 16 int8 scales, four a word), d [blocks, N] fp16. Word column i = 2u + c of a half."""
+    """Q6_K's sums [BLOCK_N] over 128-value halves c_begin..c_end, as _q45k_sums. Planes: ql [blocks * 32, N], qh
+    [blocks * 16, N] (per half h, ql words 16h + i and 16h + 8 + i and qh word 8h + i hold values 4i .. 4i + 3 of its
+    four 32-value quarters), sc [blocks * 4, N] (the 16 int8 scales, four a word), d [blocks, N] fp16. Word column
+    i = 2u + c of a half."""
     u = tl.arange(0, 4)[:, None]                             # word columns 2u, 2u + 1: values 8u .. 8u + 7
     x_u = x_row + 8 * u
     shift = (u // 2) * 8                                     # quarter q's scale: byte 2 (q % 2) + u // 2 of word q // 2
     acc = tl.zeros((4, BLOCK_N), dtype=tl.float32)
     # CHUNKS 128-value halves h = c % 2 of super-block t = c // 2 an iteration (as _q45k_sums' chunks)
-    for c0 in tl.range(t_begin * 2, t_end * 2, CHUNKS, num_stages=STAGES):
+    for c0 in tl.range(c_begin, c_end, CHUNKS, num_stages=STAGES):
         d = tl.load(d_ptr + (c0 // 2) * N + cols, mask=m2, other=0.0).to(tl.float32)    # (CHUNKS divides 2)
         for i in tl.static_range(CHUNKS):
             c = c0 + i
@@ -252,22 +257,23 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 
 class ColsConfig(NamedTuple):
     """A launch of the column GEMV: BLOCK_N columns a program in `warps` warps; split-K aims at `waves` programs an
-    SM, each with at least `min_tiles` super-blocks; `chunks` K-loop steps an iteration (1, 2 or 4: its loads in
-    flight at once)."""
+    SM, each with at least `min_tiles` parts of a super-block, `parts` a super-block (1, 2 or 4; at most its type's
+    MAX_PARTS); `chunks` K-loop steps an iteration (1, 2 or 4, at most a part's: its loads in flight at once)."""
     block_n: int
     warps: int
     waves: float
     min_tiles: int
     chunks: int = 1
+    parts: int = 1
 
 
-# (BLOCK_N, warps, waves, min tiles, chunks). The packed-half types: four columns a thread in two warps, two 64-value
-# chunks an iteration, the K loop split for sixteen programs an SM at every size. Alone (benchmarks/ggml_gemm.py
-# --sweep) the small weights wanted whole super-blocks an iteration and the large ones eight programs an SM; in the
-# decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter programs with fewer
-# registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds twice a chunk's
-# loads: two columns a thread in four warps, one half an iteration. Q5_K, whose high bits add a word to each chunk's
-# loads: two columns a thread, four chunks an iteration on the small weights and two on the large.
+# (BLOCK_N, warps, waves, min tiles, chunks[, parts]). The packed-half types: four columns a thread in two warps, two
+# 64-value chunks an iteration, the K loop split for sixteen programs an SM at every size. Alone
+# (benchmarks/ggml_gemm.py --sweep) the small weights wanted whole super-blocks an iteration and the large ones eight
+# programs an SM; in the decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter
+# programs with fewer registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds
+# twice a chunk's loads: two columns a thread in four warps, one half an iteration. Q5_K, whose high bits add a word
+# to each chunk's loads: two columns a thread, four chunks an iteration on the small weights and two on the large.
 PACKED_HALF = ColsConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
 Q6_K_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q5_K_SMALL = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=4)
@@ -281,6 +287,9 @@ Q3_K_LARGE = ColsConfig(block_n=512, warps=4, waves=16.0, min_tiles=1)
 # type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
 CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, Q3_K_LARGE), "q5_K": (Q5_K_SMALL, Q5_K_LARGE),
            "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
+# The most parts a super-block's K range splits into, by type: its K loop's steps (Q4_K / Q5_K: four 64-value chunks,
+# Q6_K: two halves); Q2_K's and Q3_K's loops take whole super-blocks.
+MAX_PARTS = {"q4_K": 4, "q5_K": 4, "q6_K": 2, "q2_K": 1, "q3_K": 1}
 # Two weights in one launch (a mixed file's q and k over a v of another type) take the first one's config in four
 # warps: a Q6_K v holds four columns a thread's registers in two.
 PAIR_WARPS = 4
@@ -341,21 +350,23 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     assert rope is None or (not glu and rope_applies(st, rope, config, second))
     n = _rows(st, second)
     assert not glu or n % 2 == 0
-    bn, warps, waves, min_tiles, chunks = config
-    assert chunks in (1, 2, 4), chunks          # an iteration's chunks (Q6_K's halves) lie in one super-block
+    bn, warps, waves, min_tiles, chunks, parts = config
+    b = second if second is not None else st
+    parts = min(parts, MAX_PARTS[st.name], MAX_PARTS[b.name])      # the finest split both types' loops take
+    assert chunks in (1, 2, 4) and parts in (1, 2, 4), config      # an iteration's steps lie in one part
     m = x2.shape[0]
     column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
-    splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
+    splits, per = split_k(m * column_blocks, st.tiles * parts, caps.sm_count, waves, min_tiles)
     y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
     ws, locks = workspace(x2.device, n, m)
-    b = second if second is not None else st
     _ggml_cols_kernel[(m, column_blocks, splits)](
         x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
-        *(rope.kernel_args() if rope is not None else (x2,) * 7), n, per, st.tiles,
+        *(rope.kernel_args() if rope is not None else (x2,) * 7), n, per, st.tiles * parts,
         *((rope.q_size, rope.kv_size) if rope is not None else (0, 0)), x2.stride(0), y.stride(0),
         *plane_args(b), st.n, BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, CHUNKS=chunks, GLU=glu, ROPE=rope is not None,
-        HEAD_D=rope.head_dim if rope is not None else 128, **_type_flags(st, ""), **_type_flags(b, "B"),
+        PTX=caps.is_cuda if ptx is None else ptx, STAGES=stages, CHUNKS=chunks, PARTS=parts, GLU=glu,
+        ROPE=rope is not None, HEAD_D=rope.head_dim if rope is not None else 128, **_type_flags(st, ""),
+        **_type_flags(b, "B"),
         TWO=second is not None, **fp8_write_constexprs(rope.fmt if rope is not None else None), num_warps=warps,
         **pdl_launch(caps))
     return y
