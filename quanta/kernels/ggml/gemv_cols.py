@@ -79,9 +79,9 @@ def _sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N: tl.conste
     128-value halves, 4 // PARTS or 2 // PARTS a part; Q2_K, Q3_K whole super-blocks); CHUNKS: steps an iteration,
     at most a part's."""
     if Q2:
-        y = _q2k_sums(x_row, p0, p1, p2, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+        y = _q2k_sums(x_row, p0, p1, p2, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL, CHUNKS)
     elif Q3:
-        y = _q3k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL)
+        y = _q3k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES, PDL, CHUNKS)
     elif Q6:
         y = _q6k_sums(x_row, p0, p1, p2, p3, cols, m2, N, t_begin * (2 // PARTS), t_end * (2 // PARTS), BLOCK_N,
                       PTX, STAGES, PDL, min(CHUNKS, 2 // PARTS))
@@ -175,11 +175,15 @@ def _nibble_float(word, shift):
 
 @triton.jit
 def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr, PTX: tl.constexpr,
-              STAGES: tl.constexpr, PDL: tl.constexpr):
+              STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
     """Q2_K's sums [BLOCK_N], as _q45k_sums. Planes: sc [blocks * 4, N] (byte s: scale | min << 4 of 16-value
     sub-block s), qs [blocks * 16, N] (word 8h + i: bytes 4i .. 4i + 3 of 128-value half h, bits 2j of byte l the
     value 128h + 32j + l, in sub-block 8h + 2j + l // 16), dm [blocks, N] (d | dmin << 16). Words 8h + 4v .. + 3
-    hold sub-blocks 8h + 2j + v, j = 0..3: one run of _q23k_dot each."""
+    hold sub-blocks 8h + 2j + v, j = 0..3: one run of _q23k_dot each. CHUNKS >= 2: all of a super-block's words
+    loaded before its sums (on a program's first, before the PDL wait: they do not depend on the kernel before)."""
+    if CHUNKS >= 2:
+        return _q2k_sums_preloaded(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES,
+                                   PDL)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
@@ -203,6 +207,51 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
 
 
 @triton.jit
+def _q2k_sums_preloaded(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+                        PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """_q2k_sums with a super-block's words loaded first: its two halves' scale words and runs (_q2k_half_words)."""
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
+        lo0, hi0, run00, run01 = _q2k_half_words(sc_ptr, qs_ptr, t, 0, cols, m2, N)
+        lo1, hi1, run10, run11 = _q2k_half_words(sc_ptr, qs_ptr, t, 1, cols, m2, N)
+        pdl_wait(PDL)                                        # (returns at once after the first time)
+        q0, m0 = _q2k_half(x_row, t, 0, lo0, hi0, run00, run01, PTX)
+        q1, m1 = _q2k_half(x_row, t, 1, lo1, hi1, run10, run11, PTX)
+        acc += _half(dm) * (q0 + q1) - _half(dm >> 16) * (m0 + m1)
+    return tl.reshape(acc, (BLOCK_N,))
+
+
+@triton.jit
+def _q2k_half_words(sc_ptr, qs_ptr, t, h: tl.constexpr, cols, m2, N):
+    """Half h of Q2_K super-block t: its scale words (sub-blocks 8h .. 8h + 3, 8h + 4 .. 8h + 7) and its runs of
+    four qs words v = 0, 1."""
+    lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)
+    hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)
+    run0 = _words4(qs_ptr + (t * 16 + 8 * h) * N + cols, m2, N)
+    run1 = _words4(qs_ptr + (t * 16 + 8 * h + 4) * N + cols, m2, N)
+    return lo, hi, run0, run1
+
+
+@triton.jit
+def _q2k_half(x_row, t, h: tl.constexpr, lo, hi, run0, run1, PTX: tl.constexpr):
+    """Half h of Q2_K super-block t from its words (_q2k_half_words): the sums of sc * dot(q, x) and of
+    m * sum(x)."""
+    part_q = tl.zeros(lo.shape, dtype=tl.float32)
+    part_m = tl.zeros(lo.shape, dtype=tl.float32)
+    for v in tl.static_range(2):
+        w0, w1, w2, w3 = run0 if v == 0 else run1
+        for j in tl.static_range(4):
+            x0, x1, x2, x3, xs = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+            dot = _q23k_dot(w0, w1, w2, w3, w0, w1, w2, w3, x0, x1, x2, x3, j, h, False, PTX)
+            at = 8 * (2 * (j % 2) + v)
+            sc = lo if j < 2 else hi
+            part_q += dot * _nibble_float(sc, at)
+            part_m += xs * _nibble_float(sc, at + 4)
+    return part_q, part_m
+
+
+@triton.jit
 def _words4(at, m2, N):
     """Four word rows at, at + N, at + 2N, at + 3N of a plane (streamed once: evict first)."""
     w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
@@ -214,10 +263,13 @@ def _words4(at, m2, N):
 
 @triton.jit
 def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
-              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """Q3_K's sums [BLOCK_N], as _q2k_sums. Planes: hm [blocks * 8, N] (bit 4h + j of byte l the third bit of value
-    128h + 32j + l, set meaning no -4), qs [blocks * 16, N] (Q2_K's), sc [blocks * 3, N] (the 12 bytes of 6-bit
-    scales, decode._q3k_scale's packing), d [blocks, N] fp16. The value is d (sc - 32) (q2 + 4 hbit - 4)."""
+              PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr):
+    """Q3_K's sums [BLOCK_N], as _q2k_sums (CHUNKS too). Planes: hm [blocks * 8, N] (bit 4h + j of byte l the third
+    bit of value 128h + 32j + l, set meaning no -4), qs [blocks * 16, N] (Q2_K's), sc [blocks * 3, N] (the 12 bytes
+    of 6-bit scales, decode._q3k_scale's packing), d [blocks, N] fp16. The value is d (sc - 32) (q2 + 4 hbit - 4)."""
+    if CHUNKS >= 2:
+        return _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N, PTX,
+                                   STAGES, PDL)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
@@ -240,6 +292,46 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
 
 
 @triton.jit
+def _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
+                        PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    """_q3k_sums with a super-block's words loaded first: for v = 0, 1 its hmask words and qs runs of both halves."""
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
+        s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
+        s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
+        s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
+        hm_a, run_a0, run_a1 = _q3k_words(hm_ptr, qs_ptr, t, 0, cols, m2, N)
+        hm_b, run_b0, run_b1 = _q3k_words(hm_ptr, qs_ptr, t, 1, cols, m2, N)
+        pdl_wait(PDL)
+        part = (_q3k_part(x_row, t, 0, hm_a, run_a0, run_a1, s_lo0, s_lo1, s_hi, PTX)
+                + _q3k_part(x_row, t, 1, hm_b, run_b0, run_b1, s_lo0, s_lo1, s_hi, PTX))
+        acc += d * part
+    return tl.reshape(acc, (BLOCK_N,))
+
+
+@triton.jit
+def _q3k_words(hm_ptr, qs_ptr, t, v: tl.constexpr, cols, m2, N):
+    """Q3_K super-block t's hmask words 4v .. 4v + 3 and its qs runs of v in halves h = 0, 1."""
+    return (_words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N), _words4(qs_ptr + (t * 16 + 4 * v) * N + cols, m2, N),
+            _words4(qs_ptr + (t * 16 + 8 + 4 * v) * N + cols, m2, N))
+
+
+@triton.jit
+def _q3k_part(x_row, t, v: tl.constexpr, hm, run0, run1, s_lo0, s_lo1, s_hi, PTX: tl.constexpr):
+    """The sum of dot * (sc - 32) over Q3_K super-block t's sub-blocks 8h + 2j + v from its words (_q3k_words)."""
+    hm0, hm1, hm2, hm3 = hm
+    part = tl.zeros(s_hi.shape, dtype=tl.float32)
+    for h in tl.static_range(2):
+        w0, w1, w2, w3 = run0 if h == 0 else run1
+        for j in tl.static_range(4):
+            x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+            dot = _q23k_dot(w0, w1, w2, w3, hm0, hm1, hm2, hm3, x0, x1, x2, x3, j, h, True, PTX)
+            part += dot * (_small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0)
+    return part
+
+
+@triton.jit
 def _i8(word, shift):
     """The int8 at bit `shift` of int32 `word`, as float32."""
     return ((word >> shift) & 0xFF).to(tl.int8).to(tl.float32)
@@ -258,7 +350,8 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 class ColsConfig(NamedTuple):
     """A launch of the column GEMV: BLOCK_N columns a program in `warps` warps; split-K aims at `waves` programs an
     SM, each with at least `min_tiles` parts of a super-block, `parts` a super-block (1, 2 or 4; at most its type's
-    MAX_PARTS); `chunks` K-loop steps an iteration (1, 2 or 4, at most a part's: its loads in flight at once)."""
+    MAX_PARTS); `chunks` K-loop steps an iteration (1, 2 or 4, at most a part's: its loads in flight at once; Q2_K and
+    Q3_K, whose loops take whole super-blocks: from 2, all of a super-block's words loaded before its sums)."""
     block_n: int
     warps: int
     waves: float
