@@ -194,14 +194,8 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
             lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
             hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
             for v in tl.range(0, 2):
-                w0, w1, w2, w3 = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
-                for j in tl.static_range(4):
-                    x0, x1, x2, x3, xs = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
-                    dot = _q23k_dot(w0, w1, w2, w3, w0, w1, w2, w3, x0, x1, x2, x3, j, h, False, PTX)
-                    at = 8 * (2 * (j % 2) + v)
-                    sc = lo if j < 2 else hi
-                    part_q += dot * _nibble_float(sc, at)
-                    part_m += xs * _nibble_float(sc, at + 4)
+                part_q, part_m = _q2k_run(x_row, t, h, v, _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N),
+                                          lo, hi, part_q, part_m, PTX)
         acc += _half(dm) * part_q - _half(dm >> 16) * part_m
     return tl.reshape(acc, (BLOCK_N,))
 
@@ -237,17 +231,23 @@ def _q2k_half_words(sc_ptr, qs_ptr, t, h: tl.constexpr, cols, m2, N):
 def _q2k_half(x_row, t, h: tl.constexpr, lo, hi, run0, run1, PTX: tl.constexpr):
     """Half h of Q2_K super-block t from its words (_q2k_half_words): the sums of sc * dot(q, x) and of
     m * sum(x)."""
-    part_q = tl.zeros(lo.shape, dtype=tl.float32)
-    part_m = tl.zeros(lo.shape, dtype=tl.float32)
-    for v in tl.static_range(2):
-        w0, w1, w2, w3 = run0 if v == 0 else run1
-        for j in tl.static_range(4):
-            x0, x1, x2, x3, xs = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
-            dot = _q23k_dot(w0, w1, w2, w3, w0, w1, w2, w3, x0, x1, x2, x3, j, h, False, PTX)
-            at = 8 * (2 * (j % 2) + v)
-            sc = lo if j < 2 else hi
-            part_q += dot * _nibble_float(sc, at)
-            part_m += xs * _nibble_float(sc, at + 4)
+    part_q, part_m = _q2k_run(x_row, t, h, 0, run0, lo, hi, tl.zeros(lo.shape, dtype=tl.float32),
+                              tl.zeros(lo.shape, dtype=tl.float32), PTX)
+    return _q2k_run(x_row, t, h, 1, run1, lo, hi, part_q, part_m, PTX)
+
+
+@triton.jit
+def _q2k_run(x_row, t, h: tl.constexpr, v, run, lo, hi, part_q, part_m, PTX: tl.constexpr):
+    """part_q, part_m plus Q2_K super-block t's sub-blocks 8h + 2j + v, j = 0..3, from their run of four qs words
+    and the half's scale words lo, hi: the sums of sc * dot(q, x) and of m * sum(x)."""
+    w0, w1, w2, w3 = run
+    for j in tl.static_range(4):
+        x0, x1, x2, x3, xs = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+        dot = _q23k_dot(w0, w1, w2, w3, w0, w1, w2, w3, x0, x1, x2, x3, j, h, False, PTX)
+        at = 8 * (2 * (j % 2) + v)
+        sc = lo if j < 2 else hi
+        part_q += dot * _nibble_float(sc, at)
+        part_m += xs * _nibble_float(sc, at + 4)
     return part_q, part_m
 
 
@@ -272,21 +272,14 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
                                    STAGES, PDL)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
-        s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
-        s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
-        s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
+        d, s_lo0, s_lo1, s_hi = _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N)
         part = tl.zeros(cols.shape, dtype=tl.float32)
         pdl_wait(PDL)
         for v in tl.range(0, 2):
-            hm0, hm1, hm2, hm3 = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
+            hm = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
             for h in tl.static_range(2):
-                w0, w1, w2, w3 = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
-                for j in tl.static_range(4):
-                    x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
-                    dot = _q23k_dot(w0, w1, w2, w3, hm0, hm1, hm2, hm3, x0, x1, x2, x3, j, h, True, PTX)
-                    scale = _small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0
-                    part += dot * scale
+                part = _q3k_run(x_row, t, h, v, _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N), hm,
+                                s_lo0, s_lo1, s_hi, part, PTX)
         acc += d * part
     return tl.reshape(acc, (BLOCK_N,))
 
@@ -297,10 +290,7 @@ def _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_beg
     """_q3k_sums with a super-block's words loaded first: for v = 0, 1 its hmask words and qs runs of both halves."""
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
-        s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
-        s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
-        s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
+        d, s_lo0, s_lo1, s_hi = _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N)
         hm_a, run_a0, run_a1 = _q3k_words(hm_ptr, qs_ptr, t, 0, cols, m2, N)
         hm_b, run_b0, run_b1 = _q3k_words(hm_ptr, qs_ptr, t, 1, cols, m2, N)
         pdl_wait(PDL)
@@ -308,6 +298,16 @@ def _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_beg
                 + _q3k_part(x_row, t, 1, hm_b, run_b0, run_b1, s_lo0, s_lo1, s_hi, PTX))
         acc += d * part
     return tl.reshape(acc, (BLOCK_N,))
+
+
+@triton.jit
+def _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N):
+    """Q3_K super-block t's d (float32) and its three words of scales."""
+    d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
+    s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
+    s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
+    s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
+    return d, s_lo0, s_lo1, s_hi
 
 
 @triton.jit
@@ -320,14 +320,20 @@ def _q3k_words(hm_ptr, qs_ptr, t, v: tl.constexpr, cols, m2, N):
 @triton.jit
 def _q3k_part(x_row, t, v: tl.constexpr, hm, run0, run1, s_lo0, s_lo1, s_hi, PTX: tl.constexpr):
     """The sum of dot * (sc - 32) over Q3_K super-block t's sub-blocks 8h + 2j + v from its words (_q3k_words)."""
+    part = _q3k_run(x_row, t, 0, v, run0, hm, s_lo0, s_lo1, s_hi, tl.zeros(s_hi.shape, dtype=tl.float32), PTX)
+    return _q3k_run(x_row, t, 1, v, run1, hm, s_lo0, s_lo1, s_hi, part, PTX)
+
+
+@triton.jit
+def _q3k_run(x_row, t, h: tl.constexpr, v, run, hm, s_lo0, s_lo1, s_hi, part, PTX: tl.constexpr):
+    """part plus the sum of dot * (sc - 32) over Q3_K super-block t's sub-blocks 8h + 2j + v, j = 0..3, from their
+    run of four qs words and the hmask words of v."""
+    w0, w1, w2, w3 = run
     hm0, hm1, hm2, hm3 = hm
-    part = tl.zeros(s_hi.shape, dtype=tl.float32)
-    for h in tl.static_range(2):
-        w0, w1, w2, w3 = run0 if h == 0 else run1
-        for j in tl.static_range(4):
-            x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
-            dot = _q23k_dot(w0, w1, w2, w3, hm0, hm1, hm2, hm3, x0, x1, x2, x3, j, h, True, PTX)
-            part += dot * (_small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0)
+    for j in tl.static_range(4):
+        x0, x1, x2, x3, _ = _x_pairs4(x_row + t * 256 + 128 * h + 32 * j + 16 * v, PTX)
+        dot = _q23k_dot(w0, w1, w2, w3, hm0, hm1, hm2, hm3, x0, x1, x2, x3, j, h, True, PTX)
+        part += dot * (_small_float(q3k_scale(s_lo0 if j < 2 else s_lo1, s_hi, 8 * h + 2 * j + v)) - 32.0)
     return part
 
 
