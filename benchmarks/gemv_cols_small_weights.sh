@@ -3,7 +3,8 @@
 # super-block (ColsConfig.parts), Q2_K / Q3_K with a super-block's words all loaded first, before the PDL wait
 # (chunks 2). Alone (ggml_gemm.py --sweep-configs, each config checked against cuBLAS first; every layer for
 # Q2_K / Q3_K, whose large weights take the option too), then in the engine (engine_configs.py, two alternating
-# rounds): the Q4_K_M mix with Q4_K's small weights in halves, Q2_K and Q3_K with their configs at chunks 2.
+# rounds): the Q4_K_M mix with Q4_K's small weights in halves or at four chunks an iteration (alone the fastest
+# before the packed-half x sums), Q2_K and Q3_K with their configs at chunks 2.
 #   usage: bash benchmarks/gemv_cols_small_weights.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 sweep() {  # NAME TYPES LAYERS CONFIGS
@@ -15,13 +16,17 @@ for r in json.load(open(sys.argv[1]))["results"]:
     print(r["type"], r["layer"], "planned", r["ggml_us"], {k[5:-3]: v for k, v in r.items() if k.startswith("cols_")})
 PY
 }
-sweep parts q4_K,q6_K,q5_K qkv,o "256,2,16,1,2;256,2,16,1,2,2;256,2,16,1,1,4;256,4,16,1,2;256,4,16,1,2,2;256,4,16,1,4"
+sweep parts q4_K,q6_K,q5_K qkv,o \
+  "256,2,16,1,2;256,2,16,1,4;256,2,16,1,2,2;256,2,16,1,1,4;256,4,16,1,2;256,4,16,1,2,2;256,4,16,1,4"
 sweep preload q2_K,q3_K qkv,o,gate_up,down "128,4,32,1,1;128,4,32,1,2;256,4,16,1,1;256,4,16,1,2;512,4,16,1,1;512,4,16,1,2"
 G=quanta.kernels.ggml.gemv_cols
-engine() {  # MODEL NAME VARIANT
-  staged 200 python3 benchmarks/engine_configs.py --model "synthetic:llama3-8b:$1" --output-len 128 --rounds 2 \
-    --variant "" --variant "$3" --out "$OUT/gemv-cols-$2-engine.json" 2>&1 | grep "tok/s" | cut -c1-60
+engine() {  # MODEL NAME VARIANT...: the build as it is against each variant
+  local model=$1 name=$2; shift 2
+  local variants=(--variant ""); for v in "$@"; do variants+=(--variant "$v"); done
+  staged 240 python3 benchmarks/engine_configs.py --model "synthetic:llama3-8b:$model" --output-len 128 --rounds 2 \
+    "${variants[@]}" --out "$OUT/gemv-cols-$name-engine.json" 2>&1 | grep "tok/s" | cut -c1-60
 }
-engine gguf-q4_K_M parts "$G:CONFIGS={**CONFIGS, 'q4_K': (ColsConfig(256, 2, 16.0, 1, 2, 2), PACKED_HALF)}"
+q4_small() { echo "$G:CONFIGS={**CONFIGS, 'q4_K': (ColsConfig($1), PACKED_HALF)}"; }
+engine gguf-q4_K_M parts "$(q4_small "256, 2, 16.0, 1, 2, 2")" "$(q4_small "256, 2, 16.0, 1, 4")"
 engine gguf-q2_K preload "$G:CONFIGS={**CONFIGS, 'q2_K': (Q2_K_SMALL._replace(chunks=2), TWO_BIT._replace(chunks=2))}"
 engine gguf-q3_K preload "$G:CONFIGS={**CONFIGS, 'q3_K': (TWO_BIT._replace(chunks=2), Q3_K_LARGE._replace(chunks=2))}"
