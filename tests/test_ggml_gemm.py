@@ -76,7 +76,8 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     """The column GEMV's indexing, scales and mins (its PTX's float32 twin under the interpreter; the PTX itself in
     the -m gpu tests, and here through the emulator, one row: the packed-half dots and activation pairs within
     fp16's error), whole and split over K (at super-blocks, halves and quarters: what the type's loop takes), its
-    loop one, two and four steps an iteration, with a bias."""
+    loop one, two and four steps an iteration (Q2_K, Q3_K: from two, a super-block's words loaded first), with a
+    bias."""
     w, ref = make_gguf(40, 768, GGML_NAME[name], seed=m)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
