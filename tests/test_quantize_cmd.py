@@ -162,6 +162,25 @@ def test_rtn_error_is_at_most_half_a_step(tiny, tmp_path):
         assert bool((err <= step * 0.5 * 1.01 + 1e-6).all()), name
 
 
+def test_rtn_with_the_lm_head_writes_it_quantized_in_the_gptq_format(tiny, tmp_path):
+    """--lm-head: the lm_head RTN-quantized in the decoders' scheme (within half a step of the source, as they
+    are), the GPTQ config's `lm_head` true, and the checkpoint loads and generates."""
+    path, weights, _, _ = tiny
+    summary = quanta.quantize(path, tmp_path / "o", "rtn", group_size=32, symmetric=True, format="gptq",
+                              lm_head=True, quiet=True)
+    assert summary.format == "gptq" and "lm_head" in summary.scheme
+    qc = json.loads((tmp_path / "o" / "config.json").read_text())["quantization_config"]
+    assert qc["lm_head"] is True
+    head = load(tmp_path / "o").tensors["lm_head.weight"]
+    assert isinstance(head, QTensor)
+    w = weights["lm_head.weight"].reshape(head.shape[0], -1, 32)
+    step = 2 * w.abs().amax(-1, keepdim=True) / 15              # symmetric: max |w| over half of 16 levels
+    err = (head.dequantize().reshape(w.shape) - w).abs()
+    assert bool((err <= step * 0.5 * 1.01 + 1e-6).all())
+    assert main(["-q", "generate", "--model", str(tmp_path / "o"), "--device", "cpu", "--max-tokens", "2", "hi"]) \
+        in (0, None)
+
+
 def _check_with_gguf_package(out: Path, ours: dict):
     """The GGUF written decodes, by gguf-py's own dequantizer, to what quanta's reader gives (v, o and the
     MLP: q and k rows are stored permuted for ggml's rotary)."""
@@ -230,6 +249,8 @@ BAD = [
     ("rtn", dict(group_size=32, device="mps"), ConfigError, "device must be auto, cpu or cuda[:N], got 'mps'"),
     ("gptq", dict(group_size=32, device="cuda:63"), ConfigError, "device 'cuda:63' is not available"),
     ("gguf", dict(type="Q8_0", device="cuda"), ConfigError, "--method gguf runs on the CPU"),
+    ("rtn", dict(group_size=32, lm_head=True, format="awq"), ConfigError, "the awq format keeps the lm_head in float"),
+    ("fp8", dict(lm_head=True), ConfigError, "lm_head quantization is for the integer schemes"),
 ]
 
 

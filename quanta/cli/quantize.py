@@ -30,7 +30,8 @@ def cmd_quantize(args) -> None:
                            symmetric=args.symmetric, act_order=args.act_order, type=args.type, format=args.format,
                            calibration=args.calibration, n_samples=args.samples, seqlen=args.seqlen,
                            imatrix=args.imatrix, save_imatrix=args.save_imatrix, scheme=args.scheme,
-                           device=args.device, overwrite=args.overwrite, quiet=args.quiet or args.json)
+                           lm_head=args.lm_head, device=args.device, overwrite=args.overwrite,
+                           quiet=args.quiet or args.json)
     print(summary.to_json() if args.json else summary.table(worst=args.worst))
 
 
@@ -54,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     order.add_argument("--act-order", action="store_true", default=None,
                        help="gptq: quantize columns by decreasing activation (default with --scheme fp8)")
     order.add_argument("--no-act-order", dest="act_order", action="store_false", help="gptq: in column order")
+    p.add_argument("--lm-head", action="store_true", help="rtn/awq/gptq: quantize the lm_head too (RTN for awq), "
+                                                          "written in the gptq format")
     p.add_argument("--type", help="GGUF type or mix: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
                                          "IQ4_XS Q3_K_M Q4_K_M Q5_K_M")
     p.add_argument("--imatrix", nargs="?", const=True, default=False, metavar="FILE",

@@ -32,7 +32,8 @@ from quanta.quant.qtensor import QTensor
 from quanta.sizes import parse_bytes
 
 DEFAULT_SHARD_SIZE = 5 * 10**9          # transformers' save_pretrained default, "5GB"
-UNQUANTIZED = ("model.embed_tokens.weight", "lm_head.weight")    # kept in float by every quanta reader
+# kept in float by every quanta writer, the lm_head unless the layout's config can declare it quantized
+UNQUANTIZED = ("model.embed_tokens.weight", "lm_head.weight")
 
 Tensor = torch.Tensor | QTensor
 
@@ -43,6 +44,7 @@ class Layout:
     format table can make one to ask whether it holds a weight."""
 
     fmt = "hf"
+    quantized_lm_head = False       # whether its quantization config can declare the lm_head quantized
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -67,8 +69,8 @@ class Layout:
     def convert(self, name: str, t: Tensor) -> dict[str, torch.Tensor]:
         """Stored tensors of canonical tensor `name` (quantized linear weights go to `convert_quantized`)."""
         if isinstance(t, QTensor):
-            if name in UNQUANTIZED:
-                raise UnsupportedError(f"{name}: quanta's readers keep {name} in float; a quantized "
+            if name in UNQUANTIZED and not (name == "lm_head.weight" and self.quantized_lm_head):
+                raise UnsupportedError(f"{name}: a {self.fmt} checkpoint keeps {name} in float; a quantized "
                                        f"{t.describe()} weight there cannot be written (dequantize it first)")
             return self.convert_quantized(name, t)
         if name.startswith("model.layers.") and name.endswith("_proj.weight"):

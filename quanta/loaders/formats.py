@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +154,17 @@ class Source:
         return cls(ckpt.format, dict(ckpt.quant_config), ckpt.path)
 
     def weight_format(self, config):
-        """The WeightFormat the family's files hold for `config`; UnsupportedError for one the plan cannot count."""
+        """The WeightFormat the family's files hold for `config` (the lm_head quantized where the safetensors
+        store it so); UnsupportedError for one the plan cannot count."""
         row = get(self.family)
         if row.weights is None:
             raise UnsupportedError(f"{self.family} checkpoints are not modelled by the memory plan; pass the format "
                                    "(e.g. quantization='gptq', bits=4, group_size=128)")
-        return resolve(row.weights)(config, self.quant_config, self.path)
+        fmt = resolve(row.weights)(config, self.quant_config, self.path)
+        if fmt.kind not in ("dense", "gguf") and self.path is not None:
+            from quanta.loaders.quantized import lm_head_stored_quantized
+            from quanta.loaders.safetensors_io import SAFETENSORS_FILE, SAFETENSORS_INDEX, open_weights
+            if any((self.path / f).is_file() for f in (SAFETENSORS_FILE, SAFETENSORS_INDEX)) and \
+                    lm_head_stored_quantized(open_weights(self.path)):       # (config.json alone: plan by it)
+                fmt = replace(fmt, lm_head_quantized=True)
+        return fmt

@@ -29,6 +29,7 @@ class GptqLayout(Layout):
     """Affine int2/3/4/8 (integer zeros, plain groups or act-order g_idx) -> GPTQ tensors."""
 
     fmt = "GPTQ"
+    quantized_lm_head = True        # GPTQModel's `lm_head`: True (vLLM reads it too)
 
     def __init__(self, config: ModelConfig, checkpoint_format: str = "gptq", round_scales: bool = False):
         super().__init__(config)
@@ -38,6 +39,7 @@ class GptqLayout(Layout):
         self.layers: dict[str, tuple[int, int, int]] = {}
         self.bits: dict[int, str] = {}
         self.sym, self.desc_act = True, False
+        self.lm_head = False
 
     def convert_quantized(self, name: str, qt: QTensor) -> dict[str, torch.Tensor]:
         a = affine_of(name, qt, "GPTQ")
@@ -68,6 +70,7 @@ class GptqLayout(Layout):
             g_idx = (torch.arange(k, device=a.codes.device) // group).to(torch.int32)
         module = module_of(name)
         self.layers[module] = (group, a.num_groups, k)
+        self.lm_head |= name == "lm_head.weight"
         stored_zeros = zeros - 1 if self.checkpoint_format == "gptq" else zeros
         return {module + ".qweight": pack_bits(a.codes.T, a.bits, dim=0),
                 module + ".qzeros": pack_bits(stored_zeros.T, a.bits, dim=1),
@@ -80,7 +83,7 @@ class GptqLayout(Layout):
         dynamic = {"-:" + re.escape(m): {} for m in self.plain_linears} or None
         fmt = self.checkpoint_format
         return {"bits": next(iter(self.bits)), "group_size": common_group_size(self.layers, "GPTQ"),
-                "desc_act": self.desc_act, "sym": self.sym, "lm_head": False, "quant_method": "gptq",
+                "desc_act": self.desc_act, "sym": self.sym, "lm_head": self.lm_head, "quant_method": "gptq",
                 "method": "gptq", "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32",
                 "dynamic": dynamic, "meta": {"quantizer": [f"quanta:{quanta_version()}"],
                                              "static_groups": False, "true_sequential": True}}
@@ -94,7 +97,8 @@ def write_gptq(dst: str | Path, ckpt: Checkpoint, tensors: Iterable[tuple[str, T
     Quantized linear weights must be (or convert exactly to) Affine with 2, 3, 4 or 8 bits, integer zero
     points, one bit width and one group size for all layers; g_idx (act-order) is kept. Format v1 ("gptq")
     cannot hold a zero point of 0: use checkpoint_format="gptq_v2". Scales are stored fp16 (refused when not
-    exact unless `round_scales`). Unquantized decoder linears are excluded through `dynamic`.
+    exact unless `round_scales`). Unquantized decoder linears are excluded through `dynamic`; a quantized
+    lm_head (in the same scheme) is written as one, the config's `lm_head` true.
     Peak memory: one shard plus one layer's packed tensors.
     """
     layout = GptqLayout(ckpt.config, checkpoint_format, round_scales)

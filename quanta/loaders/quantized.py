@@ -108,6 +108,15 @@ def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.T
     return out.reshape(*lead, count).movedim(-1, dim)
 
 
+def lm_head_stored_quantized(store: TensorStore) -> bool:
+    """Whether the store holds its lm_head quantized: parts beside or instead of a float `lm_head.weight` (GPTQ /
+    AWQ qweight, compressed-tensors weight_packed or weight_scale, bitsandbytes' weight.absmax or SCB), or an
+    8-bit float weight."""
+    if any(n.startswith("lm_head.") and n not in ("lm_head.weight", "lm_head.bias") for n in store):
+        return True
+    return "lm_head.weight" in store and store.info("lm_head.weight").dtype in ("F8_E4M3", "F8_E5M2")
+
+
 def check_shape(qt: QTensor, name: str, shape: tuple[int, int], store: TensorStore) -> QTensor:
     """`qt` if its shape is the config's `shape` for layer `name`, else ShapeError naming both."""
     if tuple(qt.shape) != tuple(shape):
@@ -155,8 +164,9 @@ class QuantView(Mapping[str, Any]):
         if name not in self.shapes:
             raise KeyError(name)
         shape = self.shapes[name]
-        if name.endswith(".weight") and len(shape) == 2 and name not in ("model.embed_tokens.weight",
-                                                                        "lm_head.weight"):
+        # the lm_head too where the file stores it quantized (GPTQModel's lm_head=True, compressed-tensors without
+        # it in `ignore`): the reader finds its quantized parts, else gives None and the float weight is read
+        if name.endswith(".weight") and len(shape) == 2 and name != "model.embed_tokens.weight":
             qt = self.read(self.staged, name.removesuffix(".weight"), shape)
             if qt is not None:
                 return check_shape(qt, name, shape, self.store)

@@ -19,6 +19,7 @@ class WeightFormat:
     symmetric: bool = True            # False: a zero point per group (AWQ)
     gguf: GgufTypes | None = None
     act_order: bool = False           # GPTQ desc_act: groups scattered over K (g_idx)
+    lm_head_quantized: bool = False   # the lm_head stored in this format too (else 16-bit; GGUF: its own type)
 
     def describe(self) -> str:
         if self.kind == "dense":

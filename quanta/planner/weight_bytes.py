@@ -145,9 +145,10 @@ class WeightBytes:
 
 def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> WeightBytes:
     """Bytes one rank holds, e the compute dtype's size in bytes: its GEMMs (gemm_bytes), norms, and the
-    embedding and lm_head, which stay 16-bit for awq / gptq / nf4 / fp8 as quantized checkpoints keep them
-    (GGUF keeps its own types for the embedding, whose rows are decoded on lookup). A tied lm_head is
-    loaded as a second device copy of the table, so it is counted twice."""
+    embedding and lm_head, which stay 16-bit for awq / gptq / nf4 / fp8 as quantized checkpoints keep them,
+    unless the checkpoint stores its lm_head quantized (fmt.lm_head_quantized: a GEMM of the format) (GGUF
+    keeps its own types for the embedding, whose rows are decoded on lookup). A tied lm_head is loaded as a
+    second device copy of the table, so it is counted twice."""
     h, layers, g = config.hidden_size, config.num_hidden_layers, fmt.gguf
     linears = 0
     for i in range(layers):
@@ -160,6 +161,8 @@ def weight_bytes(config: ModelConfig, fmt: WeightFormat, s: Shard, e: int) -> We
         lm_head = gemm_bytes(fmt, [(s.vocab, g.of("output"))], h, e)
     else:
         embedding = lm_head = s.vocab * h * e
+        if fmt.lm_head_quantized:
+            lm_head = gemm_bytes(fmt, [(s.vocab, None)], h, e)
     norms = (2 * layers + 1) * h * e + (2 * layers * config.head_dim * e if config.qk_norm else 0)
     return WeightBytes(embedding, linears, lm_head, norms)
 

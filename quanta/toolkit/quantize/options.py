@@ -20,6 +20,18 @@ CALIBRATED = ("awq", "gptq")
 DEFAULT_SAMPLES, DEFAULT_SEQLEN = 32, 512
 
 
+def _check_lm_head(name: str, method: str, scheme: str, format: str) -> None:
+    """ConfigError unless the lm_head can be quantized with the method and written in `format`: an integer
+    scheme, into a format whose config declares a quantized lm_head (GPTQ's `lm_head`)."""
+    from quanta.loaders.formats import get, resolve
+    if method not in AFFINE or scheme != "int":
+        raise ConfigError(f"{name}: lm_head quantization is for the integer schemes of rtn, awq and gptq")
+    layout = get(format).layout
+    if layout is None or not getattr(resolve(layout), "quantized_lm_head", False):
+        raise ConfigError(f"{name}: the {format} format keeps the lm_head in float; a quantized lm_head is written "
+                          "in the gptq format (format='gptq')")
+
+
 @dataclass(slots=True)
 class QuantizeOptions:
     """A checked request: method, scheme, output format, calibration.
@@ -41,11 +53,12 @@ class QuantizeOptions:
     seqlen: int
     imatrix: bool | Path              # True: collected from the calibration text; a Path: llama.cpp's file
     scheme: str = "int"               # gptq: "int" or "fp8"
+    lm_head: bool = False             # the lm_head quantized too (integer schemes, formats that declare it)
 
     @classmethod
     def resolve(cls, method: str, *, bits=None, group_size=None, symmetric=None, act_order=None, type=None,
                 format=None, calibration=None, n_samples=None, seqlen=None, imatrix=False,
-                scheme=None) -> QuantizeOptions:
+                scheme=None, lm_head=False) -> QuantizeOptions:
         """Defaults filled in per method; ConfigError naming the option for anything that cannot apply."""
         if method not in METHODS:
             raise ConfigError(f"quantize: method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -98,6 +111,8 @@ class QuantizeOptions:
         if format not in formats:
             raise ConfigError(f"{name}: cannot write format {format!r}; this method writes {', '.join(formats)}"
                               + (" with --scheme fp8" if scheme == "fp8" else ""))
+        if lm_head:
+            _check_lm_head(name, method, scheme, format)
         uses_data = method in CALIBRATED or imatrix is True
         if calibration is not None and not uses_data:
             raise ConfigError(f"{name}: calibration data is used by awq, gptq and gguf with imatrix only"
@@ -112,7 +127,7 @@ class QuantizeOptions:
         if not isinstance(n_samples, int) or n_samples <= 0 or not isinstance(seqlen, int) or seqlen <= 1:
             raise ConfigError(f"{name}: n_samples must be > 0 and seqlen > 1, got {n_samples!r} and {seqlen!r}")
         return cls(method, format, bits, group_size, symmetric, act_order, type, calibration if uses_data else None,
-                   n_samples, seqlen, imatrix, scheme)
+                   n_samples, seqlen, imatrix, scheme, bool(lm_head))
 
     @property
     def affine(self) -> bool:
@@ -127,7 +142,7 @@ class QuantizeOptions:
             return QuantSpec("gptq", scheme="fp8", act_order=self.act_order)
         if self.method in AFFINE:
             return QuantSpec(self.method, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
-                             act_order=self.act_order)
+                             act_order=self.act_order, quantize_lm_head=self.lm_head)
         if self.method == "nf4":
             return QuantSpec("nf4", blocksize=64 if self.group_size is None else self.group_size)
         return QuantSpec(self.method)
@@ -137,7 +152,7 @@ class QuantizeOptions:
         if self.affine:
             group = "pc" if self.group_size in (-1, 0) else f"g{self.group_size}"
             scheme = f"w{self.bits}{group} {'sym' if self.symmetric else 'asym'}" + \
-                     (" act-order" if self.act_order else "")
+                     (" act-order" if self.act_order else "") + (" lm_head" if self.lm_head else "")
         elif self.method == "gguf":
             scheme = self.type.upper() + (" imatrix" if self.imatrix else "")
         elif self.method == "nf4":

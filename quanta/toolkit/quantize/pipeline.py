@@ -26,8 +26,8 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
              group_size: int | None = None, symmetric: bool | None = None, act_order: bool | None = None,
              type: str | None = None, format: str | None = None, calibration: str | Path | None = None,
              n_samples: int | None = None, seqlen: int | None = None, imatrix: bool | str | Path = False,
-             save_imatrix: str | Path | None = None, scheme: str | None = None, device: str | None = None,
-             overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
+             save_imatrix: str | Path | None = None, scheme: str | None = None, lm_head: bool = False,
+             device: str | None = None, overwrite: bool = False, quiet: bool = False) -> QuantizeSummary:
     """Quantize checkpoint `model` with `method` (rtn, awq, gptq, fp8, nf4, gguf) into `out`.
 
     bits / group_size / symmetric / act_order: the integer scheme (rtn, awq, gptq; defaults 4, 128,
@@ -39,15 +39,17 @@ def quantize(model: str | Path, out: str | Path, method: str, *, bits: int | Non
     gguf with `imatrix` (default WikiText-2 test), cut into n_samples windows of seqlen tokens (default
     32 x 512). imatrix: True collects the importance matrix from the calibration text; a path reads
     llama-imatrix's file (GGUF or legacy); save_imatrix: where to write the collected one, as llama-imatrix
-    writes it (for llama-quantize, or a later run). device: where rtn, awq, gptq, fp8 and nf4 run, one layer and
-    the calibration activations at a time ("auto", the default: the GPU when there is one; "cpu";
-    "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
+    writes it (for llama-quantize, or a later run). lm_head: quantize the lm_head too, in the same integer scheme
+    (RTN for awq), written in the gptq format (its config's `lm_head`; GPTQModel and vLLM read it). device: where
+    rtn, awq, gptq, fp8 and nf4 run, one layer and the calibration activations at a time ("auto", the default: the
+    GPU when there is one; "cpu"; "cuda[:N]"); gguf quantizes on the CPU, in llama.cpp's arithmetic.
     Every ConfigError / UnsupportedError is raised before any weight is quantized.
     """
     start = time.perf_counter()
     opts = QuantizeOptions.resolve(method, bits=bits, group_size=group_size, symmetric=symmetric,
                                    act_order=act_order, type=type, format=format, calibration=calibration,
-                                   n_samples=n_samples, seqlen=seqlen, imatrix=imatrix, scheme=scheme)
+                                   n_samples=n_samples, seqlen=seqlen, imatrix=imatrix, scheme=scheme,
+                                   lm_head=lm_head)
     where = _device(opts, device)
     out = _destination(out, opts, overwrite)
     if save_imatrix is not None:
