@@ -94,3 +94,21 @@ def test_a_layout_that_cannot_declare_a_quantized_lm_head_refuses_it(tmp_path):
     with pytest.raises(UnsupportedError, match="keeps lm_head.weight in float"):
         write_awq(tmp_path / "awq", ckpt, stream)
     assert not (tmp_path / "awq").exists()
+
+
+def test_a_synthetic_affine_format_with_head_holds_its_lm_head_in_that_format():
+    """`w4g32-head`: the lm_head an Affine of the decoder's scheme, planned at its bytes and run as a GEMM of that
+    format (a benchmark's W4 model with a quantized lm_head); other formats refuse the suffix."""
+    from quanta.engine.llm import LLM
+    from quanta.quant.errors import ConfigError
+    plain, head = (load(f"synthetic:tiny-tp:w4g32{suffix}") for suffix in ("", "-head"))
+    assert not isinstance(plain.tensors["lm_head.weight"], QTensor)
+    assert isinstance(head.tensors["lm_head.weight"], QTensor) and head.tensors["lm_head.weight"].bits == 4
+    cfg = plain.config
+    bytes_ = [weight_bytes(cfg, Source.of(c).weight_format(cfg), shard(cfg, 1), 2).lm_head for c in (plain, head)]
+    assert bytes_[1] < bytes_[0] / 2
+    llm = LLM(model="synthetic:tiny-tp:w4g32-head", device="cpu", dtype=torch.float32)
+    gemm = [g for g in llm.kernels() if g["name"].startswith("lm_head")][0]
+    assert "dense" not in gemm["scheme"], gemm
+    with pytest.raises(ConfigError, match="an affine format with -head"):
+        load("synthetic:tiny-tp:nf4-head")

@@ -7,7 +7,8 @@ Formats: fp16 | bf16 (dense), wNgG (affine N-bit, groups of G, symmetric, e.g. w
 wN (per-channel), wNgGact (act-order: a random g_idx permutation, as GPTQ desc_act writes), nf4
 (bitsandbytes blocks of 64), fp8 (e4m3, per-channel scales), fp8bB (B x B block scales) and gguf-TYPE
 (ggml blocks of TYPE, e.g. gguf-q4_K, gguf-q8_0; random codes, sane scales) -- the kinds tensor
-parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them.
+parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them; an affine format
+with the suffix -head (w4g128-head) holds the lm_head in that format too (GPTQModel's lm_head=True).
 Tensors are generated on first access, directly on the target device, so the full-precision model
 never exists. There is no tokenizer: prompts are token ids.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,6 +71,9 @@ GGUF_SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2)
 GGUF_SPREAD = {"iq4_nl": 64, "iq4_xs": 64 * 16}
 
 
+HEAD = "-head"          # an affine format's suffix: the lm_head in that format too (GPTQModel's lm_head=True)
+
+
 def is_synthetic(model: str) -> bool:
     """Whether `model` names a synthetic model (`synthetic:...`)."""
     return str(model).startswith(PREFIX)
@@ -82,12 +87,16 @@ def parse(spec: str) -> tuple[str, str, int]:
     seed = int(parts[2]) if len(parts) > 2 else 0
     if shape not in SHAPES and shape.lower() not in KNOWN_MODELS:
         raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join([*SHAPES, *KNOWN_MODELS])})")
-    gguf = fmt.removeprefix("gguf-").lower()
-    if fmt not in ("fp16", "bf16", "nf4", "fp8") and not re.fullmatch(r"w[2-8](g\d+(act|z)?)?|fp8b\d+", fmt) \
-            and not (fmt.startswith("gguf-") and (gguf in MIXES or fmt[5:] in GGUF_SCALE_OFFSETS)):
+    base = fmt.removesuffix(HEAD)
+    gguf = base.removeprefix("gguf-").lower()
+    affine = re.fullmatch(r"w[2-8](g\d+(act|z)?)?", base)
+    if (base not in ("fp16", "bf16", "nf4", "fp8") and not affine and not re.fullmatch(r"fp8b\d+", base)
+            and not (base.startswith("gguf-") and (gguf in MIXES or base[5:] in GGUF_SCALE_OFFSETS))) \
+            or (fmt.endswith(HEAD) and not affine):
         raise ConfigError(f"{spec}: unknown synthetic format {fmt!r} (fp16, bf16, w4g128, w4g128z (zero points), "
                           f"w4g128act, w8, nf4, fp8, fp8b128, gguf-TYPE with TYPE one of "
-                          f"{', '.join(GGUF_SCALE_OFFSETS)} or a mix: {', '.join(MIXES)})")
+                          f"{', '.join(GGUF_SCALE_OFFSETS)} or a mix: {', '.join(MIXES)}; an affine format "
+                          f"with {HEAD} quantizes the lm_head too, e.g. w4g128{HEAD})")
     return shape, fmt, seed
 
 
@@ -102,7 +111,8 @@ class SyntheticTensors(Mapping):
     """name -> a random tensor or Affine QTensor, made on access (deterministic per name and seed)."""
 
     def __init__(self, config: ModelConfig, fmt: str, seed: int, device: torch.device):
-        self.config, self.fmt, self.seed, self.device = config, fmt, seed, torch.device(device)
+        self.config, self.seed, self.device = config, seed, torch.device(device)
+        self.fmt, self.head_quantized = fmt.removesuffix(HEAD), fmt.endswith(HEAD)
         self.shapes = canonical_shapes(config)
         # GGUF models hold every weight in the type llama-quantize gives it, the embedding and lm_head too
         self.gguf_types = assign(fmt[5:], config) if fmt.startswith("gguf-") else None
@@ -128,7 +138,8 @@ class SyntheticTensors(Mapping):
                 return random_gguf(t, shape, std, gen, self.device)
         # Dense tensors are drawn in their own dtype and scaled in place: no float32 copy of a 128k-row
         # embedding exists, so a synthetic load's transient memory is a real checkpoint's.
-        if role in ("embed", "dense") or self.fmt in ("fp16", "bf16") or self.gguf_types is not None:
+        if role == "embed" or (role == "dense" and not self.head_quantized) or self.fmt in ("fp16", "bf16") \
+                or self.gguf_types is not None:
             return torch.randn(shape, generator=gen, device=self.device, dtype=dtype).mul_(std)
         return quantized_weight(self.fmt, shape, std, gen, self.device, order=self._order(name))
 
@@ -218,6 +229,8 @@ def load_synthetic(spec: str, device: torch.device | str = "cpu") -> Checkpoint:
 def weight_format(config: ModelConfig, qc: dict, path: Path | None) -> WeightFormat:
     """What a synthetic model's linear weights are, for the memory plan (its format, `qc["synthetic"]`)."""
     fmt = qc["synthetic"]
+    if fmt.endswith(HEAD):
+        return replace(weight_format(config, {"synthetic": fmt.removesuffix(HEAD)}, path), lm_head_quantized=True)
     if fmt in ("fp16", "bf16"):
         return dense_format(fmt)
     if fmt == "nf4":
