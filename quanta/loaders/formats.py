@@ -161,10 +161,19 @@ class Source:
             raise UnsupportedError(f"{self.family} checkpoints are not modelled by the memory plan; pass the format "
                                    "(e.g. quantization='gptq', bits=4, group_size=128)")
         fmt = resolve(row.weights)(config, self.quant_config, self.path)
-        if fmt.kind not in ("dense", "gguf") and self.path is not None:
-            from quanta.loaders.quantized import lm_head_stored_quantized
-            from quanta.loaders.safetensors_io import SAFETENSORS_FILE, SAFETENSORS_INDEX, open_weights
-            if any((self.path / f).is_file() for f in (SAFETENSORS_FILE, SAFETENSORS_INDEX)) and \
-                    lm_head_stored_quantized(open_weights(self.path)):       # (config.json alone: plan by it)
-                fmt = replace(fmt, lm_head_quantized=True)
+        if fmt.kind not in ("dense", "gguf") and self.path is not None and _lm_head_stored_quantized(self.path):
+            fmt = replace(fmt, lm_head_quantized=True)
         return fmt
+
+
+def _lm_head_stored_quantized(path: Path) -> bool:
+    """Whether the safetensors of checkpoint directory `path` hold its lm_head quantized: parts beside or instead
+    of a float `lm_head.weight` (GPTQ / AWQ qweight, compressed-tensors weight_packed or weight_scale,
+    bitsandbytes' weight.absmax or SCB), or an 8-bit float weight. False without weight files (config.json alone)."""
+    from quanta.loaders.safetensors_io import SAFETENSORS_FILE, SAFETENSORS_INDEX, open_weights
+    if not any((path / f).is_file() for f in (SAFETENSORS_FILE, SAFETENSORS_INDEX)):
+        return False
+    store = open_weights(path)
+    if any(n.startswith("lm_head.") and n not in ("lm_head.weight", "lm_head.bias") for n in store):
+        return True
+    return "lm_head.weight" in store and store.info("lm_head.weight").dtype in ("F8_E4M3", "F8_E5M2")

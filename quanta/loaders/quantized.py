@@ -108,15 +108,6 @@ def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.T
     return out.reshape(*lead, count).movedim(-1, dim)
 
 
-def lm_head_stored_quantized(store: TensorStore) -> bool:
-    """Whether the store holds its lm_head quantized: parts beside or instead of a float `lm_head.weight` (GPTQ /
-    AWQ qweight, compressed-tensors weight_packed or weight_scale, bitsandbytes' weight.absmax or SCB), or an
-    8-bit float weight."""
-    if any(n.startswith("lm_head.") and n not in ("lm_head.weight", "lm_head.bias") for n in store):
-        return True
-    return "lm_head.weight" in store and store.info("lm_head.weight").dtype in ("F8_E4M3", "F8_E5M2")
-
-
 def check_shape(qt: QTensor, name: str, shape: tuple[int, int], store: TensorStore) -> QTensor:
     """`qt` if its shape is the config's `shape` for layer `name`, else ShapeError naming both."""
     if tuple(qt.shape) != tuple(shape):

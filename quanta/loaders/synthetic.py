@@ -7,10 +7,9 @@ Formats: fp16 | bf16 (dense), wNgG (affine N-bit, groups of G, symmetric, e.g. w
 wN (per-channel), wNgGact (act-order: a random g_idx permutation, as GPTQ desc_act writes), nf4
 (bitsandbytes blocks of 64), fp8 (e4m3, per-channel scales), fp8bB (B x B block scales) and gguf-TYPE
 (ggml blocks of TYPE, e.g. gguf-q4_K, gguf-q8_0; random codes, sane scales) -- the kinds tensor
-parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them; an affine format
-with the suffix -head (w4g128-head) holds the lm_head in that format too (GPTQModel's lm_head=True).
-Tensors are generated on first access, directly on the target device, so the full-precision model
-never exists. There is no tokenizer: prompts are token ids.
+parallelism cuts. Embedding and lm_head stay fp16, as quantized checkpoints usually keep them (an affine format
+with -head, e.g. w4g128-head, holds the lm_head in that format too). Tensors are generated on first access,
+directly on the target device, so the full-precision model never exists. There is no tokenizer: prompts are ids.
 """
 from __future__ import annotations
 
