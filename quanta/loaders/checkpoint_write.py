@@ -32,8 +32,7 @@ from quanta.quant.qtensor import QTensor
 from quanta.sizes import parse_bytes
 
 DEFAULT_SHARD_SIZE = 5 * 10**9          # transformers' save_pretrained default, "5GB"
-# kept in float by every quanta writer, the lm_head unless the layout's config can declare it quantized
-UNQUANTIZED = ("model.embed_tokens.weight", "lm_head.weight")
+UNQUANTIZED = ("model.embed_tokens.weight", "lm_head.weight")    # kept in float by a layout unless it says otherwise
 
 Tensor = torch.Tensor | QTensor
 
@@ -44,7 +43,7 @@ class Layout:
     format table can make one to ask whether it holds a weight."""
 
     fmt = "hf"
-    quantized_lm_head = False       # whether its quantization config can declare the lm_head quantized
+    float_only = UNQUANTIZED        # tensors its quantization config cannot declare quantized
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -69,7 +68,7 @@ class Layout:
     def convert(self, name: str, t: Tensor) -> dict[str, torch.Tensor]:
         """Stored tensors of canonical tensor `name` (quantized linear weights go to `convert_quantized`)."""
         if isinstance(t, QTensor):
-            if name in UNQUANTIZED and not (name == "lm_head.weight" and self.quantized_lm_head):
+            if name in self.float_only:
                 raise UnsupportedError(f"{name}: a {self.fmt} checkpoint keeps {name} in float; a quantized "
                                        f"{t.describe()} weight there cannot be written (dequantize it first)")
             return self.convert_quantized(name, t)

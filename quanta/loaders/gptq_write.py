@@ -29,7 +29,7 @@ class GptqLayout(Layout):
     """Affine int2/3/4/8 (integer zeros, plain groups or act-order g_idx) -> GPTQ tensors."""
 
     fmt = "GPTQ"
-    quantized_lm_head = True        # GPTQModel's `lm_head`: True (vLLM reads it too)
+    float_only = ("model.embed_tokens.weight",)     # a quantized lm_head: GPTQModel's `lm_head` true (vLLM reads it)
 
     def __init__(self, config: ModelConfig, checkpoint_format: str = "gptq", round_scales: bool = False):
         super().__init__(config)
@@ -39,7 +39,6 @@ class GptqLayout(Layout):
         self.layers: dict[str, tuple[int, int, int]] = {}
         self.bits: dict[int, str] = {}
         self.sym, self.desc_act = True, False
-        self.lm_head = False
 
     def convert_quantized(self, name: str, qt: QTensor) -> dict[str, torch.Tensor]:
         a = affine_of(name, qt, "GPTQ")
@@ -70,7 +69,6 @@ class GptqLayout(Layout):
             g_idx = (torch.arange(k, device=a.codes.device) // group).to(torch.int32)
         module = module_of(name)
         self.layers[module] = (group, a.num_groups, k)
-        self.lm_head |= name == "lm_head.weight"
         stored_zeros = zeros - 1 if self.checkpoint_format == "gptq" else zeros
         return {module + ".qweight": pack_bits(a.codes.T, a.bits, dim=0),
                 module + ".qzeros": pack_bits(stored_zeros.T, a.bits, dim=1),
@@ -83,7 +81,7 @@ class GptqLayout(Layout):
         dynamic = {"-:" + re.escape(m): {} for m in self.plain_linears} or None
         fmt = self.checkpoint_format
         return {"bits": next(iter(self.bits)), "group_size": common_group_size(self.layers, "GPTQ"),
-                "desc_act": self.desc_act, "sym": self.sym, "lm_head": self.lm_head, "quant_method": "gptq",
+                "desc_act": self.desc_act, "sym": self.sym, "lm_head": "lm_head" in self.layers, "quant_method": "gptq",
                 "method": "gptq", "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32",
                 "dynamic": dynamic, "meta": {"quantizer": [f"quanta:{quanta_version()}"],
                                              "static_groups": False, "true_sequential": True}}

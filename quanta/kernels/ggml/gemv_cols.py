@@ -181,38 +181,28 @@ def _q2k_sums(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_
     value 128h + 32j + l, in sub-block 8h + 2j + l // 16), dm [blocks, N] (d | dmin << 16). Words 8h + 4v .. + 3
     hold sub-blocks 8h + 2j + v, j = 0..3: one run of _q23k_dot each. CHUNKS >= 2: all of a super-block's words
     loaded before its sums (on a program's first, before the PDL wait: they do not depend on the kernel before)."""
-    if CHUNKS >= 2:
-        return _q2k_sums_preloaded(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N, PTX, STAGES,
-                                   PDL)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
         part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of sc * dot(q, x)
         part_m = tl.zeros(cols.shape, dtype=tl.float32)     # sum of m * sum(x)
-        pdl_wait(PDL)                                        # (returns at once after the first time)
-        for h in tl.static_range(2):
-            lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
-            hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
-            for v in tl.range(0, 2):
-                part_q, part_m = _q2k_run(x_row, t, h, v, _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N),
-                                          lo, hi, part_q, part_m, PTX)
+        if CHUNKS >= 2:
+            lo0, hi0, run00, run01 = _q2k_half_words(sc_ptr, qs_ptr, t, 0, cols, m2, N)
+            lo1, hi1, run10, run11 = _q2k_half_words(sc_ptr, qs_ptr, t, 1, cols, m2, N)
+            pdl_wait(PDL)                                    # (returns at once after the first time)
+            part_q, part_m = _q2k_run(x_row, t, 0, 0, run00, lo0, hi0, part_q, part_m, PTX)
+            part_q, part_m = _q2k_run(x_row, t, 0, 1, run01, lo0, hi0, part_q, part_m, PTX)
+            part_q, part_m = _q2k_run(x_row, t, 1, 0, run10, lo1, hi1, part_q, part_m, PTX)
+            part_q, part_m = _q2k_run(x_row, t, 1, 1, run11, lo1, hi1, part_q, part_m, PTX)
+        else:
+            pdl_wait(PDL)
+            for h in tl.static_range(2):
+                lo = tl.load(sc_ptr + (t * 4 + 2 * h) * N + cols, mask=m2, other=0)       # sub-blocks 8h .. 8h + 3
+                hi = tl.load(sc_ptr + (t * 4 + 2 * h + 1) * N + cols, mask=m2, other=0)   # 8h + 4 .. 8h + 7
+                for v in tl.range(0, 2):
+                    run = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
+                    part_q, part_m = _q2k_run(x_row, t, h, v, run, lo, hi, part_q, part_m, PTX)
         acc += _half(dm) * part_q - _half(dm >> 16) * part_m
-    return tl.reshape(acc, (BLOCK_N,))
-
-
-@triton.jit
-def _q2k_sums_preloaded(x_row, sc_ptr, qs_ptr, dm_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
-                        PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """_q2k_sums with a super-block's words loaded first: its two halves' scale words and runs (_q2k_half_words)."""
-    acc = tl.zeros(cols.shape, dtype=tl.float32)
-    for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
-        lo0, hi0, run00, run01 = _q2k_half_words(sc_ptr, qs_ptr, t, 0, cols, m2, N)
-        lo1, hi1, run10, run11 = _q2k_half_words(sc_ptr, qs_ptr, t, 1, cols, m2, N)
-        pdl_wait(PDL)                                        # (returns at once after the first time)
-        q0, m0 = _q2k_half(x_row, t, 0, lo0, hi0, run00, run01, PTX)
-        q1, m1 = _q2k_half(x_row, t, 1, lo1, hi1, run10, run11, PTX)
-        acc += _half(dm) * (q0 + q1) - _half(dm >> 16) * (m0 + m1)
     return tl.reshape(acc, (BLOCK_N,))
 
 
@@ -225,15 +215,6 @@ def _q2k_half_words(sc_ptr, qs_ptr, t, h: tl.constexpr, cols, m2, N):
     run0 = _words4(qs_ptr + (t * 16 + 8 * h) * N + cols, m2, N)
     run1 = _words4(qs_ptr + (t * 16 + 8 * h + 4) * N + cols, m2, N)
     return lo, hi, run0, run1
-
-
-@triton.jit
-def _q2k_half(x_row, t, h: tl.constexpr, lo, hi, run0, run1, PTX: tl.constexpr):
-    """Half h of Q2_K super-block t from its words (_q2k_half_words): the sums of sc * dot(q, x) and of
-    m * sum(x)."""
-    part_q, part_m = _q2k_run(x_row, t, h, 0, run0, lo, hi, tl.zeros(lo.shape, dtype=tl.float32),
-                              tl.zeros(lo.shape, dtype=tl.float32), PTX)
-    return _q2k_run(x_row, t, h, 1, run1, lo, hi, part_q, part_m, PTX)
 
 
 @triton.jit
@@ -267,47 +248,30 @@ def _q3k_sums(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end,
     """Q3_K's sums [BLOCK_N], as _q2k_sums (CHUNKS too). Planes: hm [blocks * 8, N] (bit 4h + j of byte l the third
     bit of value 128h + 32j + l, set meaning no -4), qs [blocks * 16, N] (Q2_K's), sc [blocks * 3, N] (the 12 bytes
     of 6-bit scales, decode._q3k_scale's packing), d [blocks, N] fp16. The value is d (sc - 32) (q2 + 4 hbit - 4)."""
-    if CHUNKS >= 2:
-        return _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N, PTX,
-                                   STAGES, PDL)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        d, s_lo0, s_lo1, s_hi = _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N)
+        d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
+        s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
+        s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
+        s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
         part = tl.zeros(cols.shape, dtype=tl.float32)
-        pdl_wait(PDL)
-        for v in tl.range(0, 2):
-            hm = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
-            for h in tl.static_range(2):
-                part = _q3k_run(x_row, t, h, v, _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N), hm,
-                                s_lo0, s_lo1, s_hi, part, PTX)
+        if CHUNKS >= 2:
+            hm_a, run_a0, run_a1 = _q3k_words(hm_ptr, qs_ptr, t, 0, cols, m2, N)
+            hm_b, run_b0, run_b1 = _q3k_words(hm_ptr, qs_ptr, t, 1, cols, m2, N)
+            pdl_wait(PDL)
+            part = _q3k_run(x_row, t, 0, 0, run_a0, hm_a, s_lo0, s_lo1, s_hi, part, PTX)
+            part = _q3k_run(x_row, t, 1, 0, run_a1, hm_a, s_lo0, s_lo1, s_hi, part, PTX)
+            part = _q3k_run(x_row, t, 0, 1, run_b0, hm_b, s_lo0, s_lo1, s_hi, part, PTX)
+            part = _q3k_run(x_row, t, 1, 1, run_b1, hm_b, s_lo0, s_lo1, s_hi, part, PTX)
+        else:
+            pdl_wait(PDL)
+            for v in tl.range(0, 2):
+                hm = _words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N)
+                for h in tl.static_range(2):
+                    run = _words4(qs_ptr + (t * 16 + 8 * h + 4 * v) * N + cols, m2, N)
+                    part = _q3k_run(x_row, t, h, v, run, hm, s_lo0, s_lo1, s_hi, part, PTX)
         acc += d * part
     return tl.reshape(acc, (BLOCK_N,))
-
-
-@triton.jit
-def _q3k_sums_preloaded(x_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, cols, m2, N, t_begin, t_end, BLOCK_N: tl.constexpr,
-                        PTX: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """_q3k_sums with a super-block's words loaded first: for v = 0, 1 its hmask words and qs runs of both halves."""
-    acc = tl.zeros(cols.shape, dtype=tl.float32)
-    for t in tl.range(t_begin, t_end, num_stages=STAGES):
-        d, s_lo0, s_lo1, s_hi = _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N)
-        hm_a, run_a0, run_a1 = _q3k_words(hm_ptr, qs_ptr, t, 0, cols, m2, N)
-        hm_b, run_b0, run_b1 = _q3k_words(hm_ptr, qs_ptr, t, 1, cols, m2, N)
-        pdl_wait(PDL)
-        part = (_q3k_part(x_row, t, 0, hm_a, run_a0, run_a1, s_lo0, s_lo1, s_hi, PTX)
-                + _q3k_part(x_row, t, 1, hm_b, run_b0, run_b1, s_lo0, s_lo1, s_hi, PTX))
-        acc += d * part
-    return tl.reshape(acc, (BLOCK_N,))
-
-
-@triton.jit
-def _q3k_scales(d_ptr, sc_ptr, t, cols, m2, N):
-    """Q3_K super-block t's d (float32) and its three words of scales."""
-    d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
-    s_lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
-    s_lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
-    s_hi = tl.load(sc_ptr + (t * 3 + 2) * N + cols, mask=m2, other=0)
-    return d, s_lo0, s_lo1, s_hi
 
 
 @triton.jit
@@ -315,13 +279,6 @@ def _q3k_words(hm_ptr, qs_ptr, t, v: tl.constexpr, cols, m2, N):
     """Q3_K super-block t's hmask words 4v .. 4v + 3 and its qs runs of v in halves h = 0, 1."""
     return (_words4(hm_ptr + (t * 8 + 4 * v) * N + cols, m2, N), _words4(qs_ptr + (t * 16 + 4 * v) * N + cols, m2, N),
             _words4(qs_ptr + (t * 16 + 8 + 4 * v) * N + cols, m2, N))
-
-
-@triton.jit
-def _q3k_part(x_row, t, v: tl.constexpr, hm, run0, run1, s_lo0, s_lo1, s_hi, PTX: tl.constexpr):
-    """The sum of dot * (sc - 32) over Q3_K super-block t's sub-blocks 8h + 2j + v from its words (_q3k_words)."""
-    part = _q3k_run(x_row, t, 0, v, run0, hm, s_lo0, s_lo1, s_hi, tl.zeros(s_hi.shape, dtype=tl.float32), PTX)
-    return _q3k_run(x_row, t, 1, v, run1, hm, s_lo0, s_lo1, s_hi, part, PTX)
 
 
 @triton.jit

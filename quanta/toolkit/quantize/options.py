@@ -27,7 +27,7 @@ def _check_lm_head(name: str, method: str, scheme: str, format: str) -> None:
     if method not in AFFINE or scheme != "int":
         raise ConfigError(f"{name}: lm_head quantization is for the integer schemes of rtn, awq and gptq")
     layout = get(format).layout
-    if layout is None or not getattr(resolve(layout), "quantized_lm_head", False):
+    if layout is None or "lm_head.weight" in resolve(layout).float_only:
         raise ConfigError(f"{name}: the {format} format keeps the lm_head in float; a quantized lm_head is written "
                           "in the gptq format (format='gptq')")
 
