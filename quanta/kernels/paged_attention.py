@@ -130,23 +130,6 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
     return m_i, l_i, acc
 
 
-@triton.jit
-def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, table, kv_head, start, end, stride_block, stride_slot,
-                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, LINE: tl.constexpr):
-    """Prefetch into L2 the keys and values of a decode split's first tile (positions start .. start + BLOCK_N,
-    before end), LINE elements (128 bytes) a prefetch. Before the PDL wait: the block table is the step's input,
-    and every key but the step's own (which its prefetch may miss, at no cost to the result) was cached by earlier
-    steps."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    block = tl.load(table + offs_n // BLOCK_SIZE, mask=offs_n < end, other=0).to(tl.int64)
-    rows = block * stride_block + (offs_n % BLOCK_SIZE) * stride_slot + kv_head * HEAD_DIM
-    lines = rows[:, None] + (tl.arange(0, HEAD_DIM // LINE) * LINE)[None, :]
-    for base in tl.static_range(2):
-        at = (k_cache_ptr if base == 0 else v_cache_ptr) + lines
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [at.to(tl.int64)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
 # Arguments that change from one eager step to the next are not specialized on, or Triton compiles a variant
 # mid-run per divisibility (found by benchmarks/throughput.py's compile check): stride_bt, the block tables'
 # row length, follows the step's longest sequence; the prefill's tables and lengths are slices that start
@@ -165,8 +148,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr,
     FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr = 8, EARLY_KEYS: tl.constexpr = False, LINE: tl.constexpr = 64,
-    PDL: tl.constexpr = False,
+    MERGE_CHUNK: tl.constexpr = 8, PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
 
@@ -175,10 +157,11 @@ def _decode_kernel(
     max)) and resets the count: no second launch per layer. GROUP_PAD pads the group for tl.dot (16 rows);
     the merge works on GROUP_P2 rows."""
     pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # --- this split's range of key positions: the step's inputs, written before its chain of kernels began
+    # --- this split's range of key positions
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
     if WINDOW > 0:
@@ -186,10 +169,6 @@ def _decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(seq_len, start + per_split)
-    if EARLY_KEYS:
-        _prefetch_first_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, start,
-                             end, stride_block, stride_slot, BLOCK_SIZE, HEAD_DIM, BLOCK_N, LINE)
-    pdl_wait(PDL)
     # --- the group's queries [GROUP_PAD, BLOCK_D]
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
@@ -301,19 +280,6 @@ def _check(q, k_cache, v_cache, fmt):
     assert (fmt is None) == (k_cache.dtype != torch.uint8)
 
 
-# Whether a decode split prefetches its first tile of keys and values into L2 before the PDL wait, so that the
-# block table's and the cache's round trips from memory overlap the kernels before it (PDL launches only).
-EARLY_KEYS = False
-
-
-def _early_keys(q: torch.Tensor, k_cache: torch.Tensor) -> dict:
-    """The decode kernel's EARLY_KEYS and LINE (cache elements a 128-byte line): on where PDL runs and the head
-    spans whole lines."""
-    line = 128 // k_cache.element_size()
-    on = EARLY_KEYS and device_caps(q.device).pdl and k_cache.shape[3] % line == 0
-    return {"EARLY_KEYS": on, "LINE": line}
-
-
 @functools.lru_cache(maxsize=None)
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
     """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
@@ -350,7 +316,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=triton.next_power_of_2(group),
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
-        **fp8_read_constexprs(fmt, q.device), **_early_keys(q, k_cache),
+        **fp8_read_constexprs(fmt, q.device),
         PRECISION=dot_precision(q.dtype), **pdl_launch(device_caps(q.device)))
     return out
 
