@@ -3,8 +3,7 @@
 # super-block (ColsConfig.parts), Q2_K / Q3_K with a super-block's words all loaded first, before the PDL wait
 # (chunks 2). Alone (ggml_gemm.py --sweep-configs, each config checked against cuBLAS first; every layer for
 # Q2_K / Q3_K, whose large weights take the option too), then in the engine (engine_configs.py, two alternating
-# rounds): the Q4_K_M mix with Q4_K's small weights in halves or at four chunks an iteration (alone the fastest
-# before the packed-half x sums), Q2_K and Q3_K with their configs at chunks 2.
+# rounds): each type's small-weight config against the one before it.
 #   usage: bash benchmarks/gemv_cols_small_weights.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 sweep() {  # NAME TYPES LAYERS CONFIGS
@@ -26,7 +25,10 @@ engine() {  # MODEL NAME VARIANT...: the build as it is against each variant
   staged 240 python3 benchmarks/engine_configs.py --model "synthetic:llama3-8b:$model" --output-len 128 --rounds 2 \
     "${variants[@]}" --out "$OUT/gemv-cols-$name-engine.json" 2>&1 | grep "tok/s" | cut -c1-60
 }
-q4_small() { echo "$G:CONFIGS={**CONFIGS, 'q4_K': (ColsConfig($1), PACKED_HALF)}"; }
-engine gguf-q4_K_M parts "$(q4_small "256, 2, 16.0, 1, 2, 2")" "$(q4_small "256, 2, 16.0, 1, 4")"
-engine gguf-q2_K preload "$G:CONFIGS={**CONFIGS, 'q2_K': (Q2_K_SMALL._replace(chunks=2), TWO_BIT._replace(chunks=2))}"
-engine gguf-q3_K preload "$G:CONFIGS={**CONFIGS, 'q3_K': (TWO_BIT._replace(chunks=2), Q3_K_LARGE._replace(chunks=2))}"
+# the build against the small weights' configs before it (whole super-blocks a split; Q2_K / Q3_K at chunks 1)
+small() { echo "$G:CONFIGS={**CONFIGS, '$1': (ColsConfig($2), CONFIGS['$1'][1])}"; }
+engine gguf-q4_K_M q4-small "$(small q4_K "256, 2, 16.0, 1, 2")" "$(small q4_K "256, 2, 16.0, 1, 4")"
+engine gguf-q5_K q5-small "$(small q5_K "256, 4, 16.0, 1, 4")" "$(small q5_K "256, 2, 16.0, 1, 2, 2")"
+engine gguf-q6_K q6-small "$(small q6_K "256, 4, 16.0, 1, 1")"
+engine gguf-q2_K q2-small "$(small q2_K "128, 4, 32.0, 1, 1")"
+engine gguf-q3_K q3-small "$(small q3_K "256, 4, 16.0, 1, 1")"

@@ -329,20 +329,25 @@ class ColsConfig(NamedTuple):
 # programs an SM; in the decode chain, where the next GEMV's programs start as this one drains (PDL), the shorter
 # programs with fewer registers are faster (benchmarks/gemv_cols_engine_configs.sh). Q6_K, whose 128-value half holds
 # twice a chunk's loads: two columns a thread in four warps, one half an iteration. Q5_K, whose high bits add a word
-# to each chunk's loads: two columns a thread, four chunks an iteration on the small weights and two on the large.
+# to each chunk's loads: two columns a thread, two chunks an iteration. The small weights (K = 4,096: 16 super-blocks,
+# so at most 16 splits of whole super-blocks, too few programs to hide a program's chain of loads) split each
+# super-block's K range in halves (benchmarks/gemv_cols_small_weights.sh).
 PACKED_HALF = ColsConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2)
+Q4_K_SMALL = PACKED_HALF._replace(parts=2)
 Q6_K_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
-Q5_K_SMALL = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=4)
+Q6_K_SMALL = Q6_K_CONFIG._replace(parts=2)
+Q5_K_SMALL = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=2, parts=2)
 Q5_K_LARGE = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
-# Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; Q2_K's small weights one a
-# thread, twice the programs; Q3_K's large ones 512 columns a program (four a thread)
+# Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; their small weights one a
+# thread, twice the programs, with a super-block's words all loaded first (chunks 2); Q3_K's large ones 512 columns
+# a program (four a thread)
 TWO_BIT = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
-Q2_K_SMALL = ColsConfig(block_n=128, warps=4, waves=32.0, min_tiles=1)
+TWO_BIT_SMALL = ColsConfig(block_n=128, warps=4, waves=32.0, min_tiles=1, chunks=2)
 Q3_K_LARGE = ColsConfig(block_n=512, warps=4, waves=16.0, min_tiles=1)
-# type -> (config below LARGE_WEIGHT values, config from there); the types not named take PACKED_HALF at both
-CONFIGS = {"q2_K": (Q2_K_SMALL, TWO_BIT), "q3_K": (TWO_BIT, Q3_K_LARGE), "q5_K": (Q5_K_SMALL, Q5_K_LARGE),
-           "q6_K": (Q6_K_CONFIG, Q6_K_CONFIG)}
+# type -> (config below LARGE_WEIGHT values, config from there)
+CONFIGS = {"q2_K": (TWO_BIT_SMALL, TWO_BIT), "q3_K": (TWO_BIT_SMALL, Q3_K_LARGE), "q4_K": (Q4_K_SMALL, PACKED_HALF),
+           "q5_K": (Q5_K_SMALL, Q5_K_LARGE), "q6_K": (Q6_K_SMALL, Q6_K_CONFIG)}
 # The most parts a super-block's K range splits into, by type: its K loop's steps (Q4_K / Q5_K: four 64-value chunks,
 # Q6_K: two halves); Q2_K's and Q3_K's loops take whole super-blocks.
 MAX_PARTS = {"q4_K": 4, "q5_K": 4, "q6_K": 2, "q2_K": 1, "q3_K": 1}
@@ -357,7 +362,7 @@ def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> ColsConfig:
 
 
 def _config(name: str, values: int) -> ColsConfig:
-    return CONFIGS.get(name, (PACKED_HALF, PACKED_HALF))[values >= LARGE_WEIGHT]
+    return CONFIGS[name][values >= LARGE_WEIGHT]
 
 
 def pair_config(a: GgmlState, b: GgmlState) -> ColsConfig:
