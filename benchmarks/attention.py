@@ -4,6 +4,11 @@ read by bit operations or by the sm89+ conversion instruction. Reports µs per c
 per µs (GB/s, against the device-to-device copy bandwidth).
 
     python benchmarks/attention.py [--out attention.json]
+    python benchmarks/attention.py --decode-configs "4,64;8,64;8,32" [--out ...]
+
+--decode-configs: batch-1 decode over short contexts as the engine runs it (its CUDA graphs' splits, 32 on this
+GPU for a long max_model_len) in each (DECODE_WARPS, DECODE_BLOCK_N), fp16 cache: the per-layer cost a batch-1
+token pays where the program's chain of loads, not its bytes, is the time.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ def paged_cache(batch: int, ctx: int, fmt: paged_kv.Fp8Format | None):
     return k, v, tables, seq_lens
 
 
-def measure(kind: str, batch: int, ctx: int, read: str) -> dict:
+def measure(kind: str, batch: int, ctx: int, read: str, splits: int | None = None) -> dict:
     name, hardware = READS[read]
     fmt = paged_kv.FP8_FORMATS[name] if name else None
     paged_kv.HARDWARE_FP8_READ = hardware
@@ -52,7 +57,7 @@ def measure(kind: str, batch: int, ctx: int, read: str) -> dict:
     scales = dict(k_scale=torch.full((HK,), 0.02, device="cuda"), v_scale=torch.full((HK,), 0.02, device="cuda"),
                   fmt=fmt) if fmt else {}
     if kind == "decode":
-        splits = paged_attention.default_num_splits(batch, HK, ctx)
+        splits = splits or paged_attention.default_num_splits(batch, HK, ctx)
         qs = [torch.randn(batch, HQ, D, device="cuda", dtype=torch.float16) for _ in range(4)]
         us = bench(lambda q, c: paged_attention.decode(q, *c, 0.088, num_splits=splits, **scales), qs, caches,
                    kv_bytes)
@@ -69,8 +74,12 @@ def measure(kind: str, batch: int, ctx: int, read: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
+    ap.add_argument("--decode-configs", help="WARPS,BLOCK_N;...: batch-1 short-context decode in each")
     args = ap.parse_args()
     bw = copy_bandwidth()
+    if args.decode_configs:
+        decode_configs(args.decode_configs, bw, args.out)
+        return
     rows = [measure("decode", b, c, r) for b, c in DECODE for r in READS]
     rows += [measure("prefill", b, c, r) for b, c in PREFILL for r in READS]
     if args.out:
@@ -83,6 +92,21 @@ def main() -> None:
         r0 = group[0]
         cells = [f"{r['us']} µs ({r['kv_GBps'] / bw:.0%})" for r in group]
         print(f"| {r0['kind']} | {r0['batch']} x {r0['ctx']} | {r0['splits']} | " + " | ".join(cells) + " |")
+
+
+def decode_configs(spec: str, bw: float, out: str | None) -> None:
+    """Batch-1 decode, fp16 cache, at 128 / 384 / 1,024 keys and the engine's splits, in each config of spec."""
+    splits = paged_attention.default_num_splits(1, HK, 1 << 15)
+    rows = []
+    for item in spec.split(";"):
+        warps, block_n = (int(v) for v in item.split(","))
+        paged_attention.DECODE_WARPS, paged_attention.DECODE_BLOCK_N = warps, block_n
+        for ctx in (128, 384, 1024):
+            rows.append(dict(measure("decode", 1, ctx, "fp16", splits), warps=warps, block_n=block_n))
+            print(f"warps {warps} block_n {block_n} ctx {ctx}: {rows[-1]['us']} µs", flush=True)
+    if out:
+        Path(out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_GBps": round(bw, 1),
+                                         "splits": splits, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

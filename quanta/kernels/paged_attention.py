@@ -280,6 +280,12 @@ def _check(q, k_cache, v_cache, fmt):
     assert (fmt is None) == (k_cache.dtype != torch.uint8)
 
 
+# A decode program: keys a step (a split takes whole steps) and warps. Its time at batch 1 and a short context is
+# one program's chain of dependent loads, barriers and the merge, not the bytes it reads.
+DECODE_BLOCK_N = 64
+DECODE_WARPS = 4
+
+
 @functools.lru_cache(maxsize=None)
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
     """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
@@ -296,9 +302,11 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding_window: int | None = None,
            k_scale=None, v_scale=None, fmt: Fp8Format | None = None, num_splits: int = 8,
-           out: torch.Tensor | None = None, block_n: int = 64) -> torch.Tensor:
+           out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
     """One query per sequence: q [B, Hq, D] -> [B, Hq, D]. `num_splits` is fixed per launch (and
-    so per CUDA graph); each sequence divides its own context over the splits."""
+    so per CUDA graph); each sequence divides its own context over the splits. `block_n`: keys a step of a split
+    (default DECODE_BLOCK_N)."""
+    block_n = block_n or DECODE_BLOCK_N
     _check(q, k_cache, v_cache, fmt)
     bsz, hq, d = q.shape
     hk, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -317,7 +325,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), **pdl_launch(device_caps(q.device)))
+        PRECISION=dot_precision(q.dtype), num_warps=DECODE_WARPS, **pdl_launch(device_caps(q.device)))
     return out
 
 
