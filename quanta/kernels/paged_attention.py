@@ -193,31 +193,30 @@ def _decode_kernel(
     lock = lock_ptr + b * tl.num_programs(1) + kv_head
     tl.debug_barrier()                         # every thread's partial is written before the count is released
     if tl.atomic_add(lock, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        # MERGE_CHUNK splits per step as one [group, chunk, d] tile: the loads of a step are independent, so a
-        # long merge costs a few L2 round trips rather than one per split; .cg reads the other programs'
-        # partials from L2, not from this SM's L1
+        # MERGE_CHUNK splits per step as one [group, chunk, d] tile, their log-sum-exps and outputs loaded together
+        # and folded in by an online softmax over the splits: a merge costs one L2 round trip a step, not one per
+        # split; .cg reads the other programs' partials from L2, not from this SM's L1
         n_active = tl.cdiv(seq_len - lo, tl.maximum(per_split, 1))
         gm = tl.arange(0, GROUP_P2)
         g_ok = gm < GROUP
         first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
         c = tl.arange(0, MERGE_CHUNK)
         m = tl.full([GROUP_P2], float("-inf"), tl.float32)
-        for s0 in range(0, n_active, MERGE_CHUNK):
-            lse_mask = g_ok[:, None] & (s0 + c < n_active)[None, :]
-            lse_s = tl.load(part_lse_ptr + first[:, None] + s0 + c[None, :], mask=lse_mask, other=float("-inf"),
-                            cache_modifier=".cg")
-            m = tl.maximum(m, tl.max(lse_s, 1))
         total = tl.zeros([GROUP_P2], tl.float32)
         res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
         for s0 in range(0, n_active, MERGE_CHUNK):
             lse_mask = g_ok[:, None] & (s0 + c < n_active)[None, :]
             rows = first[:, None] + s0 + c[None, :]
             lse_s = tl.load(part_lse_ptr + rows, mask=lse_mask, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(lse_mask, tl.exp(lse_s - m[:, None]), 0.0)
             o = tl.load(part_o_ptr + rows[:, :, None] * BLOCK_D + d[None, None, :],
                         mask=lse_mask[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
-            res += tl.sum(o * w[:, :, None], 1)
-            total += tl.sum(w, 1)
+            m_new = tl.maximum(m, tl.max(lse_s, 1))
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)       # rows whose splits so far saw no key
+            alpha = tl.exp(m - m_safe)
+            w = tl.where(lse_mask, tl.exp(lse_s - m_safe[:, None]), 0.0)
+            res = res * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+            total = total * alpha + tl.sum(w, 1)
+            m = m_new
         res = res / tl.where(total > 0, total, 1.0)[:, None]
         heads_m = kv_head * GROUP + gm
         tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
