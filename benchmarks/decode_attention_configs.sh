@@ -4,7 +4,7 @@
 # alternating rounds). BASELINE=DIR (a checkout of another commit): its kernel at the default config too.
 #   usage: [BASELINE=.base] bash benchmarks/decode_attention_configs.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
-CONFIGS="4,64;8,64;4,32;8,32;4,16;8,16"
+CONFIGS="4,64;8,64;16,64;8,32;16,32;4,16"
 staged 240 python3 benchmarks/attention.py --decode-configs "$CONFIGS" --out "$OUT/attention-decode-configs.json" \
   2>&1 | grep "µs"
 if [ -n "${BASELINE:-}" ]; then
@@ -13,5 +13,5 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 P=quanta.kernels.paged_attention
 staged 300 python3 benchmarks/engine_configs.py --model synthetic:llama3-8b:w4g128 --output-len 128 --rounds 2 \
-  --variant "" --variant "$P:DECODE_WARPS=8" --variant "$P:DECODE_BLOCK_N=32" \
+  --variant "" --variant "$P:DECODE_WARPS=8" --variant "$P:DECODE_WARPS=16" \
   --variant "$P:DECODE_WARPS=8; DECODE_BLOCK_N=32" --out "$OUT/attention-decode-engine.json" 2>&1 | grep "tok/s"
