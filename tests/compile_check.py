@@ -22,7 +22,7 @@ from quanta.kernels.triton_support import ZERO_BLOCK
 TARGETS = (75, 80, 89, 90)
 DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
          "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_vt", "stride_gm",
-         "stride_um", "HALF_D", "slot_elems"}
+         "stride_um", "HALF_D", "slot_elems", "stride_block", "stride_slot", "stride_qh", "stride_ot", "stride_oh"}
 
 # name -> (module, kernel, {arg: type} for non-constexpr args not int32, constexprs, num_warps, num_stages,
 #          lowest target): one case per distinct code path (dtype, bits, special features)
