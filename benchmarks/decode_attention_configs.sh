@@ -9,8 +9,9 @@ CONFIGS="4,64;8,64;16,64;8,32;16,32;4,16"
 staged 240 python3 benchmarks/attention.py --decode-configs "$CONFIGS" --out "$OUT/attention-decode-configs.json" \
   2>&1 | grep "µs"
 if [ -n "${BASELINE:-}" ]; then
-  (cd "$BASELINE" && export PYTHONPATH=$PWD:$PYTHONPATH && staged 120 python3 benchmarks/attention.py --decode-configs "4,64" \
-    --out "$OUT/attention-decode-baseline.json" 2>&1 | grep "µs" | sed 's/^/baseline /')
+  (cd "$BASELINE" && export PYTHONPATH=$PWD:$PYTHONPATH \
+    && staged 120 python3 benchmarks/attention.py --decode-configs "4,64" --out "$OUT/attention-decode-baseline.json" \
+    2>&1 | grep "µs" | sed 's/^/baseline /')
 fi
 P=quanta.kernels.paged_attention
 staged 300 python3 benchmarks/engine_configs.py --model synthetic:llama3-8b:w4g128 --output-len 128 --rounds 2 \

@@ -9,7 +9,8 @@ timing is linears.py's: the median of CUDA-event-timed CUDA graph replays after 
 weight copies that the L2 holds none between two uses. Every kernel's output is first checked against the cuBLAS
 product of the dequantized weight (1% relative). GB/s counts the weight's stored bytes (GgmlState.nbytes, the
 file's) at M = 1, and its share of the copy bandwidth. `--paths` also times each of the ggml paths forced at every
-M up to 16, to place the plan's GEMV threshold; `--sweep` the packed-half GEMV's launch configs at M = 1.
+M up to 16, to place the plan's GEMV threshold; `--sweep` the packed-half GEMV's launch configs at M = 1;
+`--wgmma-configs` the wgmma path's at M >= 2.
 """
 from __future__ import annotations
 
@@ -65,11 +66,12 @@ COLS_SWEEP = tuple(cfg + (chunks,) for cfg in ((256, 2, 16.0, 1), (256, 2, 8.0, 
 
 
 def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: list, w4: dict, w4_us: dict,
-             sweep: tuple = (), as_loaded: bool = False) -> None:
+             sweep: tuple = (), as_loaded: bool = False, wgmma_sweep: tuple = ()) -> None:
     """Time the ggml kernels on GGML type `name` at each layer shape and M, beside cuBLAS and the W4A16 kernels
     (`w4`: layer -> (the affine weight, its prepared copies); `w4_us` caches their times by (layer, M)).
     `as_loaded`: the kernels the registry gives the type instead (the affine ones for Q4_0 .. Q8_0, the codebook
-    ones for IQ4_NL), as a model's load would."""
+    ones for IQ4_NL), as a model's load would. `wgmma_sweep`: WgmmaConfig fields timed on the wgmma path at every
+    M >= 2 where it runs."""
     for layer in layers:
         n, k = LAYERS[layer]
         w = random_gguf(n, k, name)
@@ -94,6 +96,10 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
                 for cfg in sweep:
                     rec[f"cols_{'_'.join(map(str, cfg))}_us"] = timed(
                         lambda x, s: gemv_cols.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"cols {cfg}")
+            if module is ggml_gemm and wgmma_sweep and m >= 2 and wgmma.applies(st[0], device_caps("cuda")) is None:
+                for cfg in wgmma_sweep:
+                    rec[f"wgmma_{'_'.join(map(str, cfg))}_us"] = timed(
+                        lambda x, s: wgmma.matmul(x, s, None, cfg), xs, st, st[0].nbytes, ref, f"wgmma {cfg}")
             if (layer, m) not in w4_us:                   # the W4A16 g128 kernels on the same shape, once a run
                 weight, states = w4[layer]
                 w4_us[(layer, m)] = round(bench(affine_plan.matmul, xs, states, weight.nbytes), 2)
@@ -133,6 +139,11 @@ def profile() -> None:
     torch.cuda.synchronize()
 
 
+def parse_configs(spec: str) -> tuple:
+    """Launch configs from ';'-separated comma lists of their fields (the third, waves, a float)."""
+    return tuple(tuple(float(v) if i == 2 else int(v) for i, v in enumerate(c.split(","))) for c in spec.split(";"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -143,6 +154,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
     ap.add_argument("--sweep-configs", help="with --sweep, these configs instead of COLS_SWEEP: ';'-separated "
                     "ColsConfig fields, e.g. '256,2,16,1,2,2;256,2,16,1,1,4'")
+    ap.add_argument("--wgmma-configs", help="also time the wgmma path at each M >= 2 in these configs: "
+                    "';'-separated WgmmaConfig fields (block_m, stages, waves, min tiles, rows, lag, warps), "
+                    "e.g. '16,3,3.0,2,256,2,4'")
     ap.add_argument("--as-loaded", action="store_true", help="time the kernels the registry gives each type (the "
                     "affine ones for Q4_0 .. Q8_0, the codebook ones for IQ4_NL) instead of the ggml ones")
     ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
@@ -152,9 +166,8 @@ def main() -> None:
     if args.profile:
         profile()
         return
-    sweep = () if not args.sweep else COLS_SWEEP if not args.sweep_configs else tuple(
-        tuple(float(v) if i == 2 else int(v) for i, v in enumerate(c.split(",")))
-        for c in args.sweep_configs.split(";"))
+    sweep = () if not args.sweep else COLS_SWEEP if not args.sweep_configs else parse_configs(args.sweep_configs)
+    wgmma_sweep = parse_configs(args.wgmma_configs) if args.wgmma_configs else ()
     t0, meta = start_run()
     layers = args.layers.split(",")
     w4 = {layer: (w := affine_w(*LAYERS[layer], 4, 128), prepared_copies(w)) for layer in layers}
@@ -162,7 +175,7 @@ def main() -> None:
     w4_us: dict = {}
     for name in args.types.split(","):
         run_type(name, layers, [int(m) for m in args.ms.split(",")], args.paths, results, w4, w4_us, sweep,
-                 args.as_loaded)
+                 args.as_loaded, wgmma_sweep)
     write_run(args.out, meta, t0, results=results)
     summary(meta, results)
 
