@@ -108,6 +108,9 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
         n_mask = offs_n < hi
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        if not CAUSAL:      # a decode split: V's loads in flight while the scores are computed
+            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         if CAUSAL:
             allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -122,8 +125,9 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
             m_safe = m_new
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        if CAUSAL:
+            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -193,30 +197,30 @@ def _decode_kernel(
     lock = lock_ptr + b * tl.num_programs(1) + kv_head
     tl.debug_barrier()                         # every thread's partial is written before the count is released
     if tl.atomic_add(lock, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        # MERGE_CHUNK splits per step as one [group, chunk, d] tile, their log-sum-exps and outputs loaded together
-        # and folded in by an online softmax over the splits: a merge costs one L2 round trip a step, not one per
-        # split; .cg reads the other programs' partials from L2, not from this SM's L1
+        # MERGE_CHUNK splits a step, unrolled: their loads are independent (one L2 round trip a step, not one a
+        # split), each split's log-sum-exp and output folded in by an online softmax over the splits, elementwise
+        # over [group, d] (no reduction across threads); .cg reads the other programs' partials from L2, not from
+        # this SM's L1
         n_active = tl.cdiv(seq_len - lo, tl.maximum(per_split, 1))
         gm = tl.arange(0, GROUP_P2)
         g_ok = gm < GROUP
         first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
-        c = tl.arange(0, MERGE_CHUNK)
         m = tl.full([GROUP_P2], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_P2], tl.float32)
         res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
         for s0 in range(0, n_active, MERGE_CHUNK):
-            lse_mask = g_ok[:, None] & (s0 + c < n_active)[None, :]
-            rows = first[:, None] + s0 + c[None, :]
-            lse_s = tl.load(part_lse_ptr + rows, mask=lse_mask, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(part_o_ptr + rows[:, :, None] * BLOCK_D + d[None, None, :],
-                        mask=lse_mask[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, tl.max(lse_s, 1))
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)       # rows whose splits so far saw no key
-            alpha = tl.exp(m - m_safe)
-            w = tl.where(lse_mask, tl.exp(lse_s - m_safe[:, None]), 0.0)
-            res = res * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
-            total = total * alpha + tl.sum(w, 1)
-            m = m_new
+            for i in tl.static_range(MERGE_CHUNK):
+                ok = g_ok & (s0 + i < n_active)
+                lse_s = tl.load(part_lse_ptr + first + s0 + i, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                o = tl.load(part_o_ptr + (first + s0 + i)[:, None] * BLOCK_D + d[None, :],
+                            mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m, lse_s)
+                m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)       # rows whose splits so far saw no key
+                alpha = tl.exp(m - m_safe)
+                w = tl.where(ok, tl.exp(lse_s - m_safe), 0.0)
+                res = res * alpha[:, None] + o * w[:, None]
+                total = total * alpha + w
+                m = m_new
         res = res / tl.where(total > 0, total, 1.0)[:, None]
         heads_m = kv_head * GROUP + gm
         tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
