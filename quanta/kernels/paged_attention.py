@@ -156,8 +156,8 @@ def _decode_kernel(
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
 
-    Each split writes its normalized output and log-sum-exp and counts itself in lock[b, kv head]; the last
-    split to arrive merges those that saw keys into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s -
+    Each split that sees keys writes its normalized output and log-sum-exp and counts itself in lock[b, kv
+    head]; the last to arrive merges them into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s -
     max)) and resets the count: no second launch per layer. GROUP_PAD pads the group for tl.dot (16 rows);
     the merge works on GROUP_P2 rows."""
     pdl_launch_dependents(PDL)
@@ -173,59 +173,63 @@ def _decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(seq_len, start + per_split)
-    # --- the group's queries [GROUP_PAD, BLOCK_D]
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < HEAD_DIM
-    q_mask = (g < GROUP)[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-    score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
-    v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
-    # --- online softmax over the split
-    m_i, l_i, acc = _online_softmax(q, 0, start, end, k_cache_ptr, v_cache_ptr,
-                                    block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d, d_mask,
-                                    stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N,
-                                    False, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
-    # --- normalized partial output and its log-sum-exp (-inf for an empty split)
-    safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
-    lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
-    row = (b * num_q_heads + heads) * NUM_SPLITS + split
-    tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
-    tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
-    # --- the last split of this (sequence, kv head) merges the splits that saw keys
-    lock = lock_ptr + b * tl.num_programs(1) + kv_head
-    tl.debug_barrier()                         # every thread's partial is written before the count is released
-    if tl.atomic_add(lock, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        # MERGE_CHUNK splits a step, unrolled: their loads are independent (one L2 round trip a step, not one a
-        # split), each split's log-sum-exp and output folded in by an online softmax over the splits, elementwise
-        # over [group, d] (no reduction across threads); .cg reads the other programs' partials from L2, not from
-        # this SM's L1
-        n_active = tl.cdiv(seq_len - lo, tl.maximum(per_split, 1))
-        gm = tl.arange(0, GROUP_P2)
-        g_ok = gm < GROUP
-        first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
-        m = tl.full([GROUP_P2], float("-inf"), tl.float32)
-        total = tl.zeros([GROUP_P2], tl.float32)
-        res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
-        for s0 in range(0, n_active, MERGE_CHUNK):
-            for i in tl.static_range(MERGE_CHUNK):
-                ok = g_ok & (s0 + i < n_active)
-                lse_s = tl.load(part_lse_ptr + first + s0 + i, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                o = tl.load(part_o_ptr + (first + s0 + i)[:, None] * BLOCK_D + d[None, :],
-                            mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m, lse_s)
-                m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)       # rows whose splits so far saw no key
-                alpha = tl.exp(m - m_safe)
-                w = tl.where(ok, tl.exp(lse_s - m_safe), 0.0)
-                res = res * alpha[:, None] + o * w[:, None]
-                total = total * alpha + w
-                m = m_new
-        res = res / tl.where(total > 0, total, 1.0)[:, None]
-        heads_m = kv_head * GROUP + gm
-        tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_mask[None, :])
-        tl.store(lock, 0)
+    # --- the splits that see keys run, and count to their number; split 0 alone for a sequence of none (a
+    # CUDA-graph padding row), whose merge writes its zeros. The rest have nothing to read or write.
+    n_active = tl.maximum(tl.cdiv(seq_len - lo, tl.maximum(per_split, 1)), 1)
+    if split < n_active:
+        # --- the group's queries [GROUP_PAD, BLOCK_D]
+        g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + g
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        q_mask = (g < GROUP)[:, None] & d_mask[None, :]
+        q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+        score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
+        v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
+        # --- online softmax over the split
+        m_i, l_i, acc = _online_softmax(q, 0, start, end, k_cache_ptr, v_cache_ptr,
+                                        block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d,
+                                        d_mask, stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D,
+                                        BLOCK_N, False, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
+        # --- normalized partial output and its log-sum-exp (-inf for an empty sequence's split)
+        safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
+        lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
+        row = (b * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
+        tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
+        # --- the last split of this (sequence, kv head) merges the splits that saw keys
+        lock = lock_ptr + b * tl.num_programs(1) + kv_head
+        tl.debug_barrier()                     # every thread's partial is written before the count is released
+        if tl.atomic_add(lock, 1, sem="acq_rel") == n_active - 1:
+            # MERGE_CHUNK splits a step, unrolled: their loads are independent (one L2 round trip a step, not one
+            # a split), each split's log-sum-exp and output folded in by an online softmax over the splits,
+            # elementwise over [group, d] (no reduction across threads); .cg reads the other programs' partials
+            # from L2, not from this SM's L1
+            gm = tl.arange(0, GROUP_P2)
+            g_ok = gm < GROUP
+            first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
+            m = tl.full([GROUP_P2], float("-inf"), tl.float32)
+            total = tl.zeros([GROUP_P2], tl.float32)
+            res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+            for s0 in range(0, n_active, MERGE_CHUNK):
+                for i in tl.static_range(MERGE_CHUNK):
+                    ok = g_ok & (s0 + i < n_active)
+                    lse_s = tl.load(part_lse_ptr + first + s0 + i, mask=ok, other=float("-inf"),
+                                    cache_modifier=".cg")
+                    o = tl.load(part_o_ptr + (first + s0 + i)[:, None] * BLOCK_D + d[None, :],
+                                mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+                    m_new = tl.maximum(m, lse_s)
+                    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)   # rows whose splits so far saw no key
+                    alpha = tl.exp(m - m_safe)
+                    w = tl.where(ok, tl.exp(lse_s - m_safe), 0.0)
+                    res = res * alpha[:, None] + o * w[:, None]
+                    total = total * alpha + w
+                    m = m_new
+            res = res / tl.where(total > 0, total, 1.0)[:, None]
+            heads_m = kv_head * GROUP + gm
+            tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
+                     res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_mask[None, :])
+            tl.store(lock, 0)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "block_tables_ptr", "seq_lens_ptr"])     # see _decode_kernel
