@@ -47,22 +47,31 @@ def decode_profile(llm, tokens: int = 64, top: int = 14, lora_request=None, by_g
         llm.generate(prompt, params, use_tqdm=False, lora_request=lora_request)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    intervals = _grid_intervals(prof) if by_grid else [
-        (e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = _grid_intervals(prof) if by_grid else kernel_intervals(prof)
+    total, busy, rows = kernel_table(intervals, tokens, top)
+    return {"tokens": tokens, "wall_ms_per_token": round(wall * 1e3 / tokens, 3),
+            "kernel_ms_per_token": round(total / 1e3 / tokens, 3), "busy_ms_per_token": round(busy / 1e3 / tokens, 3),
+            "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3), "top": rows}
+
+
+def kernel_intervals(prof) -> list[tuple[float, float, str]]:
+    """(start, end, name) in µs of every GPU activity of a torch.profiler run."""
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_table(intervals: list[tuple[float, float, str]], per: float, top: int) -> tuple[float, float, list]:
+    """(the kernels' summed µs, their busy union's µs, the `top` rows by exclusive time: [name, µs, exclusive µs,
+    calls], each over `per`)."""
     by_name = collections.defaultdict(lambda: [0.0, 0])
     for s, e, name in intervals:
         by_name[name][0] += e - s
         by_name[name][1] += 1
-    total = sum(v[0] for v in by_name.values())
     exclusive = _exclusive_us(intervals)
-    busy = sum(exclusive.values())
     ranked = sorted(by_name.items(), key=lambda kv: -exclusive[kv[0]])[:top]
-    return {"tokens": tokens, "wall_ms_per_token": round(wall * 1e3 / tokens, 3),
-            "kernel_ms_per_token": round(total / 1e3 / tokens, 3), "busy_ms_per_token": round(busy / 1e3 / tokens, 3),
-            "idle_ms_per_token": round((wall * 1e6 - busy) / 1e3 / tokens, 3),
-            "top": [[name[:90], round(us / tokens, 1), round(exclusive[name] / tokens, 1), round(n / tokens, 1)]
-                    for name, (us, n) in ranked]}
+    return (sum(v[0] for v in by_name.values()), sum(exclusive.values()),
+            [[name[:90], round(us / per, 1), round(exclusive[name] / per, 1), round(n / per, 1)]
+             for name, (us, n) in ranked])
 
 
 def _grid_intervals(prof) -> list[tuple[float, float, str]]:

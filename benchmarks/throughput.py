@@ -7,7 +7,8 @@ input / output lengths, ignore_eos, one LLM.generate call; requests/s and tokens
 Prompts are random token ids (no tokenizer needed). --kv-cache-dtype takes several values: the engine
 is rebuilt for each and the KV capacity (tokens) is reported with the throughput. --hf-baseline first
 measures transformers fp16 `generate` (same shapes, random weights for synthetic models) at batch sizes
-up to --hf-max-batch on a subset of the requests, and reports our output tokens/s over its best.
+up to --hf-max-batch on a subset of the requests, and reports our output tokens/s over its best. --profile N
+then runs N other prompts under torch.profiler: GPU ms per kernel over the batch, to find where a format loses.
 """
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     late = sorted(e.split("/")[1] for e in triton_cache_entries() - cached)
+    profiled = profile_batch(llm, args) if args.profile else None
     n_in = sum(len(p) for p in prompts)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     assert llm.pool.num_free == llm.pool.num_blocks, "KV blocks leaked"
@@ -127,11 +129,38 @@ def run_engine(args, kv_dtype: str, prompts, output_lens) -> dict:
               "kv_blocks": llm.num_kv_blocks, "kv_capacity_tokens": llm.num_kv_blocks * llm.config.block_size,
               "preemptions": llm.scheduler.num_preemptions, "compiled_during_run": late,
               "kernels": sorted({f"{k['scheme']} -> {k['kernel']}" for k in llm.kernels()})}
+    if profiled:
+        result["profile"] = profiled
     del llm, outs
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return result
+
+
+def profile_batch(llm, args) -> dict:
+    """Where an offline batch's GPU time goes: --profile other prompts of the run's lengths under torch.profiler,
+    ms of each kernel over the batch (all and exclusive: decode_profile.py's rule), printed and returned."""
+    from decode_profile import kernel_intervals, kernel_table
+    from torch.profiler import ProfilerActivity, profile
+
+    from quanta.engine import SamplingParams
+    prompts, lens = make_requests(args.profile, args.input_len, args.output_len, args.range_ratio, args.vocab,
+                                  args.seed + 2)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0) for n in lens]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    total, busy, rows = kernel_table(kernel_intervals(prof), 1, 25)
+    rows = [[name, round(us / 1e3, 1), round(excl / 1e3, 1), int(calls)] for name, us, excl, calls in rows]
+    print(f"profile of {args.profile} prompts: wall {wall * 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms, kernels' "
+          f"durations {total / 1e3:.1f} ms\n{'ms':>9} {'excl ms':>9} {'calls':>7}  kernel")
+    for name, ms, excl, calls in rows:
+        print(f"{ms:9.1f} {excl:9.1f} {calls:7d}  {name}")
+    return {"prompts": args.profile, "wall_ms": round(wall * 1e3, 1), "busy_ms": round(busy / 1e3, 1),
+            "top_ms_excl_ms_calls": rows}
 
 
 def main() -> None:
@@ -154,6 +183,8 @@ def main() -> None:
                     help="requests run untimed first, other prompts of the same lengths; as many as the timed run "
                          "meet its batch shapes before timing (the engine's start-up compiles their kernels too)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0, metavar="PROMPTS",
+                    help="afterwards, profile a batch of PROMPTS other prompts: GPU ms per kernel")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", default=None, help="write the JSON result here too")
     args = ap.parse_args()
