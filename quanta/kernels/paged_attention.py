@@ -294,7 +294,7 @@ DECODE_WARPS = 4
 
 
 @functools.lru_cache(maxsize=None)
-def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = 64) -> int:
+def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = DECODE_BLOCK_N) -> int:
     """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
     sms = device_caps("cuda").sm_count if torch.cuda.is_available() else 64
     want = -(-2 * sms // max(1, batch * num_kv_heads))

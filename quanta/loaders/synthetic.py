@@ -71,6 +71,7 @@ GGUF_SPREAD = {"iq4_nl": 64, "iq4_xs": 64 * 16}
 
 
 HEAD = "-head"          # an affine format's suffix: the lm_head in that format too (GPTQModel's lm_head=True)
+AFFINE = re.compile(r"w([2-8])(?:g(\d+)(act|z)?)?")     # wN[gG[act|z]]: bits, group size, act-order or zero points
 
 
 def is_synthetic(model: str) -> bool:
@@ -88,7 +89,7 @@ def parse(spec: str) -> tuple[str, str, int]:
         raise ConfigError(f"{spec}: unknown synthetic shape {shape!r} (known: {', '.join([*SHAPES, *KNOWN_MODELS])})")
     base = fmt.removesuffix(HEAD)
     gguf = base.removeprefix("gguf-").lower()
-    affine = re.fullmatch(r"w[2-8](g\d+(act|z)?)?", base)
+    affine = AFFINE.fullmatch(base)
     if (base not in ("fp16", "bf16", "nf4", "fp8") and not affine and not re.fullmatch(r"fp8b\d+", base)
             and not (base.startswith("gguf-") and (gguf in MIXES or base[5:] in GGUF_SCALE_OFFSETS))) \
             or (fmt.endswith(HEAD) and not affine):
@@ -183,7 +184,7 @@ def quantized_weight(fmt: str, shape: tuple[int, int], std: float, gen: torch.Ge
         codes = torch.randint(0, 16, shape, generator=gen, device=device, dtype=torch.uint8)
         absmax = 2 * std * (0.9 + 0.2 * torch.rand(-(-n * k // 64), generator=gen, device=device))
         return Codebook(codes=codes, table=torch.tensor(NF4_TABLE, device=device), blocksize=64, absmax=absmax)
-    match = re.fullmatch(r"w(\d)(?:g(\d+)(act|z)?)?", fmt)
+    match = AFFINE.fullmatch(fmt)
     bits, group = int(match[1]), int(match[2] or k)
     codes = torch.randint(0, 2 ** bits, shape, generator=gen, device=device, dtype=torch.uint8)
     code_std = ((4 ** bits - 1) / 12) ** 0.5            # std of a uniform code
@@ -238,7 +239,7 @@ def weight_format(config: ModelConfig, qc: dict, path: Path | None) -> WeightFor
         return WeightFormat("fp8", "fp8")
     if fmt.startswith("gguf-"):
         return WeightFormat(f"gguf:{fmt[5:]}", "gguf", gguf=assign(fmt[5:], config))
-    match = re.fullmatch(r"w(\d)(?:g(\d+)(act|z)?)?", fmt)
+    match = AFFINE.fullmatch(fmt)
     zeros = match[3] == "z"
     return affine_format("awq" if zeros else "gptq", int(match[1]), int(match[2]) if match[2] else None,
                          symmetric=not zeros, act_order=match[3] == "act")

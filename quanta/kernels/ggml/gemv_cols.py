@@ -336,8 +336,8 @@ PACKED_HALF = ColsConfig(block_n=256, warps=2, waves=16.0, min_tiles=1, chunks=2
 Q4_K_SMALL = PACKED_HALF._replace(parts=2)
 Q6_K_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 Q6_K_SMALL = Q6_K_CONFIG._replace(parts=2)
-Q5_K_SMALL = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=2, parts=2)
 Q5_K_LARGE = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1, chunks=2)
+Q5_K_SMALL = Q5_K_LARGE._replace(parts=2)
 LARGE_WEIGHT = 1 << 25          # values (N * K) from which a type's second config applies
 # Q2_K and Q3_K, whose runs each take their own pass over a word: two columns a thread; their small weights one a
 # thread, twice the programs, with a super-block's words all loaded first (chunks 2); Q3_K's large ones 512 columns
