@@ -288,9 +288,10 @@ def _check(q, k_cache, v_cache, fmt):
 
 
 # A decode program: keys a step (a split takes whole steps) and warps. Its time at batch 1 and a short context is
-# one program's chain of dependent loads, barriers and the merge, not the bytes it reads.
+# one program's chain of dependent loads, barriers and the merge, not the bytes it reads: 8 warps split a step's work
+# into shorter chains a thread; 16 lose more to the barriers than they save, and 32 keys a step double the steps.
 DECODE_BLOCK_N = 64
-DECODE_WARPS = 4
+DECODE_WARPS = 8
 
 
 @functools.lru_cache(maxsize=None)

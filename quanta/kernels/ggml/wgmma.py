@@ -167,7 +167,7 @@ if GLUON_ERROR is None:
                            PDL: gl.constexpr, ORDERED: gl.constexpr = False):
         """y[M, N] (+)= (W[BLOCK_N rows, K steps of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
         (output tile, split j), over the column-major planes of mma._ggml_mma_kernel (its docstring lists them by
-        type; KIND 4, 5, 6 = Q4_K, Q5_K, Q6_K). affine/wgmma._w4_wgmma_kernel's pipeline and waits (its docstring
+        type; KIND 4, 5, 6 = Q4_K, Q5_K, Q6_K). affine/wgmma._affine_wgmma_kernel's pipeline and waits (its docstring
         says why): a warpgroup refills the stage its wgmmas just left, STAGES - 1 steps ahead; two share each stage
         of x and refill the stage of two steps ago after the CTA barrier."""
         WARPS: gl.constexpr = gl.num_warps()
@@ -253,27 +253,31 @@ def applies(st: GgmlState, caps: DeviceCaps) -> str | None:
 
 
 class TypeTiles(NamedTuple):
-    """A type's tile choices: weight rows a program up to M = 16 (one warpgroup), rows of x a program and stages
-    from M = 65 (two warpgroups)."""
+    """A type's tile choices: weight rows a program and waves of programs the K split aims at up to M = 16 (one
+    warpgroup), rows of x a program and stages from M = 65 (two warpgroups)."""
     m16_rows: int
+    m16_waves: float
     large_block_m: int
     large_stages: int
 
 
 # Q4_K: 256 weight rows up to M = 16 (half the programs, each decoding twice the rows for the same x), 128 rows of x
-# in 4 stages from M = 65; Q6_K: 128 rows of x in the 3 stages its qh stage leaves room for; Q5_K: its decode leaves
-# 128 rows of x too few registers.
-TILES = {"q4_K": TypeTiles(256, 128, 4), "q5_K": TypeTiles(128, 64, 4), "q6_K": TypeTiles(128, 128, 3)}
+# in 4 stages from M = 65; Q6_K: 128 rows of x in the 3 stages its qh stage leaves room for, and three waves at M = 16
+# (its longer decode a step hides the split's atomics better over more programs); Q5_K: its decode leaves 128 rows
+# of x too few registers.
+TILES = {"q4_K": TypeTiles(256, 2.0, 128, 4), "q5_K": TypeTiles(128, 2.0, 64, 4), "q6_K": TypeTiles(128, 3.0, 128, 3)}
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
-    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program (up to M =
-    16 the type's TILES row), the K loop split for two waves of programs. Above, two warpgroups share each stage's
+    """The config of M rows: up to M = 32 one warpgroup, 16 or 32 rows of x, 128 weight rows a program, the K loop
+    split for two waves of programs (up to M = 16 the type's TILES rows and waves). Above, two warpgroups share each stage's
     rows of x over 256 weight rows a program, split for whole waves of one program an SM: 64 rows of x in 4 stages,
     from M = 65 the type's."""
     tiles = TILES[st.name]
     if m <= ONE_WARPGROUP_MAX_M:
-        return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, tiles.m16_rows if m <= 16 else 128, 2, 4)
+        if m <= 16:
+            return WgmmaConfig(16, 3, tiles.m16_waves, 2, tiles.m16_rows, 2, 4)
+        return WgmmaConfig(32, 3, 2.0, 2, 128, 2, 4)
     if m <= 64:
         return WgmmaConfig(64, 4, None, LARGE_M_MIN_STEPS, 256, 2, 8)
     lag = 3 if tiles.large_block_m == 128 else 2
