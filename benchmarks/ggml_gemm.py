@@ -92,6 +92,12 @@ def run_type(name: str, layers: list[str], ms: list[int], paths: bool, results: 
                         continue
                     rec[f"{path}_us"] = timed(lambda x, s: plan.matmul(x, s, path=path), xs, st, st[0].nbytes,
                                               ref, f"{name} {layer} M={m} {path}")
+            if paths and as_loaded and module.NAME == "triton_affine":
+                caps = device_caps("cuda")
+                for p in affine_plan.TABLE.paths:
+                    if p.name in ("wgmma", "mma") and p.fits(st[0], caps, m) is None:
+                        rec[f"{p.name}_us"] = timed(lambda x, s: affine_plan.matmul(x, s, path=p.name), xs, st,
+                                                    w.nbytes, ref, f"{name} {layer} M={m} {p.name}")
             if module is ggml_gemm and sweep and m == 1 and gemv_cols.applies(st[0]) is None:
                 for cfg in sweep:
                     rec[f"cols_{'_'.join(map(str, cfg))}_us"] = timed(
@@ -150,7 +156,8 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--layers", default=",".join(SHAPES["8b"]))
     ap.add_argument("--ms", default="1,16,256,2048")
-    ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16")
+    ap.add_argument("--paths", action="store_true", help="also time each ggml path forced, at M <= 16 (with "
+                    "--as-loaded: the affine wgmma and MMA paths forced, at every M where they run)")
     ap.add_argument("--sweep", action="store_true", help="also time the packed-half GEMV's launch configs at M = 1")
     ap.add_argument("--sweep-configs", help="with --sweep, these configs instead of COLS_SWEEP: ';'-separated "
                     "ColsConfig fields, e.g. '256,2,16,1,2,2;256,2,16,1,1,4'")

@@ -244,7 +244,7 @@ def test_gpu_plan_takes_this_path_for_affine_and_table_codes():
                                                                             "cublas"]
     assert paths(st, (1, 3, 33, 1024, 1025)) == expect                                   # 4-bit g128: wgmma
     w8 = affine.prepare(make_affine(4096, 4096, 8, 128, "sym", device="cuda"), "cuda", torch.float16)
-    expect = ["mma", "mma", "cublas"] if hopper else ["splitk", "cublas", "cublas"]
+    expect = ["wgmma", "mma", "cublas"] if hopper else ["splitk", "cublas", "cublas"]     # fp16 8-bit: to M = 256
     assert paths(w8, (33, 512, 513)) == expect
     assert paths(st, (2,)) == ["wgmma" if hopper else "gemv"]
     nf4 = codebook_gemm.prepare(make_codebook(4096, 4096, device="cuda"), "cuda", torch.float16)

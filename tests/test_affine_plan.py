@@ -66,12 +66,12 @@ def recorded_path(key: str, m: int) -> str:
 def expected_path(key: str, m: int) -> str:
     """The recorded path, but for the decisions changed since: on sm90 an act-order weight takes, from
     WGMMA_GATHER_MIN_M, the path of the same weight without act-order (its input gathered for the wgmma kernel);
-    fp16 groups of 32 take the wgmma kernel's M up to WGMMA_NARROW_MAX_M, which the MMA kernel had (M = 2..16 always,
-    17..32 where the programs get WGMMA_MIN_TILES_EACH K tiles, as for groups of 128)."""
+    fp16 groups of 32 and fp16 8-bit codes take the wgmma kernel's M up to WGMMA_NARROW_MAX_M, which the MMA kernel
+    had (M = 2..16 always, 17..32 where the programs get WGMMA_MIN_TILES_EACH K tiles, as for groups of 128)."""
     if key.startswith("sm90|w4g128act|") and m >= plan.WGMMA_GATHER_MIN_M:
         return recorded_path(key.replace("w4g128act", "w4g128sym"), m)
     path = recorded_path(key, m)
-    if key.startswith("sm90|w4g32") and "|float16|" in key and path == "mma" and m <= plan.WGMMA_NARROW_MAX_M:
+    if key.startswith(("sm90|w4g32", "sm90|w8")) and "|float16|" in key and path == "mma" and m <= plan.WGMMA_NARROW_MAX_M:
         caps, st = recorded(key)
         if m <= plan.WGMMA_ALWAYS_MAX_M or m > wgmma.ONE_WARPGROUP_MAX_M \
                 or wgmma.k_tiles_each(st, caps.sm_count) >= plan.WGMMA_MIN_TILES_EACH:

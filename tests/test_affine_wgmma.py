@@ -37,7 +37,8 @@ def check(w, m, dtype, bias=False, config=None, seed=1, kernel=wgmma):
 
 def test_weights_it_takes():
     """4-bit affine codes in groups of 32, 64, a multiple of 128 or per channel (act-order too, its input gathered
-    first), not 8-bit codes, groups of 16 or table codes."""
+    first), fp16 8-bit codes in groups of 32, 64 (a K tile of 64 columns) or per channel; not bf16 8-bit codes, groups
+    of 16 or table codes."""
     def fits(w, dtype=torch.float16):
         return wgmma.weight_fits(affine.prepare(w, DEVICE, dtype))
 
@@ -45,7 +46,9 @@ def test_weights_it_takes():
     assert fits(make_affine(40, 423, 4, -1, "fmin")) and fits(make_affine(64, 512, 4, 256, "sym"))
     assert fits(make_affine(64, 256, 4, 128, "asym", act_order=True))
     assert fits(make_affine(64, 256, 4, 64, "sym")) and fits(make_affine(64, 256, 4, 32, "fmin"))
-    assert not fits(make_affine(64, 256, 8, 128, "sym")) and not fits(make_affine(64, 256, 4, 16, "sym"))
+    assert fits(make_affine(64, 256, 8, 32, "sym")) and fits(make_affine(64, 256, 8, 64, "asym"))
+    assert fits(make_affine(64, 256, 8, -1, "sym")) and not fits(make_affine(64, 256, 8, 32, "sym"), torch.bfloat16)
+    assert not fits(make_affine(64, 256, 4, 16, "sym")) and not fits(make_affine(64, 256, 8, 16, "sym"))
     assert not wgmma.weight_fits(codebook_gemm.prepare(make_codebook(64, 256), DEVICE, torch.float16))
 
 
@@ -90,7 +93,7 @@ def test_large_m_split_k_fills_the_waves(monkeypatch):
             grids.append(grid)
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(wgmma, "_w4_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
+    monkeypatch.setattr(wgmma, "_affine_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
     st = affine.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
     x = torch.randn(128, 4096, dtype=torch.float16)
     for waves in (None, 2.0):
@@ -154,6 +157,30 @@ def test_gpu_groups_narrower_than_the_tile(n, k, m, group, zero):
     for dtype in (torch.float16, torch.bfloat16):
         check(w, m, dtype, bias=m == 16)
     check(make_affine(200, 300, 4, group, zero, device="cuda"), m, torch.float16, config=(16, 2, 8.0, 1, 128, 3, 4))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("n,k", LLAMA)
+@pytest.mark.parametrize("m", [2, 16, 33, 256])
+@pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (-1, "sym"), (32, "fmin")])
+def test_gpu_eight_bit_codes(n, k, m, group, zero):
+    """fp16 8-bit codes (GGUF Q8_0: groups of 32, symmetric; RTN w8 per channel): four codes a K tile of 64 columns,
+    a scale row a tile or a pair of groups; one and two warpgroups a program."""
+    check(make_affine(n, k, 8, group, zero, device="cuda"), m, torch.float16, bias=m == 16)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (128, "fmin"), (-1, "asym")])
+@pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1, 4), (32, 2, 0.01, 1, 128, 2, 4),
+                                    (128, 4, 8.0, 1, 256, 3, 8)], ids=["lag1", "one-split-stored", "two-warpgroups"])
+def test_gpu_eight_bit_odd_shapes_and_configs(group, zero, config):
+    """8-bit codes with N and K off the block sizes (K of 300: a last K tile of 44 columns), M over several blocks,
+    split and stored."""
+    w = make_affine(200, 300, 8, group, zero, device="cuda")
+    for m in (1, 5, 64, 300):
+        check(w, m, torch.float16, bias=m == 5, config=config)
 
 
 @pytest.mark.gpu

@@ -37,7 +37,8 @@ WGMMA_MIN_TILES_EACH = 2.5
 # programs have 4 K tiles each or more (from 8B down up), not on the small weights (8B qkv, o).
 WGMMA_BF16_M1_MIN_TILES_EACH = 4
 # Groups of 32 and 64 (GGUF Q4_0 / Q4_1, AWQ / GPTQ g32, g64) go to the wgmma kernel in fp16 up to M = 256, where it
-# was measured faster than the MMA kernel on the Llama shapes; bf16 and larger M keep the MMA kernel's path.
+# was measured faster than the MMA kernel on the Llama shapes; bf16 and larger M keep the MMA kernel's path. 8-bit
+# codes (fp16) take it up to the same M: a K tile of half the columns leaves a tile's fixed cost over fewer wgmmas.
 WGMMA_NARROW_MAX_M = 256
 # Above, dequantize + cuBLAS, whose decode costs the same at any M, is faster on most Llama shapes.
 WGMMA_MAX_M = 1024
@@ -66,9 +67,12 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
     if not caps.gluon or wgmma.GLUON_ERROR is not None:
         return f"no Gluon wgmma on {caps.name}" + (f" ({wgmma.GLUON_ERROR})" if wgmma.GLUON_ERROR else "")
     if not wgmma.weight_fits(st):
-        return "takes 4-bit affine codes in groups of 32, 64, a multiple of 128 or per channel"
-    if st.group_size < wgmma.TILE_K_COLUMNS and (st.dtype != torch.float16 or m > WGMMA_NARROW_MAX_M):
+        return ("takes 4-bit affine codes (fp16 8-bit ones) in groups of 32, 64, a multiple of the K tile or per "
+                "channel")
+    if st.group_size < st.tile_k and (st.dtype != torch.float16 or m > WGMMA_NARROW_MAX_M):
         return f"groups of {st.group_size} in {st.dtype} at M={m}: the MMA kernel's"
+    if st.bits == 8 and m > WGMMA_NARROW_MAX_M:
+        return f"8-bit codes at M={m}: the MMA kernel's"
     if st.perm is not None and m < WGMMA_GATHER_MIN_M:
         return f"act-order M={m} < {WGMMA_GATHER_MIN_M}: the input would be gathered in a launch of its own"
     if m > WGMMA_MAX_M:
@@ -107,7 +111,7 @@ def _cublas_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
 
 def _why_wgmma(st: AffineState, caps: DeviceCaps, m: int) -> str:
     gather = ", the act-order input gathered into the weight's column order first" if st.perm is not None else ""
-    return (f"M={m}, 4-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register operand "
+    return (f"M={m}, {st.bits}-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register operand "
             f"while the previous ones run (Gluon){gather}")
 
 
@@ -133,7 +137,8 @@ def _why_splitk(st: AffineState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order, and what each takes:
-#   wgmma   sm90 with Gluon, 4-bit affine codes with a scale row a K tile (act-order from WGMMA_GATHER_MIN_M):
+#   wgmma   sm90 with Gluon, 4-bit affine codes (8-bit in fp16) with a scale row a K tile (act-order from
+#           WGMMA_GATHER_MIN_M):
 #           M = 2..16, M = 17..32 where its programs have work enough, M = 33..1024 (bf16 where its K loop is not
 #           split), bf16 M = 1 on the larger weights; groups of 32 / 64 in fp16 only, M = 2..256
 #   gemv    M <= 2 (M = 1 where the MMA kernel decodes in PTX; none for bf16 table codes there)

@@ -1,9 +1,9 @@
 """The wgmma path of the affine kernels, in Gluon (sm90): one asynchronous wgmma per code, decoded into its
 register operand.
 
-For 4-bit affine codes with a scale row a K tile (AWQ, GPTQ, RTN g128 or per channel; fp16 or bf16) it computes,
-like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A, but with a wgmma
-per code where the MMA kernel has one tl.dot per K tile (_w4_wgmma_kernel says why and how). No weight layout of its
+For 4-bit affine codes (AWQ, GPTQ, RTN, GGUF Q4_0 / Q4_1; fp16 or bf16) and fp16 8-bit ones (GGUF Q8_0, RTN w8) it
+computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A, but with
+a wgmma per code where the MMA kernel has one tl.dot per K tile (_affine_wgmma_kernel says why and how). No weight layout of its
 own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted column order first
 (one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
 """
@@ -44,23 +44,23 @@ except ImportError as exc:  # pragma: no cover - older Triton: the plan keeps th
     GLUON_ERROR = f"Gluon's Hopper API is not importable ({exc})"
 
 LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32 (two warpgroups a program)
-TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows
+TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows (8-bit: 4 codes, half)
 
 if GLUON_ERROR is None:
     # a CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     R_ROWS = gl.constexpr(R)
-    TILE_K = gl.constexpr(TILE_K_COLUMNS)
 
     @gluon.jit
-    def _decode_code(words, i: gl.constexpr, s, zb, ZERO: gl.constexpr, HAS_ZB: gl.constexpr, DT: gl.constexpr):
+    def _decode_code(words, i: gl.constexpr, s, zb, ZERO: gl.constexpr, HAS_ZB: gl.constexpr, DT: gl.constexpr,
+                     BITS: gl.constexpr):
         """Weights [rows, 16] in DT of code i of the words [rows, 16] (operand A's layout): columns 16 i + r, two
-        an instruction by layout.H2_PAIR_* (mma._h2_codes explains the constants)."""
-        BYTE: gl.constexpr = i // 2
+        an instruction by layout.H2_PAIR_* (mma._h2_codes explains the constants; 8-bit codes in fp16 only)."""
+        BYTE: gl.constexpr = i // 2 if BITS == 4 else i
         SEL: gl.constexpr = BYTE | (BYTE << 4) | ((4 + BYTE) << 8) | ((4 + BYTE) << 12)
-        HIGH: gl.constexpr = i % 2 == 1
+        HIGH: gl.constexpr = BITS == 4 and i % 2 == 1
         F16: gl.constexpr = DT == gl.float16
-        MASK: gl.constexpr = 0x00F000F0 if HIGH and F16 else 0x000F000F
+        MASK: gl.constexpr = 0x00F000F0 if HIGH and F16 else (0x000F000F if BITS == 4 else 0x00FF00FF)
         FACTOR: gl.constexpr = 0.0625 if HIGH and F16 else 1.0
         Z: gl.constexpr = 0 if HAS_ZB else ZERO
         ADDEND: gl.constexpr = -(128.0 + Z) if not F16 else (-(64.0 + Z) if HIGH else -(1024.0 + Z))
@@ -95,7 +95,7 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
-                       SROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+                       SROWS: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr):
         """cp.async K tile t's words [16, BLOCK_N] and its SROWS rows of scale words [BLOCK_N] (the kernel says how
         many) into stage `stage` (16-byte copies along the rows); nothing when not pred."""
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
@@ -112,10 +112,11 @@ if GLUON_ERROR is None:
                                                    mask=(ns < N) & pred)
 
     @gluon.jit
-    def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr):
-        """cp.async K tile t of x, [BLOCK_M rows, 128 columns], into one stage (zeros past M and K), then commit the
-        stage's group; nothing copied when not pred."""
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr, TILE_K: gl.constexpr):
+        """cp.async K tile t of x, [BLOCK_M rows, TILE_K columns], into one stage (zeros past M and K), then commit
+        the stage's group; nothing copied when not pred."""
+        LANES_K: gl.constexpr = TILE_K // 8          # 16-byte copies: 8 columns a lane
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // LANES_K, LANES_K], [gl.num_warps(), 1], [1, 0])
         m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
         k = t * TILE_K + gl.arange(0, TILE_K, layout=gl.SliceLayout(0, XL))
         async_copy.async_copy_global_to_shared(x_buf, x_ptr + m[:, None] * stride_xm + k[None, :],
@@ -125,13 +126,13 @@ if GLUON_ERROR is None:
     @gluon.jit
     def _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, j, t_begin, n_tiles, STAGES: gl.constexpr, n0, m0,
                     M, N, K, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr, SROWS: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr):
         """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
         s = j % STAGES
         pred = j < n_tiles
         _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, pred, GS, HAS_ZB, SROWS,
-                       BLOCK_N)
-        _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M)
+                       BLOCK_N, TILE_K)
+        _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M, TILE_K)
 
     @gluon.jit
     def program_work(M, per_split, num_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -183,10 +184,11 @@ if GLUON_ERROR is None:
             gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _w4_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
-                         stride_xm, stride_ym, GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr,
-                         HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr):
+    def _affine_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
+                             stride_xm, stride_ym, BITS: gl.constexpr, GS: gl.constexpr, ZERO: gl.constexpr,
+                             HAS_ZB: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr,
+                             PDL: gl.constexpr):
         """y[M, N] (+)= (W[BLOCK_N rows, K tiles of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
         (output tile, split j); LAG wgmmas (1..3) left in flight behind each code's.
 
@@ -203,7 +205,8 @@ if GLUON_ERROR is None:
         warpgroup may then still read a stage the other has left, so the refill waits for the CTA barrier at the top
         of each K tile and takes the stage of two tiles ago (STAGES - 2 ahead).
 
-        Word row r of a K tile holds columns 16 i + r (i = 0..7). The words of a K tile are loaded from shared
+        Word row r of a K tile holds columns 16 i + r (i = 0..7; 8-bit codes: i = 0..3, a K tile of 64 columns,
+        code i in byte i, decoded the same way with the byte's mask). The words of a K tile are loaded from shared
         memory as [rows, 16] int32 in operand A's layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64
         and word columns 2q, 2q + 1, 2q + 8, 2q + 9), which is also the layout of every code's [rows, 16] weights:
         code i of those words is columns 16 i + 2q, ... So code i is decoded in place, two columns an instruction,
@@ -211,6 +214,8 @@ if GLUON_ERROR is None:
         columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B."""
         DT: gl.constexpr = x_ptr.dtype.element_ty
         WARPS: gl.constexpr = gl.num_warps()    # the launch's (a parameter of that name would take its place)
+        CODES: gl.constexpr = 32 // BITS
+        TILE_K: gl.constexpr = CODES * R_ROWS
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -236,13 +241,13 @@ if GLUON_ERROR is None:
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
             _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, p < n_tiles, GS,
-                           HAS_ZB, SROWS, BLOCK_N)
+                           HAS_ZB, SROWS, BLOCK_N, TILE_K)
         # under programmatic dependent launch the weight's first stages are issued before the wait for the
         # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
         if PDL:
             gdc_wait()
         for p in gl.static_range(AHEAD):
-            _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M)
+            _issue_x(x_ptr, x_ring.index(p), t_begin + p, m0, M, K, stride_xm, p < n_tiles, BLOCK_M, TILE_K)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         # the operands of the LAG newest wgmmas (p1 the newest), alive until their wgmmas complete
@@ -259,18 +264,18 @@ if GLUON_ERROR is None:
             g0 = (t * TILE_K) // GS
             sc, zb = operand_scales(s_ring.index(s * SROWS).load(gl.SliceLayout(1, A)), g0, HAS_ZB, DT, BLOCK_N)
             xs = x_ring.index(s)
-            for c in gl.static_range(8):
+            for c in gl.static_range(CODES):
                 if GS < TILE_K and c > 0 and (c * 16) % GS == 0:   # code c begins a group narrower than the tile
                     row = (c * 16) // GS if HAS_ZB else (c * 16) // GS // 2
                     v = s_ring.index(s * SROWS + row).load(gl.SliceLayout(1, A))
                     # the tile's first group is even here (groups of 32 / 64): the parity is the code's, known
                     sc, zb = operand_scales(v, (c * 16) // GS, HAS_ZB, DT, BLOCK_N)
-                w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT)
+                w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT, BITS)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
                 acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
-                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M, BLOCK_N)
+                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M, BLOCK_N, TILE_K)
         finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, PDL, HAS_BIAS,
                ATOMIC, BLOCK_N, BLOCK_M)
 
@@ -288,12 +293,14 @@ class WgmmaConfig(NamedTuple):
 
 
 def weight_fits(st: AffineState) -> bool:
-    """Whether the kernel computes this weight: 4-bit affine codes in groups of a multiple of 128 columns (one
-    scale row a K tile), per channel, or of 32 or 64 columns (GGUF Q4_0 / Q4_1, AWQ / GPTQ g32, g64: a scale row
-    a group, or a pair of groups, each applied from the code where its group begins), in fp16 or bf16; act-order
-    too, its input gathered first (matmul)."""
-    groups_fit = st.group_size % TILE_K_COLUMNS == 0 or st.group_size in (32, 64)
-    return st.mode == AFFINE and st.bits == 4 and groups_fit and st.dtype in (torch.float16, torch.bfloat16)
+    """Whether the kernel computes this weight: affine codes in groups of a multiple of the K tile's columns (one
+    scale row a K tile: 128 for 4-bit codes, 64 for 8-bit), per channel, or of 32 or 64 columns (GGUF Q4_0 / Q4_1
+    / Q8_0, AWQ / GPTQ g32, g64: a scale row a group, or a pair of groups, each applied from the code where its
+    group begins); 4-bit codes in fp16 or bf16, 8-bit codes in fp16 (bf16's 7-bit mantissa holds no 8-bit code
+    beside the decode's magic number: mma.h2_applies); act-order too, its input gathered first (matmul)."""
+    groups_fit = st.group_size % st.tile_k == 0 or st.group_size in (32, 64)
+    dtype_fits = st.dtype in ((torch.float16, torch.bfloat16) if st.bits == 4 else (torch.float16,))
+    return st.mode == AFFINE and st.bits in (4, 8) and groups_fit and dtype_fits
 
 
 def k_tiles_each(st: AffineState, sms: int) -> float:
@@ -390,9 +397,9 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     y = split_k_output(m, st, atomic, x2.device)
     options = {"maxnreg": maxnreg} if maxnreg else {}
     xa, k = aligned_rows(x2, st.k)
-    _w4_wgmma_kernel[(tiles, splits)](
+    _affine_wgmma_kernel[(tiles, splits)](
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles,
-        xa.stride(0), y.stride(0), GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
+        xa.stride(0), y.stride(0), BITS=st.bits, GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(caps))
     return y.to(st.dtype)

@@ -81,7 +81,7 @@ if wgmma.GLUON_ERROR is None:
             v = s_ring.index(s).reshape([BLOCK_N]).load(gl.SliceLayout(1, A))
             sc, zb = wgmma.operand_scales(v, (t * TILE_K) // GS, HAS_ZB, x_ring.dtype, BLOCK_N)
             for c in gl.static_range(8):
-                w = wgmma._decode_code(words, c, sc, zb, ZERO, HAS_ZB, x_ring.dtype)
+                w = wgmma._decode_code(words, c, sc, zb, ZERO, HAS_ZB, x_ring.dtype, 4)
                 xs = x_ring.index(2 * s + c // 4).slice((c % 4) * 16, 16, dim=1)
                 acc = warpgroup_mma(w, xs.permute((1, 0)), acc, is_async=True)
                 acc, p1, p2, p3 = wgmma.retire(acc, w, p1, p2, p3, LAG)
@@ -97,7 +97,7 @@ if wgmma.GLUON_ERROR is None:
                       GS: gl.constexpr, ZERO: gl.constexpr, HAS_ZB: gl.constexpr, HAS_BIAS: gl.constexpr,
                       STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr, PDL: gl.constexpr):
         """y[M, N] (+)= (W[BLOCK_N rows, K tiles of split j] @ x[BLOCK_M rows]ᵀ)ᵀ (+ bias with split 0), program
-        (output tile, split j), as wgmma._w4_wgmma_kernel, with its copies in a producer warp (module docstring).
+        (output tile, split j), as wgmma._affine_wgmma_kernel, with its copies in a producer warp (module docstring).
         BLOCK_N and BLOCK_M are the descriptors' blocks. TMA fills zeros past M and K."""
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -121,7 +121,7 @@ if wgmma.GLUON_ERROR is None:
 def weight_fits(st: AffineState) -> bool:
     """Whether the kernel computes this weight: wgmma.weight_fits' with one scale row a K tile (groups of a multiple
     of 128 columns, or per channel) and rows of whole 16-byte TMA boxes (N a multiple of 4 words)."""
-    return wgmma.weight_fits(st) and st.group_size % wgmma.TILE_K_COLUMNS == 0 and st.n % 4 == 0
+    return wgmma.weight_fits(st) and st.bits == 4 and st.group_size % wgmma.TILE_K_COLUMNS == 0 and st.n % 4 == 0
 
 
 def default_config(st: AffineState, caps: DeviceCaps, m: int) -> wgmma.WgmmaConfig:
