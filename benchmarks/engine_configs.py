@@ -9,7 +9,8 @@ Each variant runs benchmarks/latency.py in a process of its own; the variants al
         --variant "quanta.kernels.ggml.gemv_cols:PACKED_HALF=ColsConfig(256, 2, 32.0, 1, 2)"
 
 A variant is ';'-separated MODULE:NAME=EXPR assignments, EXPR evaluated in the module's namespace with band()
-added; "" runs the build as it is. JSON on the last line (--out: also to a file).
+added; "" runs the build as it is. `--bench throughput` runs throughput.py instead (offline output tok/s over
+--num-prompts). JSON on the last line (--out: also to a file).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from bench_io import emit
 
-LATENCY = Path(__file__).resolve().parent / "latency.py"
+HERE = Path(__file__).resolve().parent
+SCRIPTS = {"latency": HERE / "latency.py", "throughput": HERE / "throughput.py"}
 
 
 def band(table: tuple, lo: int, hi: int, config) -> tuple:
@@ -31,9 +33,9 @@ def band(table: tuple, lo: int, hi: int, config) -> tuple:
     return tuple((top, config if lo < top <= hi else next(c for t, c in table if top <= t)) for top in edges)
 
 
-def _runner(variant: str, latency_args: list[str]) -> str:
-    """The Python source of one run: the variant's assignments, then latency.py with latency_args."""
-    lines = ["import importlib, runpy, sys", f"sys.path.insert(0, {str(LATENCY.parent)!r})",
+def _runner(variant: str, script: Path, script_args: list[str]) -> str:
+    """The Python source of one run: the variant's assignments, then `script` with script_args."""
+    lines = ["import importlib, runpy, sys", f"sys.path.insert(0, {str(HERE)!r})",
              "from engine_configs import band"]
     for assignment in filter(None, (a.strip() for a in variant.split(";"))):
         target, expr = assignment.split("=", 1)
@@ -41,14 +43,14 @@ def _runner(variant: str, latency_args: list[str]) -> str:
         lines += [f"m = importlib.import_module({module!r})",
                   f"assert hasattr(m, {name!r}), 'no {name} in {module}: the patch would change nothing'",
                   f"setattr(m, {name!r}, eval({expr!r}, {{**vars(m), 'band': band}}))"]
-    lines += [f"sys.argv = {[str(LATENCY), *latency_args]!r}", f"runpy.run_path({str(LATENCY)!r}, run_name='__main__')"]
+    lines += [f"sys.argv = {[str(script), *script_args]!r}", f"runpy.run_path({str(script)!r}, run_name='__main__')"]
     return "\n".join(lines)
 
 
-def run_variant(variant: str, latency_args: list[str], timeout: float) -> dict:
-    """latency.py's JSON for one run of the variant."""
-    out = subprocess.run([sys.executable, "-c", _runner(variant, latency_args)], capture_output=True, text=True,
-                         timeout=timeout)
+def run_variant(variant: str, script_args: list[str], timeout: float, bench: str = "latency") -> dict:
+    """The bench script's JSON (latency.py's or throughput.py's) for one run of the variant."""
+    out = subprocess.run([sys.executable, "-c", _runner(variant, SCRIPTS[bench], script_args)], capture_output=True,
+                         text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"variant {variant!r} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -63,18 +65,25 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a run")
+    ap.add_argument("--bench", choices=tuple(SCRIPTS), default="latency",
+                    help="batch-1 decode tok/s (latency.py) or offline output tok/s (throughput.py)")
+    ap.add_argument("--num-prompts", type=int, default=1000, help="with --bench throughput")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    latency_args = ["--model", args.model, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                    "--runs", str(args.runs)]
+    script_args = ["--model", args.model, "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    script_args += (["--runs", str(args.runs)] if args.bench == "latency"
+                    else ["--num-prompts", str(args.num_prompts), "--quiet"])
     tok_s: dict[str, list[float]] = {v: [] for v in args.variant}
     for _ in range(args.rounds):
         for variant in args.variant:
-            result = run_variant(variant, latency_args, args.timeout)
-            tok_s[variant].append(result["decode_tokens_per_s"])
-            print(f"{result['decode_tokens_per_s']:>9.1f} tok/s  {variant or '(as built)'}", flush=True)
-    emit({"benchmark": "engine_configs", "model": args.model, "device": result.get("device", "cpu"),
-          "date": result["date"], "latency_args": latency_args, "decode_tokens_per_s": tok_s}, args.out)
+            result = run_variant(variant, script_args, args.timeout, args.bench)
+            value = (result["decode_tokens_per_s"] if args.bench == "latency"
+                     else result["runs"][0]["output_tokens_per_s"])
+            tok_s[variant].append(value)
+            print(f"{value:>9.1f} tok/s  {variant or '(as built)'}", flush=True)
+    emit({"benchmark": "engine_configs", "bench": args.bench, "model": args.model,
+          "device": result.get("device", "cpu"), "date": result["date"], "script_args": script_args,
+          "tokens_per_s": tok_s}, args.out)
 
 
 if __name__ == "__main__":

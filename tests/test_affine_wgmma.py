@@ -57,7 +57,7 @@ def test_default_config_rows_a_program(dtype):
     """256 weight rows a program where two waves of them still take several K tiles each, else 128; BLOCK_M is M's
     bucket (16 or 32)."""
     def cfg(m, n, k):
-        st = types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype)
+        st = types.SimpleNamespace(n=n, num_tiles=k // 128, dtype=dtype, bits=4)
         return wgmma.default_config(st, PRESETS["sm90"], m)                    # 132 SMs
 
     assert cfg(16, 4096, 4096).rows == 128                        # 8B o: 16 blocks x 32 K tiles
@@ -73,7 +73,7 @@ def test_large_m_rows_fill_the_waves():
     """Above M = 32, 256 weight rows a program unless 128-row programs fill whole waves of one an SM better by
     wave_steps weighted with ROW_STEP_COST; the K loop split for whole waves (waves None)."""
     def cfg(m, n, k):
-        return wgmma.large_m_config(types.SimpleNamespace(n=n, num_tiles=k // 128), PRESETS["sm90"], m)
+        return wgmma.large_m_config(types.SimpleNamespace(n=n, num_tiles=k // 128, bits=4), PRESETS["sm90"], m)
 
     c = cfg(1024, 57344, 8192)                                    # 70B gate_up: 1792 programs
     assert (c.waves, c.min_tiles, c.rows) == (None, wgmma.LARGE_M_MIN_TILES, 256)
@@ -100,6 +100,32 @@ def test_large_m_split_k_fills_the_waves(monkeypatch):
         wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8), caps=PRESETS["sm90"])   # 132 SMs
     whole = whole_wave_split_k(32, 32, 132, 2)[0]
     assert grids == [(32, whole), (32, split_k(32, 32, 132, 2.0, 2)[0])] and whole != grids[1][1]
+
+
+def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
+    """EIGHT_BIT_BLOCKS = 2: a K tile of 8-bit codes takes two blocks of word rows (128 columns), so the launch walks
+    half the layout's tiles (an odd count rounded up, the kernel told the words' and scales' rows to stop at), and
+    groups must not straddle its 128 columns (192 does; 64 and per channel are read from the code where they begin)."""
+    launches = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, args, kwargs))
+
+    monkeypatch.setattr(wgmma, "_affine_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
+    monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", 2)
+    st = affine.prepare(make_affine(256, 320, 8, 32, "sym"), DEVICE, torch.float16)        # 5 tiles of 64 columns
+    assert (st.num_tiles, wgmma.kernel_tiles(st), wgmma.tile_columns(st)) == (5, 3, 128)
+    wgmma.matmul(torch.randn(2, 320, dtype=torch.float16), st, config=(16, 3, 2.0, 1, 128, 2, 4),
+                 caps=PRESETS["sm90"])
+    (grid, args, kwargs), = launches
+    assert args[9:12] == (3, st.packed.shape[0], st.sz.shape[0]) and kwargs["BLOCKS"] == 2
+    assert grid == wgmma.grid_of(256, 3, 132, wgmma.WgmmaConfig(16, 3, 2.0, 1, 128, 2, 4), 2)[:2]
+    fits = [wgmma.weight_fits(affine.prepare(make_affine(64, 384, 8, g, "sym"), DEVICE, torch.float16))
+            for g in (64, 128, 192, -1)]
+    assert fits == [True, True, False, True]
+    monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", 1)
+    assert wgmma.weight_fits(affine.prepare(make_affine(64, 384, 8, 192, "sym"), DEVICE, torch.float16))
 
 
 def test_x_rows_copied_only_when_unaligned():
@@ -164,9 +190,12 @@ def test_gpu_groups_narrower_than_the_tile(n, k, m, group, zero):
 @pytest.mark.parametrize("n,k", LLAMA)
 @pytest.mark.parametrize("m", [2, 16, 33, 256])
 @pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (-1, "sym"), (32, "fmin")])
-def test_gpu_eight_bit_codes(n, k, m, group, zero):
-    """fp16 8-bit codes (GGUF Q8_0: groups of 32, symmetric; RTN w8 per channel): four codes a K tile of 64 columns,
-    a scale row a tile or a pair of groups; one and two warpgroups a program."""
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_gpu_eight_bit_codes(n, k, m, group, zero, blocks, monkeypatch):
+    """fp16 8-bit codes (GGUF Q8_0: groups of 32, symmetric; RTN w8 per channel): four codes a block of word rows,
+    one or two blocks a K tile (EIGHT_BIT_BLOCKS), a scale row a tile or a pair of groups; one and two warpgroups a
+    program."""
+    monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", blocks)
     check(make_affine(n, k, 8, group, zero, device="cuda"), m, torch.float16, bias=m == 16)
 
 
@@ -175,12 +204,15 @@ def test_gpu_eight_bit_codes(n, k, m, group, zero):
 @pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (128, "fmin"), (-1, "asym")])
 @pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1, 4), (32, 2, 0.01, 1, 128, 2, 4),
                                     (128, 4, 8.0, 1, 256, 3, 8)], ids=["lag1", "one-split-stored", "two-warpgroups"])
-def test_gpu_eight_bit_odd_shapes_and_configs(group, zero, config):
-    """8-bit codes with N and K off the block sizes (K of 300: a last K tile of 44 columns), M over several blocks,
-    split and stored."""
-    w = make_affine(200, 300, 8, group, zero, device="cuda")
-    for m in (1, 5, 64, 300):
-        check(w, m, torch.float16, bias=m == 5, config=config)
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_gpu_eight_bit_odd_shapes_and_configs(group, zero, config, blocks, monkeypatch):
+    """8-bit codes with N and K off the block sizes (K of 300: a last tile of 44 columns, or of two blocks the
+    second past the words and scales), K of 40 (one block), M over several blocks, split and stored."""
+    monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", blocks)
+    for n, k in ((200, 300), (72, 40)):
+        w = make_affine(n, k, 8, group, zero, device="cuda")
+        for m in (1, 5, 64, 300):
+            check(w, m, torch.float16, bias=m == 5, config=config)
 
 
 @pytest.mark.gpu

@@ -69,7 +69,7 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
     if not wgmma.weight_fits(st):
         return ("takes 4-bit affine codes (fp16 8-bit ones) in groups of 32, 64, a multiple of the K tile or per "
                 "channel")
-    if st.group_size < st.tile_k and (st.dtype != torch.float16 or m > WGMMA_NARROW_MAX_M):
+    if st.group_size < wgmma.tile_columns(st) and (st.dtype != torch.float16 or m > WGMMA_NARROW_MAX_M):
         return f"groups of {st.group_size} in {st.dtype} at M={m}: the MMA kernel's"
     if st.bits == 8 and m > WGMMA_NARROW_MAX_M:
         return f"8-bit codes at M={m}: the MMA kernel's"
@@ -111,8 +111,8 @@ def _cublas_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
 
 def _why_wgmma(st: AffineState, caps: DeviceCaps, m: int) -> str:
     gather = ", the act-order input gathered into the weight's column order first" if st.perm is not None else ""
-    return (f"M={m}, {st.bits}-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register operand "
-            f"while the previous ones run (Gluon){gather}")
+    return (f"M={m}, {st.bits}-bit affine codes on sm90: one asynchronous wgmma per code, decoded into its register "
+            f"operand while the previous ones run (Gluon){gather}")
 
 
 def _why_gemv(st: AffineState, caps: DeviceCaps, m: int) -> str:

@@ -3,9 +3,9 @@ register operand.
 
 For 4-bit affine codes (AWQ, GPTQ, RTN, GGUF Q4_0 / Q4_1; fp16 or bf16) and fp16 8-bit ones (GGUF Q8_0, RTN w8) it
 computes, like the MMA kernel (mma.py), yᵀ = W · xᵀ with the decoded weight as wgmma's register operand A, but with
-a wgmma per code where the MMA kernel has one tl.dot per K tile (_affine_wgmma_kernel says why and how). No weight layout of its
-own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted column order first
-(one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
+a wgmma per code where the MMA kernel has one tl.dot per K tile (_affine_wgmma_kernel says why and how). No weight
+layout of its own: it reads layout.py's packed words. An act-order weight's input is gathered into its sorted column
+order first (one gather of M x K values), not per tile. Which M it takes is the plan's (plan.py).
 """
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ except ImportError as exc:  # pragma: no cover - older Triton: the plan keeps th
 
 LARGE_M_MIN_TILES = 2        # least K tiles a split above M = 32 (two warpgroups a program)
 TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R word rows (8-bit: 4 codes, half)
+# Blocks of R word rows a K tile of 8-bit codes takes: 2 gives it 128 columns and 8 codes, as a 4-bit tile, so that
+# the tile's fixed cost (the stage's wait and barrier, its scales) is spread over twice the wgmmas.
+EIGHT_BIT_BLOCKS = 1
 
 if GLUON_ERROR is None:
     # a CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7
@@ -94,22 +97,30 @@ if GLUON_ERROR is None:
                 gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16]))
 
     @gluon.jit
-    def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, pred, GS: gl.constexpr, HAS_ZB: gl.constexpr,
-                       SROWS: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr):
-        """cp.async K tile t's words [16, BLOCK_N] and its SROWS rows of scale words [BLOCK_N] (the kernel says how
-        many) into stage `stage` (16-byte copies along the rows); nothing when not pred."""
+    def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, word_rows, scale_rows, pred,
+                       GS: gl.constexpr, HAS_ZB: gl.constexpr, SROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                       TILE_K: gl.constexpr, WROWS: gl.constexpr):
+        """cp.async K tile t's WROWS rows of words [WROWS, BLOCK_N] and its SROWS rows of scale words [BLOCK_N] (the
+        kernel says how many) into stage `stage` (16-byte copies along the rows; zeros past the weight's word_rows
+        and scale_rows, which a tile of two word blocks may reach); nothing when not pred."""
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
-        r = gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
+        r = t * WROWS + gl.arange(0, WROWS, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
-        async_copy.async_copy_global_to_shared(w_buf, w_ptr + (t * R_ROWS + r)[:, None] * N + n[None, :],
-                                               mask=(n < N)[None, :] & pred)
+        BOUNDED: gl.constexpr = WROWS > R_ROWS       # only a tile of two blocks may pass the weight's last rows
+        w_mask = (n < N)[None, :] & pred
+        if BOUNDED:
+            w_mask = w_mask & (r < word_rows)[:, None]
+        async_copy.async_copy_global_to_shared(w_buf, w_ptr + r[:, None] * N + n[None, :], mask=w_mask)
         SL: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
         ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
         g = (t * TILE_K) // GS
         srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
         for row in gl.static_range(SROWS):
+            s_mask = (ns < N) & pred
+            if BOUNDED:
+                s_mask = s_mask & (srow + row < scale_rows)
             async_copy.async_copy_global_to_shared(s_ring.index(stage * SROWS + row), sz_ptr + (srow + row) * N + ns,
-                                                   mask=(ns < N) & pred)
+                                                   mask=s_mask)
 
     @gluon.jit
     def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr, TILE_K: gl.constexpr):
@@ -125,13 +136,14 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, j, t_begin, n_tiles, STAGES: gl.constexpr, n0, m0,
-                    M, N, K, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr, SROWS: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr):
+                    M, N, K, word_rows, scale_rows, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr,
+                    SROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr,
+                    WROWS: gl.constexpr):
         """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
         s = j % STAGES
         pred = j < n_tiles
-        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, pred, GS, HAS_ZB, SROWS,
-                       BLOCK_N, TILE_K)
+        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, word_rows, scale_rows, pred,
+                       GS, HAS_ZB, SROWS, BLOCK_N, TILE_K, WROWS)
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M, TILE_K)
 
     @gluon.jit
@@ -185,7 +197,8 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _affine_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
-                             stride_xm, stride_ym, BITS: gl.constexpr, GS: gl.constexpr, ZERO: gl.constexpr,
+                             word_rows, scale_rows, stride_xm, stride_ym, BITS: gl.constexpr, BLOCKS: gl.constexpr,
+                             GS: gl.constexpr, ZERO: gl.constexpr,
                              HAS_ZB: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr,
                              PDL: gl.constexpr):
@@ -206,7 +219,9 @@ if GLUON_ERROR is None:
         of each K tile and takes the stage of two tiles ago (STAGES - 2 ahead).
 
         Word row r of a K tile holds columns 16 i + r (i = 0..7; 8-bit codes: i = 0..3, a K tile of 64 columns,
-        code i in byte i, decoded the same way with the byte's mask). The words of a K tile are loaded from shared
+        code i in byte i, decoded the same way with the byte's mask; with BLOCKS = 2 a K tile holds two such blocks
+        of word rows, 128 columns, the second block's words loaded at its first code). The words of a block are
+        loaded from shared
         memory as [rows, 16] int32 in operand A's layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64
         and word columns 2q, 2q + 1, 2q + 8, 2q + 9), which is also the layout of every code's [rows, 16] weights:
         code i of those words is columns 16 i + 2q, ... So code i is decoded in place, two columns an instruction,
@@ -214,8 +229,10 @@ if GLUON_ERROR is None:
         columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B."""
         DT: gl.constexpr = x_ptr.dtype.element_ty
         WARPS: gl.constexpr = gl.num_warps()    # the launch's (a parameter of that name would take its place)
-        CODES: gl.constexpr = 32 // BITS
+        PER_BLOCK: gl.constexpr = 32 // BITS    # codes a block of R word rows
+        CODES: gl.constexpr = PER_BLOCK * BLOCKS
         TILE_K: gl.constexpr = CODES * R_ROWS
+        WROWS: gl.constexpr = R_ROWS * BLOCKS
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -227,8 +244,8 @@ if GLUON_ERROR is None:
         AHEAD: gl.constexpr = STAGES - 1 if WARPS == 4 else STAGES - 2
         REFILL_AFTER: gl.constexpr = LAG - 1 if WARPS == 4 else 0
 
-        # words [16, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R_ROWS, BLOCK_N],
+        # words [WROWS, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, WROWS, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
         # a stage's scale words: one row where a group spans the tile, else one a group, or a pair of groups
         # without zero points (a word holds both halves)
@@ -240,8 +257,8 @@ if GLUON_ERROR is None:
         x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
-            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, p < n_tiles, GS,
-                           HAS_ZB, SROWS, BLOCK_N, TILE_K)
+            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, word_rows, scale_rows,
+                           p < n_tiles, GS, HAS_ZB, SROWS, BLOCK_N, TILE_K, WROWS)
         # under programmatic dependent launch the weight's first stages are issued before the wait for the
         # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
         if PDL:
@@ -260,7 +277,7 @@ if GLUON_ERROR is None:
             async_copy.wait_group(AHEAD - 1)
             _cta_barrier()
             fence_async_shared()
-            words = w_ring.index(s).permute((1, 0)).load(A)
+            words = w_ring.index(s).slice(0, R_ROWS, dim=0).permute((1, 0)).load(A)
             g0 = (t * TILE_K) // GS
             sc, zb = operand_scales(s_ring.index(s * SROWS).load(gl.SliceLayout(1, A)), g0, HAS_ZB, DT, BLOCK_N)
             xs = x_ring.index(s)
@@ -270,12 +287,15 @@ if GLUON_ERROR is None:
                     v = s_ring.index(s * SROWS + row).load(gl.SliceLayout(1, A))
                     # the tile's first group is even here (groups of 32 / 64): the parity is the code's, known
                     sc, zb = operand_scales(v, (c * 16) // GS, HAS_ZB, DT, BLOCK_N)
-                w = _decode_code(words, c, sc, zb, ZERO, HAS_ZB, DT, BITS)
+                if c > 0 and c % PER_BLOCK == 0:                    # a tile's second block of word rows
+                    words = w_ring.index(s).slice(c // PER_BLOCK * R_ROWS, R_ROWS, dim=0).permute((1, 0)).load(A)
+                w = _decode_code(words, c % PER_BLOCK, sc, zb, ZERO, HAS_ZB, DT, BITS)
                 acc = warpgroup_mma(w, xs.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True)
                 acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
-                                n0, m0, M, N, K, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M, BLOCK_N, TILE_K)
+                                n0, m0, M, N, K, word_rows, scale_rows, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M,
+                                BLOCK_N, TILE_K, WROWS)
         finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, PDL, HAS_BIAS,
                ATOMIC, BLOCK_N, BLOCK_M)
 
@@ -298,15 +318,30 @@ def weight_fits(st: AffineState) -> bool:
     / Q8_0, AWQ / GPTQ g32, g64: a scale row a group, or a pair of groups, each applied from the code where its
     group begins); 4-bit codes in fp16 or bf16, 8-bit codes in fp16 (bf16's 7-bit mantissa holds no 8-bit code
     beside the decode's magic number: mma.h2_applies); act-order too, its input gathered first (matmul)."""
-    groups_fit = st.group_size % st.tile_k == 0 or st.group_size in (32, 64)
+    groups_fit = st.group_size % tile_columns(st) == 0 or st.group_size in (32, 64) or st.group_size >= st.k_pad
     dtype_fits = st.dtype in ((torch.float16, torch.bfloat16) if st.bits == 4 else (torch.float16,))
     return st.mode == AFFINE and st.bits in (4, 8) and groups_fit and dtype_fits
+
+
+def word_blocks(st: AffineState) -> int:
+    """Blocks of R word rows a kernel K tile of this weight takes (EIGHT_BIT_BLOCKS for 8-bit codes, else 1)."""
+    return EIGHT_BIT_BLOCKS if st.bits == 8 else 1
+
+
+def tile_columns(st: AffineState) -> int:
+    """Input columns a kernel K tile of this weight holds: 128 for 4-bit codes, 64 a word block for 8-bit."""
+    return st.tile_k * word_blocks(st)
+
+
+def kernel_tiles(st: AffineState) -> int:
+    """The weight's K tiles as the kernel walks them (layout's tiles joined by word_blocks)."""
+    return cdiv(st.num_tiles, word_blocks(st))
 
 
 def k_tiles_each(st: AffineState, sms: int) -> float:
     """K tiles a program would take if two waves of programs (two an SM) shared the weight's blocks of 256 rows:
     how much work a program has when M is small, the measure of whether the wider programs fill the SMs."""
-    return cdiv(st.n, 256) * st.num_tiles / (2 * sms)
+    return cdiv(st.n, 256) * kernel_tiles(st) / (2 * sms)
 
 
 def default_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
@@ -323,7 +358,7 @@ def default_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     if st.dtype == torch.float16:
         wide = m > 16 or each >= 4
     else:
-        wide = each >= 9 and st.num_tiles >= 64
+        wide = each >= 9 and kernel_tiles(st) >= 64
     return WgmmaConfig(16 if m <= 16 else 32, 3, 2.0, 2, 256 if wide else 128, 2, 4)
 
 
@@ -334,7 +369,7 @@ ROW_STEP_COST = {256: 1.0, 128: 0.57}   # the time of a K tile of a 128-row prog
 
 def grid(st: AffineState, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
     """(output tiles, K splits, K tiles a split) of a launch of `config` for M rows (grid_of)."""
-    return grid_of(st.n, st.num_tiles, sms, config, m)
+    return grid_of(st.n, kernel_tiles(st), sms, config, m)
 
 
 def grid_of(n: int, k_tiles: int, sms: int, config: WgmmaConfig, m: int) -> tuple[int, int, int]:
@@ -360,7 +395,7 @@ def large_m_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
 
     def cost(rows: int) -> float:
         tiles, splits, _ = grid(st, caps.sm_count, config(rows), m)
-        return wave_steps(tiles, st.num_tiles, caps.sm_count, splits) * ROW_STEP_COST[rows]
+        return wave_steps(tiles, kernel_tiles(st), caps.sm_count, splits) * ROW_STEP_COST[rows]
 
     return config(256 if bm == 64 else min(ROW_STEP_COST, key=cost))
 
@@ -398,8 +433,9 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     options = {"maxnreg": maxnreg} if maxnreg else {}
     xa, k = aligned_rows(x2, st.k)
     _affine_wgmma_kernel[(tiles, splits)](
-        xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, st.num_tiles,
-        xa.stride(0), y.stride(0), BITS=st.bits, GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
+        xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, kernel_tiles(st),
+        st.packed.shape[0], st.sz.shape[0], xa.stride(0), y.stride(0), BITS=st.bits, BLOCKS=word_blocks(st),
+        GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(caps))
     return y.to(st.dtype)
