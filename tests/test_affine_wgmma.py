@@ -128,6 +128,22 @@ def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
     assert wgmma.weight_fits(affine.prepare(make_affine(64, 384, 8, 192, "sym"), DEVICE, torch.float16))
 
 
+@pytest.mark.parametrize("bits,blocks", [(4, 1), (8, 1), (8, 2)])
+def test_every_default_config_fits_shared_memory(bits, blocks, monkeypatch):
+    """Each M's default config, on the 8B and 70B shapes and every group layout, keeps its ring of stages within
+    SHARED_MEMORY (with two word blocks the 128-row x stages come in 3)."""
+    monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", blocks)
+    for group, zero in ((32, "asym"), (32, "sym"), (64, "sym"), (128, "asym"), (-1, "sym")):
+        st = affine.prepare(make_affine(64, 256, bits, group, zero), DEVICE, torch.float16)
+        for n, k in LLAMA + [(10240, 8192), (57344, 8192), (8192, 28672)]:
+            shaped = replace(st, n=n, k=k, k_pad=k, group_size=k if group == -1 else group)
+            for m in (1, 16, 32, 33, 64, 65, 256, 1024):
+                config = wgmma.default_config(shaped, PRESETS["sm90"], m)
+                assert wgmma.shared_bytes(shaped, config) <= wgmma.SHARED_MEMORY, (n, k, group, m, config)
+    if blocks == 2:
+        assert wgmma.default_config(shaped, PRESETS["sm90"], 256).stages == 3
+
+
 def test_x_rows_copied_only_when_unaligned():
     """The kernel copies x by 16-byte cp.async: K and the row stride a multiple of 16 elements, else a zero-padded
     copy and K rounded up."""
@@ -203,7 +219,7 @@ def test_gpu_eight_bit_codes(n, k, m, group, zero, blocks, monkeypatch):
 @sm90
 @pytest.mark.parametrize("group,zero", [(32, "sym"), (64, "asym"), (128, "fmin"), (-1, "asym")])
 @pytest.mark.parametrize("config", [(16, 3, 2.0, 2, 128, 1, 4), (32, 2, 0.01, 1, 128, 2, 4),
-                                    (128, 4, 8.0, 1, 256, 3, 8)], ids=["lag1", "one-split-stored", "two-warpgroups"])
+                                    (128, 3, 8.0, 1, 256, 3, 8)], ids=["lag1", "one-split-stored", "two-warpgroups"])
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_gpu_eight_bit_odd_shapes_and_configs(group, zero, config, blocks, monkeypatch):
     """8-bit codes with N and K off the block sizes (K of 300: a last tile of 44 columns, or of two blocks the

@@ -48,6 +48,7 @@ TILE_K_COLUMNS = (32 // 4) * R  # columns a K tile of 4-bit codes: 8 codes of R 
 # Blocks of R word rows a K tile of 8-bit codes takes: 2 gives it 128 columns and 8 codes, as a 4-bit tile, so that
 # the tile's fixed cost (the stage's wait and barrier, its scales) is spread over twice the wgmmas.
 EIGHT_BIT_BLOCKS = 1
+SHARED_MEMORY = 227 * 1024   # the most shared memory an sm90 program may take
 
 if GLUON_ERROR is None:
     # a CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7
@@ -338,6 +339,14 @@ def kernel_tiles(st: AffineState) -> int:
     return cdiv(st.num_tiles, word_blocks(st))
 
 
+def shared_bytes(st: AffineState, config: WgmmaConfig) -> int:
+    """Shared memory the kernel's ring takes under `config`: each stage's x [BLOCK_M, tile columns] in 16 bits, its
+    word rows and scale rows of `rows` int32 words (the epilogue's layout change reuses it)."""
+    columns = tile_columns(st)
+    scale_rows = 1 if st.group_size >= columns else columns // st.group_size // (1 if st.has_zb else 2)
+    return config.stages * (config.block_m * columns * 2 + (R * word_blocks(st) + scale_rows) * config.rows * 4)
+
+
 def k_tiles_each(st: AffineState, sms: int) -> float:
     """K tiles a program would take if two waves of programs (two an SM) shared the weight's blocks of 256 rows:
     how much work a program has when M is small, the measure of whether the wider programs fill the SMs."""
@@ -385,13 +394,15 @@ def grid_of(n: int, k_tiles: int, sms: int, config: WgmmaConfig, m: int) -> tupl
 def large_m_config(st: AffineState, caps: DeviceCaps, m: int) -> WgmmaConfig:
     """The config above M = 32: two warpgroups (8 warps, 251 registers: one program an SM) share each stage of
     x, 64 rows of it up to M = 64 (256 weight rows a program: 128 leave the decode too little work to hide), else
-    128 (each wgmma m64n128k16, 3 in flight), in 4 stages; 256 weight rows a program, or 128 where
-    triton_support.wave_steps, weighted by ROW_STEP_COST, expects the smaller programs to fill the waves better
-    (8B o at M = 128..512); the K loop split for whole waves (waves None)."""
+    128 (each wgmma m64n128k16, 3 in flight), in 4 stages (3 where a 128-row x stage sits beside two word blocks:
+    four would pass SHARED_MEMORY); 256 weight rows a program, or 128 where triton_support.wave_steps, weighted by
+    ROW_STEP_COST, expects the smaller programs to fill the waves better (8B o at M = 128..512); the K loop split
+    for whole waves (waves None)."""
     bm, lag = (64, 2) if m <= 64 else (128, 3)
+    stages = 3 if bm == 128 and word_blocks(st) > 1 else 4
 
     def config(rows: int) -> WgmmaConfig:
-        return WgmmaConfig(bm, 4, None, LARGE_M_MIN_TILES, rows, lag, 8)
+        return WgmmaConfig(bm, stages, None, LARGE_M_MIN_TILES, rows, lag, 8)
 
     def cost(rows: int) -> float:
         tiles, splits, _ = grid(st, caps.sm_count, config(rows), m)
