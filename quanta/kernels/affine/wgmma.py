@@ -437,7 +437,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     config = WgmmaConfig(*config) if config else default_config(st, caps, m)
     bm, stages, _, _, bn, lag, warps = config
     assert bm in (16, 32, 64, 128, 256) and 1 <= lag <= 3 and bn % (16 * warps) == 0 and warps in (4, 8) \
-        and stages >= (2 if warps == 4 else 3), config
+        and stages >= (2 if warps == 4 else 3) and shared_bytes(st, config) <= SHARED_MEMORY, config
     tiles, splits, per = grid(st, caps.sm_count, config, m)
     atomic = splits > 1
     y = split_k_output(m, st, atomic, x2.device)
