@@ -131,11 +131,11 @@ def summary(meta: dict, results: list[dict]) -> None:
               f"{gbps} {share}")
 
 
-def profile() -> None:
-    """Q4_K gate/up at M = 1 on the packed-half GEMV (gemv_cols), then the W4A16 g128 GEMV on the same shape: three
+def profile(name: str = "q4_K") -> None:
+    """GGML type `name`'s gate/up at M = 1 on its planned GEMV, then the W4A16 g128 GEMV on the same shape: three
     calls each."""
     n, k = SHAPES["8b"]["gate_up"]
-    st = ggml_gemm.prepare(random_gguf(n, k, "q4_K"), torch.device("cuda"), torch.float16)
+    st = ggml_gemm.prepare(random_gguf(n, k, name), torch.device("cuda"), torch.float16)
     w4 = prepared_copies(affine_w(n, k, 4, 128))[0]
     x = torch.randn(1, k, device="cuda").half()
     for _ in range(3):
@@ -166,12 +166,13 @@ def main() -> None:
                     "e.g. '16,3,3.0,2,256,2,4'")
     ap.add_argument("--as-loaded", action="store_true", help="time the kernels the registry gives each type (the "
                     "affine ones for Q4_0 .. Q8_0, the codebook ones for IQ4_NL) instead of the ggml ones")
-    ap.add_argument("--profile", action="store_true", help="only run Q4_K gate/up at M = 1 on the packed-half GEMV and "
-                    "the W4A16 kernels, three calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel|cols_kernel')")
+    ap.add_argument("--profile", nargs="?", const="q4_K", default=None, metavar="TYPE",
+                    help="only run TYPE's (default Q4_K) gate/up at M = 1 on its GEMV and the W4A16 kernels, three "
+                    "calls each, ungraphed (for ncu --kernel-name 'regex:gemv|h2_kernel|cols_kernel')")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.profile:
-        profile()
+        profile(args.profile)
         return
     sweep = () if not args.sweep else COLS_SWEEP if not args.sweep_configs else parse_configs(args.sweep_configs)
     wgmma_sweep = parse_configs(args.wgmma_configs) if args.wgmma_configs else ()
