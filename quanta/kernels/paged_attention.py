@@ -287,11 +287,14 @@ def _check(q, k_cache, v_cache, fmt):
     assert (fmt is None) == (k_cache.dtype != torch.uint8)
 
 
-# A decode program: keys a step (a split takes whole steps) and warps. Its time at batch 1 and a short context is
-# one program's chain of dependent loads, barriers and the merge, not the bytes it reads: 8 warps split a step's work
-# into shorter chains a thread; 16 lose more to the barriers than they save, and 32 keys a step double the steps.
+# A decode program: keys a step (a split takes whole steps) and warps. Split over a sequence's keys (small batches),
+# its time is one program's chain of dependent loads, barriers and the merge, not the bytes it reads: 8 warps split
+# a step's work into shorter chains a thread; 16 lose more to the barriers than they save, and 32 keys a step double
+# the steps. Unsplit (a batch that fills the GPU by itself) the programs are many and 4 warps keep more of them
+# resident.
 DECODE_BLOCK_N = 64
 DECODE_WARPS = 8
+DECODE_WARPS_UNSPLIT = 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -333,7 +336,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), num_warps=DECODE_WARPS, **pdl_launch(device_caps(q.device)))
+        PRECISION=dot_precision(q.dtype), num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
+        **pdl_launch(device_caps(q.device)))
     return out
 
 
