@@ -222,12 +222,12 @@ if GLUON_ERROR is None:
         Word row r of a K tile holds columns 16 i + r (i = 0..7; 8-bit codes: i = 0..3, a K tile of 64 columns,
         code i in byte i, decoded the same way with the byte's mask; with BLOCKS = 2 a K tile holds two such blocks
         of word rows, 128 columns, the second block's words loaded at its first code). The words of a block are
-        loaded from shared
-        memory as [rows, 16] int32 in operand A's layout (lane (g, q) of warp w holds rows 16 w + g (+ 8) of each 64
-        and word columns 2q, 2q + 1, 2q + 8, 2q + 9), which is also the layout of every code's [rows, 16] weights:
-        code i of those words is columns 16 i + 2q, ... So code i is decoded in place, two columns an instruction,
-        by the PTX of the H2 pairs (layout.H2_PAIR_*: prmt, lop3, two f16x2 / bf16x2 fma), and multiplies x's
-        columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice along K of the x stage [BLOCK_M, 128], operand B."""
+        loaded from shared memory as [rows, 16] int32 in operand A's layout (lane (g, q) of warp w holds rows
+        16 w + g (+ 8) of each 64 and word columns 2q, 2q + 1, 2q + 8, 2q + 9), which is also the layout of every
+        code's [rows, 16] weights: code i of those words is columns 16 i + 2q, ... So code i is decoded in place, two
+        columns an instruction, by the PTX of the H2 pairs (layout.H2_PAIR_*: prmt, lop3, two f16x2 / bf16x2 fma),
+        and multiplies x's columns 16 i .. 16 i + 15: a [BLOCK_M, 16] slice along K of the x stage [BLOCK_M,
+        TILE_K], operand B."""
         DT: gl.constexpr = x_ptr.dtype.element_ty
         WARPS: gl.constexpr = gl.num_warps()    # the launch's (a parameter of that name would take its place)
         PER_BLOCK: gl.constexpr = 32 // BITS    # codes a block of R word rows
