@@ -265,7 +265,8 @@ class TypeTiles(NamedTuple):
 # in 4 stages from M = 65; Q6_K: 128 rows of x in the 3 stages its qh stage leaves room for, and three waves at M = 16
 # (its longer decode a step hides the split's atomics better over more programs); Q5_K: its decode leaves 128 rows
 # of x too few registers.
-TILES = {"q4_K": TypeTiles(256, 2.0, 128, 4), "q5_K": TypeTiles(128, 2.0, 64, 4), "q6_K": TypeTiles(128, 3.0, 128, 3)}
+TILES = {"q4_K": TypeTiles(256, 2.0, 128, 4), "q5_K": TypeTiles(128, 2.0, 64, 4),
+         "q6_K": TypeTiles(128, 3.0, 128, 3)}
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> WgmmaConfig:
