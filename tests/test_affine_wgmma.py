@@ -104,7 +104,7 @@ def test_large_m_split_k_fills_the_waves(monkeypatch):
 
 def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
     """EIGHT_BIT_BLOCKS = 2: a K tile of 8-bit codes takes two blocks of word rows (128 columns), so the launch walks
-    half the layout's tiles (an odd count rounded up, the kernel told the words' and scales' rows to stop at), and
+    half the layout's tiles (an odd count rounded up, the kernel told the words' rows to stop at), and
     groups must not straddle its 128 columns (192 does; 64 and per channel are read from the code where they begin)."""
     launches = []
 
@@ -119,7 +119,7 @@ def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
     wgmma.matmul(torch.randn(2, 320, dtype=torch.float16), st, config=(16, 3, 2.0, 1, 128, 2, 4),
                  caps=PRESETS["sm90"])
     (grid, args, kwargs), = launches
-    assert args[9:12] == (3, st.packed.shape[0], st.sz.shape[0]) and kwargs["BLOCKS"] == 2
+    assert args[9:11] == (3, st.packed.shape[0]) and kwargs["BLOCKS"] == 2
     assert grid == wgmma.grid_of(256, 3, 132, wgmma.WgmmaConfig(16, 3, 2.0, 1, 128, 2, 4), 2)[:2]
     fits = [wgmma.weight_fits(affine.prepare(make_affine(64, 384, 8, g, "sym"), DEVICE, torch.float16))
             for g in (64, 128, 192, -1)]

@@ -98,30 +98,36 @@ if GLUON_ERROR is None:
                 gl.expand_dims(zb, 1).broadcast_to([BLOCK_N, 16]))
 
     @gluon.jit
-    def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, word_rows, scale_rows, pred,
+    def _issue_weights(w_ptr, sz_ptr, w_buf, s_ring, stage, t, n0, N, word_rows, pred,
                        GS: gl.constexpr, HAS_ZB: gl.constexpr, SROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                        TILE_K: gl.constexpr, WROWS: gl.constexpr):
         """cp.async K tile t's WROWS rows of words [WROWS, BLOCK_N] and its SROWS rows of scale words [BLOCK_N] (the
-        kernel says how many) into stage `stage` (16-byte copies along the rows; zeros past the weight's word_rows
-        and scale_rows, which a tile of two word blocks may reach); nothing when not pred."""
+        kernel says how many) into stage `stage` (16-byte copies along the rows); nothing when not pred. A tile of
+        two word blocks may end past the weight's word_rows: its second block, and the scale rows of the groups in
+        it, exist or not as a whole (the first block always does), and are zeros where not."""
         WL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
-        r = t * WROWS + gl.arange(0, WROWS, layout=gl.SliceLayout(1, WL))
+        r = t * WROWS + gl.arange(0, R_ROWS, layout=gl.SliceLayout(1, WL))
         n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
-        BOUNDED: gl.constexpr = WROWS > R_ROWS       # only a tile of two blocks may pass the weight's last rows
+        w_ptrs = w_ptr + r[:, None] * N + n[None, :]
         w_mask = (n < N)[None, :] & pred
-        if BOUNDED:
-            w_mask = w_mask & (r < word_rows)[:, None]
-        async_copy.async_copy_global_to_shared(w_buf, w_ptr + r[:, None] * N + n[None, :], mask=w_mask)
+        TWO: gl.constexpr = WROWS > R_ROWS
+        second = pred & (t * WROWS + R_ROWS < word_rows)
+        if TWO:
+            async_copy.async_copy_global_to_shared(w_buf.slice(0, R_ROWS, dim=0), w_ptrs, mask=w_mask)
+            async_copy.async_copy_global_to_shared(w_buf.slice(R_ROWS, R_ROWS, dim=0), w_ptrs + R_ROWS * N,
+                                                   mask=(n < N)[None, :] & second)
+        else:
+            async_copy.async_copy_global_to_shared(w_buf, w_ptrs, mask=w_mask)
         SL: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
         ns = n0 + gl.arange(0, BLOCK_N, layout=SL)
         g = (t * TILE_K) // GS
         srow = g if HAS_ZB else g // 2       # without zbias a word holds the scales of groups 2j and 2j + 1
         for row in gl.static_range(SROWS):
-            s_mask = (ns < N) & pred
-            if BOUNDED:
-                s_mask = s_mask & (srow + row < scale_rows)
+            s_pred = pred
+            if TWO and row * (GS if HAS_ZB else 2 * GS) >= TILE_K // 2:   # its groups begin in the second block
+                s_pred = second
             async_copy.async_copy_global_to_shared(s_ring.index(stage * SROWS + row), sz_ptr + (srow + row) * N + ns,
-                                                   mask=s_mask)
+                                                   mask=(ns < N) & s_pred)
 
     @gluon.jit
     def _issue_x(x_ptr, x_buf, t, m0, M, K, stride_xm, pred, BLOCK_M: gl.constexpr, TILE_K: gl.constexpr):
@@ -137,14 +143,14 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, j, t_begin, n_tiles, STAGES: gl.constexpr, n0, m0,
-                    M, N, K, word_rows, scale_rows, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr,
+                    M, N, K, word_rows, stride_xm, GS: gl.constexpr, HAS_ZB: gl.constexpr,
                     SROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TILE_K: gl.constexpr,
                     WROWS: gl.constexpr):
         """cp.async the split's tile j (weights, scales, x) into stage j % STAGES; nothing past the split."""
         s = j % STAGES
         pred = j < n_tiles
-        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, word_rows, scale_rows, pred,
-                       GS, HAS_ZB, SROWS, BLOCK_N, TILE_K, WROWS)
+        _issue_weights(w_ptr, sz_ptr, w_ring.index(s), s_ring, s, t_begin + j, n0, N, word_rows, pred, GS, HAS_ZB,
+                       SROWS, BLOCK_N, TILE_K, WROWS)
         _issue_x(x_ptr, x_ring.index(s), t_begin + j, m0, M, K, stride_xm, pred, BLOCK_M, TILE_K)
 
     @gluon.jit
@@ -198,7 +204,7 @@ if GLUON_ERROR is None:
 
     @gluon.jit
     def _affine_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
-                             word_rows, scale_rows, stride_xm, stride_ym, BITS: gl.constexpr, BLOCKS: gl.constexpr,
+                             word_rows, stride_xm, stride_ym, BITS: gl.constexpr, BLOCKS: gl.constexpr,
                              GS: gl.constexpr, ZERO: gl.constexpr,
                              HAS_ZB: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr,
@@ -258,8 +264,8 @@ if GLUON_ERROR is None:
         x_ring = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, TILE_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         for p in gl.static_range(AHEAD):
-            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, word_rows, scale_rows,
-                           p < n_tiles, GS, HAS_ZB, SROWS, BLOCK_N, TILE_K, WROWS)
+            _issue_weights(w_ptr, sz_ptr, w_ring.index(p), s_ring, p, t_begin + p, n0, N, word_rows, p < n_tiles,
+                           GS, HAS_ZB, SROWS, BLOCK_N, TILE_K, WROWS)
         # under programmatic dependent launch the weight's first stages are issued before the wait for the
         # previous kernel (x and y are that kernel's); the next kernel may launch once the main loop is done
         if PDL:
@@ -295,7 +301,7 @@ if GLUON_ERROR is None:
                 acc, p1, p2, p3 = retire(acc, w, p1, p2, p3, LAG)
                 if c == REFILL_AFTER:
                     _issue_tile(x_ptr, w_ptr, sz_ptr, x_ring, w_ring, s_ring, i + AHEAD, t_begin, n_tiles, STAGES,
-                                n0, m0, M, N, K, word_rows, scale_rows, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M,
+                                n0, m0, M, N, K, word_rows, stride_xm, GS, HAS_ZB, SROWS, BLOCK_M,
                                 BLOCK_N, TILE_K, WROWS)
         finish(acc, p1, p2, p3, bias_ptr, y_ptr, n0, m0, N, M, stride_ym, t_begin == 0, n_tiles > 0, PDL, HAS_BIAS,
                ATOMIC, BLOCK_N, BLOCK_M)
@@ -445,7 +451,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     xa, k = aligned_rows(x2, st.k)
     _affine_wgmma_kernel[(tiles, splits)](
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, kernel_tiles(st),
-        st.packed.shape[0], st.sz.shape[0], xa.stride(0), y.stride(0), BITS=st.bits, BLOCKS=word_blocks(st),
+        st.packed.shape[0], xa.stride(0), y.stride(0), BITS=st.bits, BLOCKS=word_blocks(st),
         GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(caps))
