@@ -15,13 +15,15 @@ for blocks in 1 2; do
 import runpy, sys
 import quanta.kernels.affine.wgmma as w
 w.EIGHT_BIT_BLOCKS = $blocks
-sys.argv = ['ggml_gemm.py', '--types', 'q8_0', '--ms', '16,64,256', '--as-loaded', '--paths', '--out', '$OUT/q8-blocks$blocks.json']
+sys.argv = ['ggml_gemm.py', '--types', 'q8_0', '--ms', '16,64,256', '--as-loaded', '--paths',
+            '--out', '$OUT/q8-blocks$blocks.json']
 runpy.run_path('benchmarks/ggml_gemm.py', run_name='__main__')" > "$OUT/q8-blocks$blocks.log" 2>&1
   python3 - "$OUT/q8-blocks$blocks.json" $blocks <<'PY'
 import json, sys, collections
 t = collections.defaultdict(lambda: collections.defaultdict(float))
 for r in json.load(open(sys.argv[1]))["results"]:
-    print("blocks", sys.argv[2], r["layer"], r["m"], "wgmma", r.get("wgmma_us"), "mma", r.get("mma_us"), "fp16", r["fp16_us"])
+    print("blocks", sys.argv[2], r["layer"], r["m"], "wgmma", r.get("wgmma_us"), "mma", r.get("mma_us"),
+          "fp16", r["fp16_us"])
     for k in ("wgmma_us", "mma_us", "fp16_us"): t[r["m"]][k] += r.get(k) or 0
 for m, v in t.items(): print("SUM blocks", sys.argv[2], m, {k: round(x, 1) for k, x in v.items()})
 PY

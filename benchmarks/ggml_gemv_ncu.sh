@@ -4,7 +4,8 @@
 #   usage: [TYPES="q2_K q3_K q4_K"] bash benchmarks/ggml_gemv_ncu.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 for t in ${TYPES:-q2_K q3_K q4_K}; do
-  staged 150 ncu --clock-control none --kernel-name regex:"cols_kernel|h2_kernel|gemv" --launch-skip 2 --launch-count 2 \
+  staged 150 ncu --clock-control none --kernel-name regex:"cols_kernel|h2_kernel|gemv" --launch-skip 2 \
+    --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
     --section Occupancy --section SchedulerStats python3 benchmarks/ggml_gemm.py --out /dev/null --profile $t \
     > "$OUT/ncu-$t.txt" 2>&1
