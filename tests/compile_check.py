@@ -34,8 +34,8 @@ _PBF = {**_P16, "x_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*fp32"}
 _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
 _WG = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", bias_ptr="*fp16", y_ptr="*fp16")
-_WGMMA = dict(BITS=4, BLOCKS=1, GS=128, ZERO=8, HAS_ZB=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=256, STAGES=3, LAG=2,
-              ATOMIC=True, PDL=True)                                           # the fp16 M = 16 default
+_WGMMA = dict(BITS=4, BLOCKS=1, GS=128, SROWS=1, ZERO=8, HAS_ZB=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=256,
+              STAGES=3, LAG=2, ATOMIC=True, PDL=True)                                           # the fp16 M = 16 default
 _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
@@ -320,22 +320,23 @@ CASES = {
                                              PDL=False), 4, 1, 90),
     "affine_wgmma_w4_m128_two_warpgroups": ("affine.wgmma", "_affine_wgmma_kernel", _WG,
                                             dict(_WGMMA, BLOCK_M=128, ATOMIC=False, STAGES=4, PDL=False), 8, 1, 90),
-    "affine_wgmma_w4_g32": ("affine.wgmma", "_affine_wgmma_kernel", _WG, dict(_WGMMA, GS=32), 4, 1, 90),
+    "affine_wgmma_w4_g32": ("affine.wgmma", "_affine_wgmma_kernel", _WG, dict(_WGMMA, GS=32, SROWS=2), 4, 1, 90),
     "affine_wgmma_w4_g64_zb_m128": ("affine.wgmma", "_affine_wgmma_kernel", _WG,
-                                    dict(_WGMMA, GS=64, HAS_ZB=True, BLOCK_M=128, ATOMIC=False, STAGES=4), 8, 1, 90),
+                                    dict(_WGMMA, GS=64, SROWS=2, HAS_ZB=True, BLOCK_M=128, ATOMIC=False, STAGES=4),
+                                    8, 1, 90),
     "affine_wgmma_w8_g32": ("affine.wgmma", "_affine_wgmma_kernel", _WG, dict(_WGMMA, BITS=8, GS=32, ZERO=128), 4, 1,
                             90),
     "affine_wgmma_w8_g32_two_blocks": ("affine.wgmma", "_affine_wgmma_kernel", _WG,
-                                       dict(_WGMMA, BITS=8, BLOCKS=2, GS=32, ZERO=128), 4, 1, 90),
+                                       dict(_WGMMA, BITS=8, BLOCKS=2, GS=32, SROWS=2, ZERO=128), 4, 1, 90),
     "affine_wgmma_w8_g64_two_blocks_m128": ("affine.wgmma", "_affine_wgmma_kernel", _WG,
-                                            dict(_WGMMA, BITS=8, BLOCKS=2, GS=64, HAS_ZB=True, BLOCK_M=128,
+                                            dict(_WGMMA, BITS=8, BLOCKS=2, GS=64, SROWS=2, HAS_ZB=True, BLOCK_M=128,
                                                  ATOMIC=False, STAGES=4), 8, 1, 90),
     "affine_wgmma_w8_chan_zb_m128": ("affine.wgmma", "_affine_wgmma_kernel", _WG,
                                      dict(_WGMMA, BITS=8, GS=4096, HAS_ZB=True, BLOCK_M=128, ATOMIC=False, STAGES=4),
                                      8, 1, 90),
     "affine_wgmma_w4_g32_zb_bf16": ("affine.wgmma", "_affine_wgmma_kernel", dict(_WG, x_ptr="*bf16", y_ptr="*fp32",
                                                                               bias_ptr="*bf16"),
-                                    dict(_WGMMA, GS=32, HAS_ZB=True), 4, 1, 90),
+                                    dict(_WGMMA, GS=32, SROWS=4, HAS_ZB=True), 4, 1, 90),
     "affine_wgmma_ws_w4_m128": ("affine.wgmma_ws", "_w4_ws_kernel", _ws_descs(128, 256, "fp16"), _WS, 8, 1, 90),
     "affine_wgmma_ws_w4_bf16_zb_bias_m64": ("affine.wgmma_ws", "_w4_ws_kernel",
                                             dict(_ws_descs(64, 256, "bf16"), bias_ptr="*bf16", y_ptr="*fp32"),

@@ -83,29 +83,8 @@ def test_large_m_rows_fill_the_waves():
     assert tuple(cfg(64, 4096, 4096))[:5] == (64, 4, None, wgmma.LARGE_M_MIN_TILES, 256)   # 64 rows of x: 256 rows
 
 
-def test_large_m_split_k_fills_the_waves(monkeypatch):
-    """matmul splits the K loop of a config with waves None as whole_wave_split_k (one program an SM), else as
-    split_k (the launch recorded, not run: Gluon has no interpreter)."""
-    grids = []
-
-    class Launch:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return lambda *args, **kwargs: None
-
-    monkeypatch.setattr(wgmma, "_affine_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
-    st = affine.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
-    x = torch.randn(128, 4096, dtype=torch.float16)
-    for waves in (None, 2.0):
-        wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8), caps=PRESETS["sm90"])   # 132 SMs
-    whole = whole_wave_split_k(32, 32, 132, 2)[0]
-    assert grids == [(32, whole), (32, split_k(32, 32, 132, 2.0, 2)[0])] and whole != grids[1][1]
-
-
-def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
-    """EIGHT_BIT_BLOCKS = 2: a K tile of 8-bit codes takes two blocks of word rows (128 columns), so the launch walks
-    half the layout's tiles (an odd count rounded up, the kernel told the words' rows to stop at), and
-    groups must not straddle its 128 columns (192 does; 64 and per channel are read from the code where they begin)."""
+def recorded_launches(monkeypatch) -> list:
+    """The kernel's launches, (grid, args, kwargs) each, recorded rather than run (Gluon has no interpreter)."""
     launches = []
 
     class Launch:
@@ -113,6 +92,27 @@ def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
             return lambda *args, **kwargs: launches.append((grid, args, kwargs))
 
     monkeypatch.setattr(wgmma, "_affine_wgmma_kernel", Launch(), raising=False)   # absent without Gluon
+    return launches
+
+
+def test_large_m_split_k_fills_the_waves(monkeypatch):
+    """matmul splits the K loop of a config with waves None as whole_wave_split_k (one program an SM), else as
+    split_k (the launch recorded, not run: Gluon has no interpreter)."""
+    launches = recorded_launches(monkeypatch)
+    st = affine.prepare(make_affine(4096, 4096, 4, 128, "sym"), DEVICE, torch.float16)   # 8B o
+    x = torch.randn(128, 4096, dtype=torch.float16)
+    for waves in (None, 2.0):
+        wgmma.matmul(x, st, config=(128, 4, waves, 2, 128, 3, 8), caps=PRESETS["sm90"])   # 132 SMs
+    whole = whole_wave_split_k(32, 32, 132, 2)[0]
+    grids = [grid for grid, _, _ in launches]
+    assert grids == [(32, whole), (32, split_k(32, 32, 132, 2.0, 2)[0])] and whole != grids[1][1]
+
+
+def test_eight_bit_tiles_of_two_word_blocks(monkeypatch):
+    """EIGHT_BIT_BLOCKS = 2: a K tile of 8-bit codes takes two blocks of word rows (128 columns), so the launch walks
+    half the layout's tiles (an odd count rounded up, the kernel told the words' rows to stop at), and
+    groups must not straddle its 128 columns (192 does; 64 and per channel are read from the code where they begin)."""
+    launches = recorded_launches(monkeypatch)
     monkeypatch.setattr(wgmma, "EIGHT_BIT_BLOCKS", 2)
     st = affine.prepare(make_affine(256, 320, 8, 32, "sym"), DEVICE, torch.float16)        # 5 tiles of 64 columns
     assert (st.num_tiles, wgmma.kernel_tiles(st), wgmma.tile_columns(st)) == (5, 3, 128)

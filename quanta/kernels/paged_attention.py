@@ -297,9 +297,14 @@ DECODE_WARPS = 8
 DECODE_WARPS_UNSPLIT = 4
 
 
+def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int | None = None) -> int:
+    """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per `block_n` keys (default
+    DECODE_BLOCK_N, read at the call as decode() reads it, so that a patched setting moves both)."""
+    return _num_splits(batch, num_kv_heads, max_len, block_n or DECODE_BLOCK_N)
+
+
 @functools.lru_cache(maxsize=None)
-def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int = DECODE_BLOCK_N) -> int:
-    """Enough (batch, kv head, split) programs to fill the GPU twice over, at most one per BLOCK_N keys."""
+def _num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int) -> int:
     sms = device_caps("cuda").sm_count if torch.cuda.is_available() else 64
     want = -(-2 * sms // max(1, batch * num_kv_heads))
     return max(1, min(want, 32, -(-max_len // block_n)))

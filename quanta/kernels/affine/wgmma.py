@@ -205,7 +205,7 @@ if GLUON_ERROR is None:
     @gluon.jit
     def _affine_wgmma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, y_ptr, M, N, K, tiles_per_split, num_tiles,
                              word_rows, stride_xm, stride_ym, BITS: gl.constexpr, BLOCKS: gl.constexpr,
-                             GS: gl.constexpr, ZERO: gl.constexpr,
+                             GS: gl.constexpr, SROWS: gl.constexpr, ZERO: gl.constexpr,
                              HAS_ZB: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LAG: gl.constexpr, ATOMIC: gl.constexpr,
                              PDL: gl.constexpr):
@@ -254,9 +254,7 @@ if GLUON_ERROR is None:
         # words [WROWS, BLOCK_N] swizzled so that operand A's loads (rows g, word columns 2q..) hit 32 banks
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, WROWS, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
-        # a stage's scale words: one row where a group spans the tile, else one a group, or a pair of groups
-        # without zero points (a word holds both halves)
-        SROWS: gl.constexpr = 1 if GS >= TILE_K else (TILE_K // GS if HAS_ZB else TILE_K // GS // 2)
+        # a stage's SROWS rows of scale words (scale_rows says how many)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES * SROWS, BLOCK_N],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
         # x in wgmma's 128-byte swizzle (an x stage laid out as 8 slices of [BLOCK_M, 16] in the 32-byte swizzle
@@ -345,12 +343,18 @@ def kernel_tiles(st: AffineState) -> int:
     return cdiv(st.num_tiles, word_blocks(st))
 
 
+def scale_rows(st: AffineState) -> int:
+    """Rows of scale words a K tile's stage holds (the kernel's SROWS): one where a group spans the tile, else one a
+    group, or one a pair of groups without zero points (a word holds both halves)."""
+    columns = tile_columns(st)
+    return 1 if st.group_size >= columns else columns // st.group_size // (1 if st.has_zb else 2)
+
+
 def shared_bytes(st: AffineState, config: WgmmaConfig) -> int:
     """Shared memory the kernel's ring takes under `config`: each stage's x [BLOCK_M, tile columns] in 16 bits, its
     word rows and scale rows of `rows` int32 words (the epilogue's layout change reuses it)."""
-    columns = tile_columns(st)
-    scale_rows = 1 if st.group_size >= columns else columns // st.group_size // (1 if st.has_zb else 2)
-    return config.stages * (config.block_m * columns * 2 + (R * word_blocks(st) + scale_rows) * config.rows * 4)
+    return config.stages * (config.block_m * tile_columns(st) * 2
+                            + (R * word_blocks(st) + scale_rows(st)) * config.rows * 4)
 
 
 def k_tiles_each(st: AffineState, sms: int) -> float:
@@ -452,7 +456,7 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     _affine_wgmma_kernel[(tiles, splits)](
         xa, st.packed, st.sz, bias if bias is not None else xa, y, m, st.n, k, per, kernel_tiles(st),
         st.packed.shape[0], xa.stride(0), y.stride(0), BITS=st.bits, BLOCKS=word_blocks(st),
-        GS=st.group_size, ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
+        GS=st.group_size, SROWS=scale_rows(st), ZERO=st.zero, HAS_ZB=st.has_zb, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, LAG=lag, ATOMIC=atomic, num_warps=warps, **options,
         **pdl_launch(caps))
     return y.to(st.dtype)
