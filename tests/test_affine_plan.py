@@ -66,13 +66,16 @@ def recorded_path(key: str, m: int) -> str:
 def expected_path(key: str, m: int) -> str:
     """The recorded path, but for the decisions changed since: on sm90 an act-order weight takes, from
     WGMMA_GATHER_MIN_M, the path of the same weight without act-order (its input gathered for the wgmma kernel);
-    fp16 groups of 32 and fp16 8-bit codes take the wgmma kernel's M up to WGMMA_NARROW_MAX_M, which the MMA kernel
-    had (M = 2..16 always, 17..32 where the programs get WGMMA_MIN_TILES_EACH K tiles, as for groups of 128)."""
+    fp16 groups of 32 and fp16 8-bit codes take the wgmma kernel's M up to WGMMA_NARROW_MAX_M (8-bit codes on weights
+    wider than deep up to WGMMA_EIGHT_BIT_WIDE_MAX_M), which the MMA kernel had (M = 2..16 always, 17..32 where the
+    programs get WGMMA_MIN_TILES_EACH K tiles, as for groups of 128)."""
     if key.startswith("sm90|w4g128act|") and m >= plan.WGMMA_GATHER_MIN_M:
         return recorded_path(key.replace("w4g128act", "w4g128sym"), m)
     path = recorded_path(key, m)
     if key.startswith(("sm90|w4g32", "sm90|w8")) and "|float16|" in key and path == "mma" and m <= plan.WGMMA_NARROW_MAX_M:
         caps, st = recorded(key)
+        if st.bits == 8 and st.n > st.k and m > plan.WGMMA_EIGHT_BIT_WIDE_MAX_M:
+            return path
         if m <= plan.WGMMA_ALWAYS_MAX_M or m > wgmma.ONE_WARPGROUP_MAX_M \
                 or wgmma.k_tiles_each(st, caps.sm_count) >= plan.WGMMA_MIN_TILES_EACH:
             return "wgmma"
@@ -234,3 +237,15 @@ def test_wgmma_never_without_gluon_whatever_the_chip():
     for caps in (PRESETS["cpu"], SM90_NO_GLUON, DeviceCaps("odd", (9, 0), 132, gluon=False, pdl=True)):
         assert plan._wgmma_fits(st, caps, 2) is not None
     assert wgmma.weight_fits(st)
+
+
+def test_sm90_eight_bit_codes_on_wide_weights_leave_the_wgmma_kernel_above_its_one_warpgroup_rows():
+    """fp16 8-bit codes (GGUF Q8_0, RTN w8) on an H100: a weight wider than deep (8B gate_up) takes the wgmma kernel
+    up to WGMMA_EIGHT_BIT_WIDE_MAX_M, then the MMA kernel; a deep one (8B down) keeps it up to WGMMA_NARROW_MAX_M."""
+    caps, top = PRESETS["sm90"], plan.WGMMA_EIGHT_BIT_WIDE_MAX_M
+    assert top < plan.WGMMA_NARROW_MAX_M
+    wide = at_shape(small_state("w8chan", torch.float16), 28672, 4096)
+    assert paths(wide, caps, (2, top, top + 1, plan.WGMMA_NARROW_MAX_M)) == ["wgmma", "wgmma", "mma", "mma"]
+    deep = at_shape(small_state("w8chan", torch.float16), 4096, 14336)
+    assert paths(deep, caps, (2, top + 1, plan.WGMMA_NARROW_MAX_M, plan.WGMMA_NARROW_MAX_M + 1)) == \
+        ["wgmma", "wgmma", "wgmma", "mma"]

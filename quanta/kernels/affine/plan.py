@@ -40,6 +40,10 @@ WGMMA_BF16_M1_MIN_TILES_EACH = 4
 # was measured faster than the MMA kernel on the Llama shapes; bf16 and larger M keep the MMA kernel's path. 8-bit
 # codes (fp16) take it up to the same M: a K tile of half the columns leaves a tile's fixed cost over fewer wgmmas.
 WGMMA_NARROW_MAX_M = 256
+# 8-bit codes on a weight wider than it is deep (N > K: Llama's qkv, gate_up) leave it for the MMA kernel above this M,
+# a program's 128 rows of x (large_m_config), from where the wgmma kernel decodes each weight tile once more for every
+# 128 rows: on those weights the MMA kernel was then as fast or faster (8B and 70B shapes), on the deep ones slower.
+WGMMA_EIGHT_BIT_WIDE_MAX_M = 128
 # Above, dequantize + cuBLAS, whose decode costs the same at any M, is faster on most Llama shapes.
 WGMMA_MAX_M = 1024
 # An act-order weight whose input arrives in the model's order (o, down: no norm writes it sorted) takes the wgmma
@@ -73,6 +77,8 @@ def _wgmma_fits(st: AffineState, caps: DeviceCaps, m: int) -> str | None:
         return f"groups of {st.group_size} in {st.dtype} at M={m}: the MMA kernel's"
     if st.bits == 8 and m > WGMMA_NARROW_MAX_M:
         return f"8-bit codes at M={m}: the MMA kernel's"
+    if st.bits == 8 and st.n > st.k and m > WGMMA_EIGHT_BIT_WIDE_MAX_M:
+        return f"8-bit codes at M={m} on a weight wider ({st.n}) than deep ({st.k}): the MMA kernel's"
     if st.perm is not None and m < WGMMA_GATHER_MIN_M:
         return f"act-order M={m} < {WGMMA_GATHER_MIN_M}: the input would be gathered in a launch of its own"
     if m > WGMMA_MAX_M:
@@ -157,7 +163,7 @@ PATHS: tuple[Path, ...] = (
 # 64: the configs' buckets) and the multiples of 128 above (the large-M programs' rows of x). The bucket of M is the
 # first edge >= M; every M of a bucket gets the plan of its edge. Above the last edge, one bucket.
 BUCKET_EDGES = tuple(sorted({0, 1, GEMV_MAX_M, WGMMA_GATHER_MIN_M - 1, WGMMA_ALWAYS_MAX_M,
-                             wgmma.ONE_WARPGROUP_MAX_M, 64,
+                             wgmma.ONE_WARPGROUP_MAX_M, 64, WGMMA_EIGHT_BIT_WIDE_MAX_M, WGMMA_NARROW_MAX_M,
                              CUBLAS_MIN_M - 1, CUBLAS_MIN_M, MMA_MAX_M, *range(128, WGMMA_MAX_M + 1, 128)}))
 
 
