@@ -45,6 +45,8 @@ _COLS = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr
              ws_ptr="*fp32", lock_ptr="*i32", pos_ptr="*i64", freq_ptr="*fp32", k_cache_ptr="*fp16",
              v_cache_ptr="*fp16", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32", b0="*i32", b1="*i32",
              b2="*i32", b3="*i32")
+_DP4A = dict(q_ptr="*i32", xd_ptr="*fp32", xs_ptr="*i32", p0="*i32", p1="*i32", p2="*i32", p3="*i32",
+             bias_ptr="*fp16", y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -206,6 +208,14 @@ CASES = {
                                           dict(Q5=False, Q6=False, BLOCK_N=256, HAS_BIAS=False, SPLIT_K=2, PTX=True,
                                                ROPE=True, HEAD_D=128, PDL=True, TWO=True, Q6B=True,
                                                CHUNKS=4), 2, 1, 90),
+    "ggml_dp4a_q2_k_pdl_glu": ("ggml.gemv_dp4a", "_dp4a_kernel", _DP4A,
+                               dict(BLOCK_N=256, HAS_BIAS=False, SPLIT_K=2, PTX=True, PDL=True, GLU=True), 4, 1, 90),
+    "ggml_dp4a_q3_k_bias": ("ggml.gemv_dp4a", "_dp4a_kernel", dict(_DP4A, p3="*fp16"),
+                            dict(BLOCK_N=128, HAS_BIAS=True, SPLIT_K=1, PTX=True, Q3=True), 4, 1, 75),
+    "ggml_dp4a_q3_k_pdl": ("ggml.gemv_dp4a", "_dp4a_kernel", dict(_DP4A, p3="*fp16"),
+                           dict(BLOCK_N=256, HAS_BIAS=False, SPLIT_K=2, PTX=True, PDL=True, Q3=True), 4, 1, 90),
+    "ggml_q8_rows": ("ggml.gemv_dp4a", "_q8_rows_kernel", dict(x_ptr="*fp16", q_ptr="*i8", d_ptr="*fp32",
+                                                               s_ptr="*i32"), dict(BLOCKS=8), 4, 1, 75),
     "ggml_gemm_q6_k": ("ggml.gemm", "_ggml_gemm_kernel", _Q6_K[0],
                        dict(_Q6_K[1], PARTS=4, BLOCK_M=16, BLOCK_N=64, HAS_BIAS=False, SPLIT_K=2), 4, 4, 80),
     "ggml_gemm_q4_k_small_smem": ("ggml.gemm", "_ggml_gemm_kernel", _Q4_K[0],
