@@ -35,7 +35,7 @@ _AFF = dict(R=16, ZERO=8, HAS_ZB=False, HAS_PERM=False, HAS_BIAS=False, MODE=0)
 _MMA_W4 = dict(_AFF, GS=128, BITS=4, BLOCK_M=16, ATOMIC=True, H2=True, BLOCK_N=256)  # the M = 16 default
 _WG = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*i32", bias_ptr="*fp16", y_ptr="*fp16")
 _WGMMA = dict(BITS=4, BLOCKS=1, GS=128, SROWS=1, ZERO=8, HAS_ZB=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=256,
-              STAGES=3, LAG=2, ATOMIC=True, PDL=True)                                           # the fp16 M = 16 default
+              STAGES=3, LAG=2, ATOMIC=True, PDL=True)                                  # the fp16 M = 16 default
 _E5M2 = FP8_FORMATS["fp8_e5m2"].write_constexprs()
 _E4M3 = FP8_FORMATS["fp8_e4m3"].write_constexprs()
 _E4M3_READ = FP8_FORMATS["fp8_e4m3"].read_constexprs()
@@ -83,8 +83,8 @@ _GGML_WGMMA = dict(KIND=4, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=128, STAGES=3, LA
 _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
-_DECODE_META = dict(GROUP=4, GROUP_PAD=16, GROUP_P2=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, NUM_SPLITS=8,
-                    WINDOW=0, PRECISION="tf32")
+_DECODE_META = dict(GROUP=4, GROUP_PAD=16, GROUP_P2=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+                    NUM_SPLITS=8, WINDOW=0, PRECISION="tf32")
 CASES = {
     "affine_gemv_w4": ("affine.gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),

@@ -279,7 +279,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
     ws, locks = workspace(x2.device, n, m)
     _dp4a_kernel[(m, column_blocks, splits)](
-        q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, st.k, per, st.tiles, y.stride(0),
+        q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, st.k, per,
+        st.tiles, y.stride(0),
         BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits, PTX=caps.is_cuda if ptx is None else ptx, GLU=glu,
         Q3=st.name == "q3_K", num_warps=warps, **pdl_launch(caps))
     return y
