@@ -1,6 +1,6 @@
 """Q2_K's and Q3_K's dp4a GEMV against 8-bit activations (gemv_dp4a): the activation quantization against a torch
-reference of its rule, the GEMV against the gguf package's dequantization times those activations (its integer twin under the
-interpreter, the dp4a PTX through the emulator), and how far x's rounding takes it from the fp16 product."""
+reference of its rule, the GEMV against the gguf package's dequantization times those activations (its integer twin
+under the interpreter, the dp4a PTX through the emulator), and how far x's rounding takes it from the fp16 product."""
 import pytest
 import torch
 
