@@ -104,3 +104,28 @@ def test_gpu_dp4a_gemv_at_the_8b_shapes(name, n, k):
     assert rel_err(y, want) < TOL[torch.float16] and rel_err(y, x.double() @ ref.double().T.cuda()) < 2e-2
     fused = gemv_dp4a.matmul(x, st, glu=True)
     assert rel_err(fused, activation.silu_and_mul(y)) < TOL[torch.float16]
+
+
+def test_plan_gives_the_dp4a_gemv_the_large_weights_of_its_types_at_one_row(monkeypatch):
+    """Only types in plan.DP4A_TYPES (none as built), only their weights of DP4A_MIN_VALUES values and more, only at
+    one row on CUDA; the SwiGLU of matmul_glu then comes from its epilogue."""
+    from quanta.kernels.device_caps import PRESETS
+    from quanta.kernels.ggml import plan
+    caps = PRESETS["sm90"]
+
+    def state(name, n):
+        return ggml_gemm.prepare(make_gguf(n, 256, name)[0], DEVICE, torch.float16)
+    assert plan.DP4A_TYPES == ()
+    assert plan.choose(state("Q2_K", 64), caps, 1).path.name == "gemv_cols"
+    monkeypatch.setattr(plan, "DP4A_TYPES", ("q2_K", "q3_K"))
+    monkeypatch.setattr(plan, "DP4A_MIN_VALUES", 64 * 256)
+    for name in ("Q2_K", "Q3_K"):
+        assert [plan.choose(state(name, 64), caps, m).path.name for m in (1, 2)] == ["gemv_dp4a", "gemm"]
+        small = state(name, 32)
+        assert plan.choose(small, caps, 1).path.name == "gemv_cols"
+        assert "latency-bound" in plan.explain(small, caps, 1)[1]
+        assert plan.choose(state(name, 64), PRESETS["cpu"], 1).path.name == "gemv"
+    assert plan.choose(state("Q4_K", 64), caps, 1).path.name == "gemv_cols"
+    st = state("Q2_K", 64)
+    reason = plan.explain(st, caps, 1)[1]
+    assert "int8 in blocks of 32" in reason and "four a dp4a" in reason

@@ -415,8 +415,8 @@ def test_wgmma_takes_fp16_q4_k_q5_k_q6_k_on_sm90_with_gluon(monkeypatch):
     assert "bfloat16 activations" in wgmma.applies(ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE,
                                                                      torch.bfloat16), caps)
     assert "sm90" in wgmma.applies(q4k, PRESETS["sm80"])
-    assert plan.explain(q4k, caps, 16) == ("wgmma", plan._why_wgmma(q4k, caps, 16) + "; not gemv_cols: M=16 > 1; "
-                                                      "not gemv: M=16 > 1")
+    assert plan.explain(q4k, caps, 16) == ("wgmma", plan._why_wgmma(q4k, caps, 16) + "; not gemv_dp4a: M=16 > 1; "
+                                                      "not gemv_cols: M=16 > 1; not gemv: M=16 > 1")
     monkeypatch.setattr(wgmma, "GLUON_ERROR", "Gluon's Hopper API is not importable (test)")
     fresh = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)      # an empty plan cache
     assert plan.choose(fresh, caps, 16).path.name == "mma"

@@ -253,7 +253,12 @@ def _dp4a_kernel(q_ptr, xd_ptr, xs_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr,
                  0, 0.0, 0, 0, 0.0, 0.0, 0)
 
 
-def applies(st: GgmlState) -> str | None:
+def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> ColsConfig:
+    """The launch config of a weight (the plan gives this path one row)."""
+    return DEFAULT_CONFIG
+
+
+def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
     """None where this GEMV runs the weight, else why not."""
     if st.name not in TYPES or not st.layout.columns:
         return f"{st.name} has no dp4a GEMV (only {', '.join(TYPES)} in column-major planes)"

@@ -11,7 +11,7 @@ import torch
 
 from quanta.kernels import activation
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, mma, wgmma
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, gemv_dp4a, mma, wgmma
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.path_table import Path, PathTable
 from quanta.kernels.rotary import RopeStore
@@ -71,6 +71,31 @@ def cublas_min_m(st: GgmlState) -> int:
     return _rule(st).cublas_min_m
 
 
+# The types whose large weights (DP4A_MIN_VALUES values and more) the dp4a GEMV takes at one row, on 8-bit
+# activations: none until measured faster in the decode chain than the packed-half GEMV (benchmarks/gemv_dp4a.py,
+# benchmarks/engine_configs.py with DP4A_TYPES set). The small weights' GEMVs are latency-bound: a launch of its
+# own for the activations' quantization would cost more there than the fewer instructions save.
+DP4A_TYPES: tuple[str, ...] = ()
+DP4A_MIN_VALUES = gemv_cols.LARGE_WEIGHT
+
+
+def _gemv_dp4a_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+    if m > GEMV_MAX_M:
+        return f"M={m} > {GEMV_MAX_M}"
+    if not caps.is_cuda:
+        return "not CUDA (PTX)"
+    if st.name not in DP4A_TYPES:
+        return f"{st.name}: not planned on the dp4a path"
+    if st.n * st.k < DP4A_MIN_VALUES:
+        return f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: the activations' launch costs more)"
+    return gemv_dp4a.applies(st, caps)
+
+
+def _why_gemv_dp4a(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return (f"M={m} <= {GEMV_MAX_M}: GEMV over column-major words against x rounded to int8 in blocks of 32, "
+            f"{st.name} codes four a dp4a")
+
+
 def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
     if m > GEMV_MAX_M:
         return f"M={m} > {GEMV_MAX_M}"
@@ -124,6 +149,8 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
+#   gemv_dp4a M <= GEMV_MAX_M, the large weights of fp16 DP4A_TYPES on CUDA: integer dot products against x
+#             rounded to int8 (a launch of its own) over column-major words
 #   gemv_cols M <= GEMV_MAX_M, fp16 Q2_K .. Q6_K on CUDA: dot products (packed halves in PTX; float32 for Q2_K,
 #             Q3_K) over column-major words, a thread's columns walking K
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
@@ -132,6 +159,7 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
+    Path("gemv_dp4a", _gemv_dp4a_fits, gemv_dp4a.default_config, gemv_dp4a.matmul, _why_gemv_dp4a),
     Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
     Path("wgmma", _fits_to_max_m("wgmma", wgmma_max_m, wgmma), wgmma.default_config, wgmma.matmul, _why_wgmma),
@@ -185,12 +213,12 @@ def _planned(x: torch.Tensor, st: GgmlState):
 
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the column-major
-    GEMV's epilogue where it runs (one launch fewer a decode layer); else the planned path, then silu_and_mul."""
+    GEMVs' (packed-half or dp4a) epilogue where they run (one launch fewer a decode layer); else the planned path, then silu_and_mul."""
     if x.numel() == 0:
         return x.new_empty(*x.shape[:-1], st.n // 2)
     x2, caps, choice = _planned(x, st)
-    if choice.path.name == "gemv_cols":
-        y = gemv_cols.matmul(x2, st, bias, choice.config, caps=caps, glu=True)
+    if choice.path.name in ("gemv_cols", "gemv_dp4a"):
+        y = choice.path.run(x2, st, bias, choice.config, caps=caps, glu=True)
     else:
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
     return y.reshape(*x.shape[:-1], st.n // 2)
