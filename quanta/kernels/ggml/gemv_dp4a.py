@@ -15,7 +15,7 @@ import torch
 from quanta.kernels.affine.gemv_out import output_columns, store_output, workspace
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, q3k_scale
-from quanta.kernels.ggml.gemv_cols import ColsConfig
+from quanta.kernels.ggml.gemv_cols import ColsConfig, _words4
 from quanta.kernels.ggml.layout import GgmlState, plane_args
 from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
 
@@ -170,14 +170,8 @@ def _q3k_half(q_row, xd_row, xs_row, t, H: tl.constexpr, lo0, lo1, hi, w0, w1, w
 @triton.jit
 def _words8(at, m2, N):
     """Eight word rows at, at + N, .., at + 7N of a plane (streamed once: evict first)."""
-    w0 = tl.load(at, mask=m2, other=0, eviction_policy="evict_first")
-    w1 = tl.load(at + N, mask=m2, other=0, eviction_policy="evict_first")
-    w2 = tl.load(at + 2 * N, mask=m2, other=0, eviction_policy="evict_first")
-    w3 = tl.load(at + 3 * N, mask=m2, other=0, eviction_policy="evict_first")
-    w4 = tl.load(at + 4 * N, mask=m2, other=0, eviction_policy="evict_first")
-    w5 = tl.load(at + 5 * N, mask=m2, other=0, eviction_policy="evict_first")
-    w6 = tl.load(at + 6 * N, mask=m2, other=0, eviction_policy="evict_first")
-    w7 = tl.load(at + 7 * N, mask=m2, other=0, eviction_policy="evict_first")
+    w0, w1, w2, w3 = _words4(at, m2, N)
+    w4, w5, w6, w7 = _words4(at + 4 * N, m2, N)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
