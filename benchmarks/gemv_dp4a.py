@@ -1,6 +1,6 @@
 """Q2_K and Q3_K at M = 1 on the dp4a GEMV against 8-bit activations (gemv_dp4a) beside the packed-half column GEMV
-(gemv_cols, the plan's), on the Llama-3 8B shapes: µs of each (dp4a with its activation quantization in the call,
-given it, and the quantization alone), launch configs of the dp4a GEMV, gate_up with the SwiGLU epilogue as the
+(gemv_cols, the plan's), on the Llama-3 8B shapes: µs of each (dp4a quantizing x in its programs, given x's codes,
+and quantize_rows alone as a launch), launch configs of the dp4a GEMV, gate_up with the SwiGLU epilogue as the
 engine runs it, and each one's error against the float32 product (the dp4a one's is x's rounding to 8 bits).
    usage: python3 benchmarks/gemv_dp4a.py --out gemv-dp4a.json [--types q2_K] [--configs '256,4,16,1;256,2,16,1']
 """

@@ -45,7 +45,7 @@ _COLS = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr
              ws_ptr="*fp32", lock_ptr="*i32", pos_ptr="*i64", freq_ptr="*fp32", k_cache_ptr="*fp16",
              v_cache_ptr="*fp16", slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32", b0="*i32", b1="*i32",
              b2="*i32", b3="*i32")
-_DP4A = dict(q_ptr="*i32", xd_ptr="*fp32", xs_ptr="*i32", p0="*i32", p1="*i32", p2="*i32", p3="*i32",
+_DP4A = dict(x_ptr="*fp16", q_ptr="*i32", xd_ptr="*fp32", xs_ptr="*i32", p0="*i32", p1="*i32", p2="*i32", p3="*i32",
              bias_ptr="*fp16", y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",

@@ -2,11 +2,11 @@
 llama.cpp's MMVQ takes them. In packed halves (gemv_cols) a pair of 2- or 3-bit codes costs a 4-bit pair's
 instructions at up to twice the pairs a byte, so that GEMV is issue-bound; dp4a takes four codes after a mask.
 
-The activations are quantized first, in a launch of their own (quantize_rows): int8 codes round(x * 127 / amax) in
-blocks of 32, each block's scale amax / 127, and each 16-value sub-block's sum of codes (Q2_K's mins, Q3_K's -4). A
-thread owns output columns over gemv_cols' column-major planes; a 32-value block's scaled dots are summed in int32,
-then scaled once in float32. The result is the weight times x rounded to 8 bits (the error is x's rounding); the
-affine GEMV's ends (gemv_out): split-K through its workspace, SwiGLU.
+Each program first quantizes its K range of the activations (no launch of their own; quantize_rows is the same rule
+alone) through a scratch row: int8 codes round(x * 127 / amax) in blocks of 32, each block's scale amax / 127, each
+16-value sub-block's sum of codes (Q2_K's mins, Q3_K's -4). A thread owns output columns over gemv_cols' planes; a
+32-value block's scaled dots are summed in int32, then scaled once in float32. The result is the weight times x
+rounded to 8 bits (the error is x's rounding); the affine GEMV's ends (gemv_out): split-K, SwiGLU.
 """
 from __future__ import annotations
 
@@ -29,19 +29,27 @@ DEFAULT_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
 
 
 @triton.jit
-def _q8_rows_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, BLOCKS: tl.constexpr):
-    """Values [pid_k * 32 * BLOCKS, + 32 * BLOCKS) of row pid_m: int8 codes floor(x * 127 / amax + 1/2) of each
-    32-value block (zero where amax is), its scale amax / 127 (float32) and each 16 values' sum of codes (int32)."""
-    pid_m, pid_k = tl.program_id(0), tl.program_id(1)
-    offs = pid_k * BLOCKS * 32 + tl.arange(0, BLOCKS * 32)
-    x = tl.reshape(tl.load(x_ptr + pid_m * stride_xm + offs).to(tl.float32), (BLOCKS, 32))
+def _quantize(x_row, q_row, d_row, s_row, b, BLOCKS: tl.constexpr):
+    """Values [b * 32 * BLOCKS, + 32 * BLOCKS) of one row: int8 codes floor(x * 127 / amax + 1/2) of each 32-value
+    block (zero where amax is) into q_row, its scale amax / 127 (float32) into d_row, each 16 values' sum of codes
+    (int32) into s_row."""
+    offs = b * BLOCKS * 32 + tl.arange(0, BLOCKS * 32)
+    x = tl.reshape(tl.load(x_row + offs).to(tl.float32), (BLOCKS, 32))
     amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
-    tl.store(q_ptr + pid_m * K + offs, tl.reshape(q, (BLOCKS * 32,)).to(tl.int8))
-    tl.store(d_ptr + pid_m * (K // 32) + pid_k * BLOCKS + tl.arange(0, BLOCKS), amax / 127.0)
+    tl.store(q_row + offs, tl.reshape(q, (BLOCKS * 32,)).to(tl.int8))
+    tl.store(d_row + b * BLOCKS + tl.arange(0, BLOCKS), amax / 127.0)
     sums = tl.sum(tl.reshape(q, (BLOCKS * 2, 16)), axis=1)
-    tl.store(s_ptr + pid_m * (K // 16) + pid_k * BLOCKS * 2 + tl.arange(0, BLOCKS * 2), sums)
+    tl.store(s_row + b * BLOCKS * 2 + tl.arange(0, BLOCKS * 2), sums)
+
+
+@triton.jit
+def _q8_rows_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, BLOCKS: tl.constexpr):
+    """_quantize of values [pid_k * 32 * BLOCKS, + 32 * BLOCKS) of row pid_m."""
+    pid_m, pid_k = tl.program_id(0), tl.program_id(1)
+    _quantize(x_ptr + pid_m * stride_xm, q_ptr + pid_m * K, d_ptr + pid_m * (K // 32), s_ptr + pid_m * (K // 16), pid_k,
+              BLOCKS)
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -176,10 +184,22 @@ def _words8(at, m2, N):
 
 
 @triton.jit
-def _q2k_block(q_row, xd_row, xs_row, sc_ptr, qs_ptr, dm_ptr, t, cols, m2, N, PTX: tl.constexpr,
-               PDL: tl.constexpr):
+def _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL: tl.constexpr, QUANTIZE: tl.constexpr):
+    """After the PDL wait (x is the kernel before's output; returns at once after the first time): with QUANTIZE,
+    super-block t's 256 values of x quantized into the program's codes, scales and sums (every program of the
+    split writes the same values there), a barrier making them every thread's."""
+    pdl_wait(PDL)
+    if QUANTIZE:
+        _quantize(x_row, q_row.to(tl.pointer_type(tl.int8)), xd_row, xs_row.to(tl.pointer_type(tl.int32)), t, 8)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _q2k_block(x_row, q_row, xd_row, xs_row, sc_ptr, qs_ptr, dm_ptr, t, cols, m2, N, PTX: tl.constexpr,
+               PDL: tl.constexpr, QUANTIZE: tl.constexpr):
     """Q2_K super-block t's part of the sums: planes sc [blocks * 4, N], qs [blocks * 16, N], dm [blocks, N]
-    (gemv_cols._q2k_sums); its words loaded before the PDL wait (they do not depend on the kernel before)."""
+    (gemv_cols._q2k_sums); its words loaded before the PDL wait (they do not depend on the kernel before) and x's
+    codes (_codes_ready)."""
     dm = tl.load(dm_ptr + t * N + cols, mask=m2, other=0)
     s0 = tl.load(sc_ptr + (t * 4) * N + cols, mask=m2, other=0)
     s1 = tl.load(sc_ptr + (t * 4 + 1) * N + cols, mask=m2, other=0)
@@ -187,7 +207,7 @@ def _q2k_block(q_row, xd_row, xs_row, sc_ptr, qs_ptr, dm_ptr, t, cols, m2, N, PT
     s3 = tl.load(sc_ptr + (t * 4 + 3) * N + cols, mask=m2, other=0)
     a0, a1, a2, a3, a4, a5, a6, a7 = _words8(qs_ptr + (t * 16) * N + cols, m2, N)
     b0, b1, b2, b3, b4, b5, b6, b7 = _words8(qs_ptr + (t * 16 + 8) * N + cols, m2, N)
-    pdl_wait(PDL)                                        # (returns at once after the first time)
+    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE)
     part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of xd * sc * dot(q, xq)
     part_m = tl.zeros(cols.shape, dtype=tl.float32)     # sum of xd * m * sum(xq)
     part_q, part_m = _q2k_half(q_row, xd_row, xs_row, t, 0, s0, s1, a0, a1, a2, a3, a4, a5, a6, a7, part_q, part_m,
@@ -198,10 +218,10 @@ def _q2k_block(q_row, xd_row, xs_row, sc_ptr, qs_ptr, dm_ptr, t, cols, m2, N, PT
 
 
 @triton.jit
-def _q3k_block(q_row, xd_row, xs_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, t, cols, m2, N, PTX: tl.constexpr,
-               PDL: tl.constexpr):
+def _q3k_block(x_row, q_row, xd_row, xs_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, t, cols, m2, N, PTX: tl.constexpr,
+               PDL: tl.constexpr, QUANTIZE: tl.constexpr):
     """Q3_K super-block t's part of the sums: planes hm [blocks * 8, N], qs, sc [blocks * 3, N], d [blocks, N]
-    fp16 (gemv_cols._q3k_sums); its words loaded before the PDL wait."""
+    fp16 (gemv_cols._q3k_sums); its words loaded before the PDL wait and x's codes (_codes_ready)."""
     d = tl.load(d_ptr + t * N + cols, mask=m2, other=0.0).to(tl.float32)
     lo0 = tl.load(sc_ptr + (t * 3) * N + cols, mask=m2, other=0)
     lo1 = tl.load(sc_ptr + (t * 3 + 1) * N + cols, mask=m2, other=0)
@@ -209,7 +229,7 @@ def _q3k_block(q_row, xd_row, xs_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, t, cols, m2
     m0, m1, m2_, m3, m4, m5, m6, m7 = _words8(hm_ptr + (t * 8) * N + cols, m2, N)
     a0, a1, a2, a3, a4, a5, a6, a7 = _words8(qs_ptr + (t * 16) * N + cols, m2, N)
     b0, b1, b2, b3, b4, b5, b6, b7 = _words8(qs_ptr + (t * 16 + 8) * N + cols, m2, N)
-    pdl_wait(PDL)
+    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE)
     part = tl.zeros(cols.shape, dtype=tl.float32)
     part = _q3k_half(q_row, xd_row, xs_row, t, 0, lo0, lo1, hi, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, m2_, m3, m4,
                      m5, m6, m7, part, PTX)
@@ -219,12 +239,13 @@ def _q3k_block(q_row, xd_row, xs_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, t, cols, m2
 
 
 @triton.jit
-def _dp4a_kernel(q_ptr, xd_ptr, xs_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr, N, K, tiles_per_split,
-                 num_tiles, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                 PTX: tl.constexpr, PDL: tl.constexpr = False, GLU: tl.constexpr = False, Q3: tl.constexpr = False):
-    """y[m, n] = sum_k xq[m, k] W[n, k] for a Q2_K (planes p0..p2) or Q3_K (Q3: p0..p3) weight and quantize_rows'
-    codes q (as int32 words), scales xd and sums xs; program (row m, BLOCK_N columns, split of whole
-    super-blocks)."""
+def _dp4a_kernel(x_ptr, q_ptr, xd_ptr, xs_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr, lock_ptr, N, K,
+                 tiles_per_split, num_tiles, stride_xm, stride_ym, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 SPLIT_K: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr = False, GLU: tl.constexpr = False,
+                 Q3: tl.constexpr = False, QUANTIZE: tl.constexpr = True):
+    """y[m, n] = sum_k xq[m, k] W[n, k] for a Q2_K (planes p0..p2) or Q3_K (Q3: p0..p3) weight and x's codes q (as
+    int32 words), scales xd and sums xs (quantize_rows'); with QUANTIZE each program makes those of its K range from
+    x into them first. Program (row m, BLOCK_N columns, split of whole super-blocks)."""
     pdl_launch_dependents(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n, mask_n = output_columns(pid_n, N, BLOCK_N, GLU)
@@ -232,14 +253,15 @@ def _dp4a_kernel(q_ptr, xd_ptr, xs_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, ws_ptr,
     q_row = (q_ptr + pid_m * (K // 4)).to(tl.pointer_type(tl.int64))
     xs_row = (xs_ptr + pid_m * (K // 16)).to(tl.pointer_type(tl.int64))
     xd_row = xd_ptr + pid_m * (K // 32)
+    x_row = x_ptr + pid_m * stride_xm
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, num_tiles)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.range(t_begin, t_end):
         if Q3:
-            acc += _q3k_block(q_row, xd_row, xs_row, p0, p1, p2, p3, t, cols, m2, N, PTX, PDL)
+            acc += _q3k_block(x_row, q_row, xd_row, xs_row, p0, p1, p2, p3, t, cols, m2, N, PTX, PDL, QUANTIZE)
         else:
-            acc += _q2k_block(q_row, xd_row, xs_row, p0, p1, p2, t, cols, m2, N, PTX, PDL)
+            acc += _q2k_block(x_row, q_row, xd_row, xs_row, p0, p1, p2, t, cols, m2, N, PTX, PDL, QUANTIZE)
     pdl_wait(PDL)
     y = tl.reshape(acc, (BLOCK_N,))
     store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
@@ -264,22 +286,27 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None, glu: bool = False, ptx: bool | None = None,
            quantized: tuple | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2, x2 rounded to 8 bits in blocks of 32 first (quantize_rows,
-    or `quantized`, its output for x2, given). `glu`: W stacks [gate; up] and y[M, N/2] = silu(gate) * up.
-    `config` (ColsConfig's first four fields) and `ptx` (dp4a, or its integer twin) forced by tests and benchmarks."""
-    assert x2.dim() == 2 and x2.shape[1] == st.k and applies(st) is None, st.name
+    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 rounded to 8 bits in blocks of 32: by the GEMV's programs, each
+    its K range (quantize_rows' rule), or `quantized`, quantize_rows' output for x2, given. `glu`: W stacks
+    [gate; up] and y[M, N/2] = silu(gate) * up. `config` (ColsConfig's first four fields) and `ptx` (dp4a, or its
+    integer twin) forced by tests and benchmarks."""
+    assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     caps = caps or device_caps(x2.device)
-    q, xd, xs = quantized if quantized is not None else quantize_rows(x2)
+    m, k = x2.shape
+    q, xd, xs = quantized if quantized is not None else (
+        torch.empty(m, k, dtype=torch.int8, device=x2.device),
+        torch.empty(m, k // QBLOCK, dtype=torch.float32, device=x2.device),
+        torch.empty(m, k // SUB, dtype=torch.int32, device=x2.device))
     bn, warps, waves, min_tiles = tuple(config or DEFAULT_CONFIG)[:4]
-    m, n = x2.shape[0], st.n
+    n = st.n
     assert not glu or n % 2 == 0
     column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
     splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
     y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
     ws, locks = workspace(x2.device, n, m)
     _dp4a_kernel[(m, column_blocks, splits)](
-        q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, st.k, per,
-        st.tiles, y.stride(0),
+        x2, q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, k, per,
+        st.tiles, x2.stride(0), y.stride(0),
         BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits, PTX=caps.is_cuda if ptx is None else ptx, GLU=glu,
-        Q3=st.name == "q3_K", num_warps=warps, **pdl_launch(caps))
+        Q3=st.name == "q3_K", QUANTIZE=quantized is None, num_warps=warps, **pdl_launch(caps))
     return y
