@@ -1,11 +1,12 @@
-# Q2_K / Q3_K at batch 1 on the dp4a GEMV (gemv_dp4a: 8-bit activations, a launch of their own) against the
+# Q2_K / Q3_K at batch 1 on the dp4a GEMV (gemv_dp4a: x rounded to 8 bits by its own programs) against the
 # packed-half GEMV: its GPU tests, the kernels alone at the 8B shapes (gemv_dp4a.py: µs, share of copy, error, launch
 # configs), then decode tok/s in the engine with plan.DP4A_TYPES set against as built (engine_configs.py, two
 # alternating rounds) for Q2_K, Q3_K and the Q3_K_M mix, and w4g128 beside them for the per-byte comparison.
 #   usage: bash benchmarks/dp4a_decode.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 T0=$(date +%s)
-staged 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_ggml_dp4a.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+staged 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_ggml_dp4a.py 2>&1 | tail -n 3 \
+  | tee "$OUT/tests.txt"
 grep -q " passed" "$OUT/tests.txt" && ! grep -q "failed\|error" "$OUT/tests.txt" || { echo "TESTS FAILED"; exit 1; }
 staged 150 python3 benchmarks/gemv_dp4a.py --out "$OUT/gemv-dp4a.json" > "$OUT/gemv-dp4a.log" 2>&1
 tail -n 14 "$OUT/gemv-dp4a.log"

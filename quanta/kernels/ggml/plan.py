@@ -73,8 +73,8 @@ def cublas_min_m(st: GgmlState) -> int:
 
 # The types whose large weights (DP4A_MIN_VALUES values and more) the dp4a GEMV takes at one row, on 8-bit
 # activations: none until measured faster in the decode chain than the packed-half GEMV (benchmarks/gemv_dp4a.py,
-# benchmarks/engine_configs.py with DP4A_TYPES set). The small weights' GEMVs are latency-bound: a launch of its
-# own for the activations' quantization would cost more there than the fewer instructions save.
+# benchmarks/engine_configs.py with DP4A_TYPES set). The small weights' GEMVs are latency-bound: fewer instructions
+# would not shorten them, and the quantization of x before their first dot would lengthen their chain of loads.
 DP4A_TYPES: tuple[str, ...] = ()
 DP4A_MIN_VALUES = gemv_cols.LARGE_WEIGHT
 
@@ -87,7 +87,7 @@ def _gemv_dp4a_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
     if st.name not in DP4A_TYPES:
         return f"{st.name}: not planned on the dp4a path"
     if st.n * st.k < DP4A_MIN_VALUES:
-        return f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: the activations' launch costs more)"
+        return f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: x's quantization would add to its chain)"
     return gemv_dp4a.applies(st, caps)
 
 
@@ -213,7 +213,8 @@ def _planned(x: torch.Tensor, st: GgmlState):
 
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the column-major
-    GEMVs' (packed-half or dp4a) epilogue where they run (one launch fewer a decode layer); else the planned path, then silu_and_mul."""
+    GEMVs' (packed-half or dp4a) epilogue where they run (one launch fewer a decode layer); else the planned path,
+    then silu_and_mul."""
     if x.numel() == 0:
         return x.new_empty(*x.shape[:-1], st.n // 2)
     x2, caps, choice = _planned(x, st)
