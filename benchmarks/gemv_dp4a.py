@@ -16,16 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggml_gemm import parse_configs, random_gguf  # noqa: E402
-from linears import SHAPES, bench, copies, start_run, write_run  # noqa: E402
+from linears import SHAPES, bench, copies, rel_norm_err, start_run, write_run  # noqa: E402
 
 from quanta.kernels import activation, ggml_gemm  # noqa: E402
 from quanta.kernels.ggml import gemv_cols, gemv_dp4a  # noqa: E402
 
 CONFIGS = "256,4,16,1;256,2,16,1;128,4,16,1;256,4,8,1"
-
-
-def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((y.float() - ref).norm() / ref.norm()).item()
 
 
 def run_layer(name: str, layer: str, configs: tuple, copy_bw: float) -> dict:
@@ -37,8 +33,8 @@ def run_layer(name: str, layer: str, configs: tuple, copy_bw: float) -> dict:
     ref = xs[0].float() @ w.dequantize(torch.float32).cuda().t()
     glu = layer == "gate_up"
     rec = {"type": name, "layer": layer, "n": n, "k": k, "bytes": w.nbytes}
-    rec["err_cols"] = rel(gemv_cols.matmul(xs[0], st[0]), ref)
-    rec["err_dp4a"] = rel(gemv_dp4a.matmul(xs[0], st[0]), ref)
+    rec["err_cols"] = rel_norm_err(gemv_cols.matmul(xs[0], st[0]), ref)
+    rec["err_dp4a"] = rel_norm_err(gemv_dp4a.matmul(xs[0], st[0]), ref)
     assert rec["err_cols"] < 1e-2 and rec["err_dp4a"] < 2e-2, rec
     rec["cols_us"] = bench(lambda x, s: gemv_cols.matmul(x, s), xs, st, w.nbytes)
     rec["dp4a_us"] = bench(lambda x, s: gemv_dp4a.matmul(x, s), xs, st, w.nbytes)
@@ -51,7 +47,7 @@ def run_layer(name: str, layer: str, configs: tuple, copy_bw: float) -> dict:
             lambda xq, s: gemv_dp4a.matmul(xq[0], s, None, cfg, quantized=xq[1]), qx, st, w.nbytes)
     if glu:
         fused = gemv_dp4a.matmul(xs[0], st[0], glu=True)
-        assert rel(fused, activation.silu_and_mul(gemv_dp4a.matmul(xs[0], st[0]))) < 1e-2
+        assert rel_norm_err(fused, activation.silu_and_mul(gemv_dp4a.matmul(xs[0], st[0]))) < 1e-2
         rec["cols_glu_us"] = bench(lambda x, s: gemv_cols.matmul(x, s, glu=True), xs, st, w.nbytes)
         rec["dp4a_glu_us"] = bench(lambda x, s: gemv_dp4a.matmul(x, s, glu=True), xs, st, w.nbytes)
     for key in ("cols_us", "dp4a_given_us"):

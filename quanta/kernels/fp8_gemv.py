@@ -15,7 +15,14 @@ from typing import NamedTuple
 
 import torch
 
-from quanta.kernels.affine.gemv_out import LOCK_COLUMNS, output_columns, rope_fits, store_output, workspace
+from quanta.kernels.affine.gemv_out import (  # noqa: F401  (workspace: this path's, for its callers)
+    LOCK_COLUMNS,
+    gemv_launch,
+    output_columns,
+    rope_fits,
+    store_output,
+    workspace,
+)
 from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, no_lora_args
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.paged_kv import fp8_write_constexprs
@@ -25,7 +32,6 @@ from quanta.kernels.triton_support import (
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
-    split_k,
     tl,
     triton,
 )
@@ -151,10 +157,7 @@ def matmul(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     assert bn % LOCK_COLUMNS == 0 and not (glu and rope is not None) and (not glu or n % 2 == 0)
     assert rope is None or rope_applies(n, rope, config)
     steps = cdiv(k, bk)
-    column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
-    splits, per = split_k(m * column_blocks, steps, caps.sm_count, waves, min_steps)
-    y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
-    ws, locks = workspace(x2.device, n, m)
+    column_blocks, splits, per, y, ws, locks = gemv_launch(x2, n, steps, bn, waves, min_steps, glu, x2.dtype, caps)
     hw = caps.is_cuda and caps.fp8 if hw_fp8 is None else hw_fp8
     lora_split = int(lora is not None)
     _fp8_gemv_kernel[(m, column_blocks, splits + lora_split)](

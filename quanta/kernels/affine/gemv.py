@@ -12,6 +12,7 @@ import torch
 from quanta.kernels.affine.gemv_out import (  # noqa: F401  (MAX_ROWS, workspace: this path's, for its callers)
     LOCK_COLUMNS,
     MAX_ROWS,
+    gemv_launch,
     output_columns,
     rope_fits,
     store_output,
@@ -25,11 +26,9 @@ from quanta.kernels.lora_epilogue import RANK_CHUNK, LoRAEpilogue, lora_delta, n
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
 from quanta.kernels.triton_support import (
-    cdiv,
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
-    split_k,
     tl,
     triton,
 )
@@ -374,10 +373,8 @@ def matmul(x2: torch.Tensor, st: AffineState, bias: torch.Tensor | None = None, 
     table_h2 = h2 and st.mode == LUT
     groups = tile_groups(st) if h2 else 1
     assert not glu or st.n % 2 == 0
-    column_blocks = cdiv(st.n // 2, bn // 2) if glu else cdiv(st.n, bn)
-    splits, per = split_k(m * column_blocks, st.num_tiles, caps.sm_count, waves, min_tiles)
-    y = torch.empty(m, st.n // 2 if glu else st.n, device=x2.device, dtype=st.dtype)
-    ws, locks = workspace(x2.device, st.n, m)
+    column_blocks, splits, per, y, ws, locks = gemv_launch(x2, st.n, st.num_tiles, bn, waves, min_tiles, glu, st.dtype,
+                                                           caps)
     lora_split = int(lora is not None)
     _affine_gemv_kernel[(m, column_blocks, splits + lora_split)](
         x2, st.packed, st.sz, st.perm if st.perm is not None else st.packed,

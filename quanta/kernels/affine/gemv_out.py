@@ -1,13 +1,17 @@
-"""How the GEMVs at one or two rows (affine gemv.py, fp8_gemv.py) leave a program: its output columns (SwiGLU's
-gate and up halves side by side), the split-K sum through a workspace that the last split to arrive takes, and the
-epilogues: store, SwiGLU, or rotary + the paged KV store."""
+"""How the GEMVs at one or two rows (affine gemv.py, fp8_gemv.py, ggml gemv_cols.py / gemv_dp4a.py) launch and leave
+a program: the launch's column blocks and K splits (gemv_launch), a program's output columns (SwiGLU's gate and up
+halves side by side), the split-K sum through a workspace that the last split to arrive takes, and the epilogues:
+store, SwiGLU, or rotary + the paged KV store."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from quanta.kernels.activation import silu_mul
+from quanta.kernels.device_caps import DeviceCaps
 from quanta.kernels.rotary import RopeStore, rope_store_epilogue
-from quanta.kernels.triton_support import cdiv, tl, triton, zeroed_scratch
+from quanta.kernels.triton_support import cdiv, split_k, tl, triton, zeroed_scratch
 
 MAX_ROWS = 2                  # the most activation rows a GEMV takes (plan.GEMV_MAX_M)
 
@@ -95,6 +99,29 @@ def workspace(device: torch.device, n: int, m: int) -> tuple[torch.Tensor, torch
     device, rows = torch.device(device), max(m, MAX_ROWS)
     return (zeroed_scratch(("gemv partials", device, n), (rows, n), torch.float32, device),
             zeroed_scratch(("gemv counts", device, n), (rows, cdiv(n, LOCK_COLUMNS)), torch.int32, device))
+
+
+class GemvLaunch(NamedTuple):
+    """A split-K GEMV launch: its column blocks and K splits (the grid's second and third axes), K steps a split,
+    the output y and the workspace's partial sums and split counts."""
+    column_blocks: int
+    splits: int
+    per: int
+    y: torch.Tensor
+    ws: torch.Tensor
+    locks: torch.Tensor
+
+
+def gemv_launch(x2: torch.Tensor, n: int, k_steps: int, block_n: int, waves: float, min_steps: int, glu: bool,
+                dtype: torch.dtype, caps: DeviceCaps) -> GemvLaunch:
+    """The launch of a GEMV over x2's rows and N output columns, block_n a program (with GLU block_n / 2 gate
+    columns and their up columns: y has N / 2), its K of k_steps split for about `waves` programs an SM of at least
+    `min_steps` steps each (split_k); y [M, N or N / 2] in `dtype`."""
+    m = x2.shape[0]
+    column_blocks = cdiv(n // 2, block_n // 2) if glu else cdiv(n, block_n)
+    splits, per = split_k(m * column_blocks, k_steps, caps.sm_count, waves, min_steps)
+    y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=dtype)
+    return GemvLaunch(column_blocks, splits, per, y, *workspace(x2.device, n, m))
 
 
 def rope_fits(n: int, rope: RopeStore, block_n: int) -> bool:

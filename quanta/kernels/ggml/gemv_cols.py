@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from quanta.kernels.affine.gemv_out import output_columns, rope_fits, store_output, workspace
+from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, rope_fits, store_output
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, q3k_scale
 from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_pairs, _q23k_dot, _small_float,
@@ -22,7 +22,7 @@ from quanta.kernels.ggml.gemv_h2 import (_q4k_dots, _q5k_dots, _q6k_dots, _q6k_p
 from quanta.kernels.ggml.layout import GgmlState, plane_args
 from quanta.kernels.paged_kv import fp8_write_constexprs
 from quanta.kernels.rotary import RopeStore
-from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
@@ -416,10 +416,8 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     parts = min(parts, MAX_PARTS[st.name], MAX_PARTS[b.name])      # the finest split both types' loops take
     assert chunks in (1, 2, 4) and parts in (1, 2, 4), config      # an iteration's steps lie in one part
     m = x2.shape[0]
-    column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
-    splits, per = split_k(m * column_blocks, st.tiles * parts, caps.sm_count, waves, min_tiles)
-    y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
-    ws, locks = workspace(x2.device, n, m)
+    column_blocks, splits, per, y, ws, locks = gemv_launch(x2, n, st.tiles * parts, bn, waves, min_tiles, glu,
+                                                           x2.dtype, caps)
     _ggml_cols_kernel[(m, column_blocks, splits)](
         x2, *plane_args(st), bias if bias is not None else x2, y, ws, locks,
         *(rope.kernel_args() if rope is not None else (x2,) * 7), n, per, st.tiles * parts,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine.gemv_out import output_columns, store_output, workspace
+from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_output
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, q3k_scale
 from quanta.kernels.ggml.gemv_cols import ColsConfig, _words4
 from quanta.kernels.ggml.layout import GgmlState, plane_args
-from quanta.kernels.triton_support import cdiv, pdl_launch, pdl_launch_dependents, pdl_wait, split_k, tl, triton
+from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 TYPES = ("q2_K", "q3_K")
 QBLOCK = 32                   # activation values a scale
@@ -52,24 +52,36 @@ def _q8_rows_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, BLOCKS: tl.constex
               BLOCKS)
 
 
+def _code_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialized codes int8 [M, K], scales float32 [M, K / 32] and sums of codes int32 [M, K / 16]."""
+    return (torch.empty(m, k, dtype=torch.int8, device=device),
+            torch.empty(m, k // QBLOCK, dtype=torch.float32, device=device),
+            torch.empty(m, k // SUB, dtype=torch.int32, device=device))
+
+
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes int8 [M, K], scales float32 [M, K / 32], sums of codes int32 [M, K / 16]) of rows x2 [M, K], K a
     multiple of 256: each 32-value block's codes round(x * 127 / amax), half-way up, its scale amax / 127."""
     m, k = x2.shape
     assert k % (QBLOCK * QUANT_BLOCKS) == 0 and x2.stride(1) == 1, (m, k)
-    q = torch.empty(m, k, dtype=torch.int8, device=x2.device)
-    d = torch.empty(m, k // QBLOCK, dtype=torch.float32, device=x2.device)
-    s = torch.empty(m, k // SUB, dtype=torch.int32, device=x2.device)
+    q, d, s = _code_buffers(m, k, x2.device)
     _q8_rows_kernel[(m, k // (QBLOCK * QUANT_BLOCKS))](x2, q, d, s, k, x2.stride(0), BLOCKS=QUANT_BLOCKS)
     return q, d, s
 
 
-# Run j's bits of every byte of a qs word, in place (as int32: 0xC0C0C0C0 is negative)
-RUN_MASKS = tl.constexpr((0x03030303, 0x0C0C0C0C, 0x30303030, 0xC0C0C0C0 - (1 << 32)))
-RUN_SCALES = tl.constexpr((1.0, 0.25, 0.0625, 0.015625))                    # 4^-j
-# Q3_K: run j's 3-bit code at bit RUN3_AT[j] of a byte (bits 2j .. 2j + 2, but run 3's from bit 4: 7 * 64 > 255)
-RUN3_AT = tl.constexpr((0, 2, 4, 4))
-RUN3_SCALES = tl.constexpr((1.0, 0.25, 0.0625, 0.0625))
+def _int32(v: int) -> int:
+    """Unsigned 32-bit `v` as the int32 of the same bits."""
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+# The bit of each byte at which run j's code is dotted (the dot is 2^bit times the codes'): Q2_K's 2-bit codes where
+# they lie (bits 2j); Q3_K's 3-bit codes there too, but run 3's from bit 4 (7 * 64 > 255). The masks of Q2_K's runs
+# (as int32) and each run's 2^-bit follow.
+RUN_AT, RUN3_AT_BITS = (0, 2, 4, 6), (0, 2, 4, 4)
+RUN_MASKS = tl.constexpr(tuple(_int32(0x03030303 << at) for at in RUN_AT))
+RUN_SCALES = tl.constexpr(tuple(2.0 ** -at for at in RUN_AT))
+RUN3_AT = tl.constexpr(RUN3_AT_BITS)
+RUN3_SCALES = tl.constexpr(tuple(2.0 ** -at for at in RUN3_AT_BITS))
 
 
 @triton.jit
@@ -293,17 +305,11 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     caps = caps or device_caps(x2.device)
     m, k = x2.shape
-    q, xd, xs = quantized if quantized is not None else (
-        torch.empty(m, k, dtype=torch.int8, device=x2.device),
-        torch.empty(m, k // QBLOCK, dtype=torch.float32, device=x2.device),
-        torch.empty(m, k // SUB, dtype=torch.int32, device=x2.device))
+    q, xd, xs = quantized if quantized is not None else _code_buffers(m, k, x2.device)
     bn, warps, waves, min_tiles = tuple(config or DEFAULT_CONFIG)[:4]
     n = st.n
     assert not glu or n % 2 == 0
-    column_blocks = cdiv(n // 2, bn // 2) if glu else cdiv(n, bn)
-    splits, per = split_k(m * column_blocks, st.tiles, caps.sm_count, waves, min_tiles)
-    y = torch.empty(m, n // 2 if glu else n, device=x2.device, dtype=x2.dtype)
-    ws, locks = workspace(x2.device, n, m)
+    column_blocks, splits, per, y, ws, locks = gemv_launch(x2, n, st.tiles, bn, waves, min_tiles, glu, x2.dtype, caps)
     _dp4a_kernel[(m, column_blocks, splits)](
         x2, q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, k, per,
         st.tiles, x2.stride(0), y.stride(0),

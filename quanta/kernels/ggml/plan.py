@@ -211,6 +211,9 @@ def _planned(x: torch.Tensor, st: GgmlState):
     return x2, caps, TABLE.pick(st, caps, x2.shape[0], None)
 
 
+GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a")      # the paths whose run takes glu=True (SwiGLU in its epilogue)
+
+
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the column-major
     GEMVs' (packed-half or dp4a) epilogue where they run (one launch fewer a decode layer); else the planned path,
@@ -218,7 +221,7 @@ def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None)
     if x.numel() == 0:
         return x.new_empty(*x.shape[:-1], st.n // 2)
     x2, caps, choice = _planned(x, st)
-    if choice.path.name in ("gemv_cols", "gemv_dp4a"):
+    if choice.path.name in GLU_EPILOGUE_PATHS:
         y = choice.path.run(x2, st, bias, choice.config, caps=caps, glu=True)
     else:
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
