@@ -20,7 +20,7 @@ from quanta.kernels.paged_kv import FP8_FORMATS, NO_FP8_READ
 from quanta.kernels.triton_support import ZERO_BLOCK
 
 TARGETS = (75, 80, 89, 90)
-DIV16 = {"N", "K", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
+DIV16 = {"N", "K", "stride_qs", "stride_xm", "stride_ym", "stride_om", "D", "stride_x", "stride_r", "stride_y",
          "stride_q", "stride_k", "half", "stride_qt", "stride_kt", "stride_qot", "stride_kot", "stride_vt", "stride_gm",
          "stride_um", "HALF_D", "slot_elems", "stride_block", "stride_slot", "stride_qh", "stride_ot", "stride_oh"}
 
@@ -47,6 +47,8 @@ _COLS = dict(x_ptr="*fp16", p0="*i32", p1="*i32", p2="*i32", p3="*i32", bias_ptr
              b2="*i32", b3="*i32")
 _DP4A = dict(x_ptr="*fp16", q_ptr="*i32", xd_ptr="*fp32", xs_ptr="*i32", p0="*i32", p1="*i32", p2="*i32", p3="*i32",
              bias_ptr="*fp16", y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
+_IQ4_DP4A = dict(x_ptr="*fp16", q_ptr="*i64", xd_ptr="*fp32", xs_ptr="*i32", d_ptr="*fp16", sc_ptr="*u8",
+                 qs_ptr="*i32", lut_ptr="*fp32", bias_ptr="*fp16", y_ptr="*fp16", ws_ptr="*fp32", lock_ptr="*i32")
 _ROPE = dict(q_ptr="*fp16", k_ptr="*fp16", qo_ptr="*fp16", ko_ptr="*fp16", pos_ptr="*i64", freq_ptr="*fp32",
              v_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", slot_ptr="*i64", k_scale_ptr="*fp32",
              v_scale_ptr="*fp32")
@@ -215,7 +217,12 @@ CASES = {
     "ggml_dp4a_q3_k_pdl": ("ggml.gemv_dp4a", "_dp4a_kernel", dict(_DP4A, p3="*fp16"),
                            dict(BLOCK_N=256, HAS_BIAS=False, SPLIT_K=2, PTX=True, PDL=True, Q3=True), 4, 1, 90),
     "ggml_q8_rows": ("ggml.gemv_dp4a", "_q8_rows_kernel", dict(x_ptr="*fp16", q_ptr="*i8", d_ptr="*fp32",
-                                                               s_ptr="*i32"), dict(BLOCKS=8), 4, 1, 75),
+                                                               s_ptr="*i32"), dict(BLOCKS=8, INTERLEAVE=True), 4, 1, 75),
+    "ggml_iq4_xs_pdl_glu": ("ggml.gemv_iq4", "_iq4_kernel", _IQ4_DP4A,
+                            dict(BLOCK_N=32, HAS_BIAS=False, SPLIT_K=2, PTX=True, XS=True, PDL=True, GLU=True, EVEN=True), 4, 1,
+                            90),
+    "ggml_iq4_nl_bias": ("ggml.gemv_iq4", "_iq4_kernel", dict(_IQ4_DP4A, sc_ptr="*fp16"),
+                         dict(BLOCK_N=32, HAS_BIAS=True, SPLIT_K=1, PTX=True, XS=False), 4, 1, 75),
     "ggml_gemm_q6_k": ("ggml.gemm", "_ggml_gemm_kernel", _Q6_K[0],
                        dict(_Q6_K[1], PARTS=4, BLOCK_M=16, BLOCK_N=64, HAS_BIAS=False, SPLIT_K=2), 4, 4, 80),
     "ggml_gemm_q4_k_small_smem": ("ggml.gemm", "_ggml_gemm_kernel", _Q4_K[0],

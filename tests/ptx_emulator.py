@@ -4,7 +4,7 @@
 Semantics follow the PTX ISA: registers hold 32-bit patterns (a 64-bit operand, which `mov.b64 {lo, hi}` splits,
 64); `lop3.b32` applies its 8-bit truth table (ta = 0xF0, tb = 0xCC, tc = 0xAA); `shf.l.wrap.b32` is the upper word
 of {b, a} shifted left by c mod 32 (a rotation when a = b); `prmt.b32` picks (or sign-replicates) bytes of {b, a};
-`dp4a.u32.s32` adds the dot of a's unsigned bytes and b's signed ones to c;
+`dp4a.u32.s32` adds the dot of a's unsigned bytes and b's signed ones to c (`dp4a.s32.s32`: both signed);
 `.f16x2` arithmetic works on the two halves, `fma.rn` rounding the exact a*b + c once, `mul.rn` a*b, `add.rn` a + b
 and `sub.rn` a - b once to fp16 (float64 holds a*b exactly, and a*b + c so closely that its one rounding to fp16 is
 the right one; numpy rounds float64 to fp16 directly, to nearest even), `fma.rn.bf16x2` the same to bf16;
@@ -115,6 +115,15 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
                 bb = (b >> 8 * i) & 0xFF
                 total = total + ((a >> 8 * i) & 0xFF) * (bb - ((bb & 0x80) << 1))
             regs[dst] = (total & 0xFFFFFFFF).astype(np.uint32)
+        elif op == "dp4a.s32.s32":                       # c + the signed bytes of a times the signed bytes of b
+            a, b, c = (val(x).astype(np.int64) for x in args)
+            total = c - ((c & 0x80000000) << 1)
+            for i in range(4):
+                ab, bb = (a >> 8 * i) & 0xFF, (b >> 8 * i) & 0xFF
+                total = total + (ab - ((ab & 0x80) << 1)) * (bb - ((bb & 0x80) << 1))
+            regs[dst] = (total & 0xFFFFFFFF).astype(np.uint32)
+        elif op == "or.b32":
+            regs[dst] = val(args[0]) | val(args[1])
         elif op == "and.b32":
             regs[dst] = val(args[0]) & val(args[1])
         elif op == "prmt.b32":

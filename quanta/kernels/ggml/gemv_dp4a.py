@@ -26,30 +26,38 @@ QUANT_BLOCKS = 8              # 32-value blocks a quantize program (one super-bl
 # Two columns a thread in four warps, the K loop split for sixteen programs an SM: gemv_cols' launch for Q2_K's
 # large weights (benchmarks/gemv_dp4a.py times others).
 DEFAULT_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
+# Where x is rounded when the caller gives no codes: in the GEMV's programs (no launch of its own, but every program
+# spends its own instructions and barriers on each tile of x), or by quantize_rows before it (a launch). For
+# benchmarks/engine_configs.py to compare; gemv_iq4 reads it too.
+QUANTIZE_IN_PROGRAMS = True
 
 
 @triton.jit
-def _quantize(x_row, q_row, d_row, s_row, b, BLOCKS: tl.constexpr):
+def _quantize(x_row, q_row, d_row, s_row, b, BLOCKS: tl.constexpr, INTERLEAVE: tl.constexpr):
     """Values [b * 32 * BLOCKS, + 32 * BLOCKS) of one row: int8 codes floor(x * 127 / amax + 1/2) of each 32-value
     block (zero where amax is) into q_row, its scale amax / 127 (float32) into d_row, each 16 values' sum of codes
-    (int32) into s_row."""
+    (int32) into s_row. INTERLEAVE: a block's value i at byte 2i of it, value 16 + i at 2i + 1 (the order IQ4's
+    byte permutes leave the weight's values in: gemv_iq4)."""
     offs = b * BLOCKS * 32 + tl.arange(0, BLOCKS * 32)
     x = tl.reshape(tl.load(x_row + offs).to(tl.float32), (BLOCKS, 32))
     amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
-    tl.store(q_row + offs, tl.reshape(q, (BLOCKS * 32,)).to(tl.int8))
+    at = offs
+    if INTERLEAVE:
+        at = offs - offs % 32 + (offs % 16) * 2 + (offs % 32) // 16
+    tl.store(q_row + at, tl.reshape(q, (BLOCKS * 32,)).to(tl.int8))
     tl.store(d_row + b * BLOCKS + tl.arange(0, BLOCKS), amax / 127.0)
     sums = tl.sum(tl.reshape(q, (BLOCKS * 2, 16)), axis=1)
     tl.store(s_row + b * BLOCKS * 2 + tl.arange(0, BLOCKS * 2), sums)
 
 
 @triton.jit
-def _q8_rows_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, BLOCKS: tl.constexpr):
+def _q8_rows_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, BLOCKS: tl.constexpr, INTERLEAVE: tl.constexpr):
     """_quantize of values [pid_k * 32 * BLOCKS, + 32 * BLOCKS) of row pid_m."""
     pid_m, pid_k = tl.program_id(0), tl.program_id(1)
     _quantize(x_ptr + pid_m * stride_xm, q_ptr + pid_m * K, d_ptr + pid_m * (K // 32), s_ptr + pid_m * (K // 16), pid_k,
-              BLOCKS)
+              BLOCKS, INTERLEAVE)
 
 
 def _code_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,14 +67,25 @@ def _code_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, t
             torch.empty(m, k // SUB, dtype=torch.int32, device=device))
 
 
-def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows(x2: torch.Tensor, interleave: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes int8 [M, K], scales float32 [M, K / 32], sums of codes int32 [M, K / 16]) of rows x2 [M, K], K a
-    multiple of 256: each 32-value block's codes round(x * 127 / amax), half-way up, its scale amax / 127."""
+    multiple of 256: each 32-value block's codes round(x * 127 / amax), half-way up, its scale amax / 127.
+    `interleave`: each block's codes in IQ4's order (_quantize)."""
     m, k = x2.shape
     assert k % (QBLOCK * QUANT_BLOCKS) == 0 and x2.stride(1) == 1, (m, k)
     q, d, s = _code_buffers(m, k, x2.device)
-    _q8_rows_kernel[(m, k // (QBLOCK * QUANT_BLOCKS))](x2, q, d, s, k, x2.stride(0), BLOCKS=QUANT_BLOCKS)
+    _q8_rows_kernel[(m, k // (QBLOCK * QUANT_BLOCKS))](x2, q, d, s, k, x2.stride(0), BLOCKS=QUANT_BLOCKS,
+                                                        INTERLEAVE=interleave)
     return q, d, s
+
+
+def codes_for(x2: torch.Tensor, quantized: tuple | None, interleave: bool = False) -> tuple:
+    """(codes, scales, sums, whether the GEMV's programs make them) for a dp4a GEMV: `quantized` where given; else
+    quantize_rows' where x is rounded by a launch of its own (QUANTIZE_IN_PROGRAMS off), or buffers for the
+    programs to fill."""
+    if quantized is None and not QUANTIZE_IN_PROGRAMS:
+        quantized = quantize_rows(x2, interleave)
+    return (*quantized, False) if quantized is not None else (*_code_buffers(*x2.shape, x2.device), True)
 
 
 def _int32(v: int) -> int:
@@ -85,14 +104,23 @@ RUN3_SCALES = tl.constexpr(tuple(2.0 ** -at for at in RUN3_AT_BITS))
 
 
 @triton.jit
-def _dp4a(codes, xw, acc, PTX: tl.constexpr):
-    """acc + the dot product of the four unsigned bytes of `codes` with the four signed bytes of `xw` (int32)."""
+def _dp4a(codes, xw, acc, PTX: tl.constexpr, SIGNED: tl.constexpr = False):
+    """acc + the dot product of the four bytes of `codes` (unsigned; SIGNED: signed) with the four signed bytes of
+    `xw` (int32)."""
     if PTX:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [codes, xw, acc],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        if SIGNED:
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [codes, xw, acc],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [codes, xw, acc],
+                                             dtype=tl.int32, is_pure=True, pack=1)
     else:
         for b in tl.static_range(4):
-            acc += ((codes >> 8 * b) & 0xFF) * ((xw << 24 - 8 * b) >> 24)
+            if SIGNED:
+                code = (codes << 24 - 8 * b) >> 24
+            else:
+                code = (codes >> 8 * b) & 0xFF
+            acc += code * ((xw << 24 - 8 * b) >> 24)
         return acc
 
 
@@ -196,13 +224,15 @@ def _words8(at, m2, N):
 
 
 @triton.jit
-def _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL: tl.constexpr, QUANTIZE: tl.constexpr):
+def _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL: tl.constexpr, QUANTIZE: tl.constexpr,
+                 INTERLEAVE: tl.constexpr):
     """After the PDL wait (x is the kernel before's output; returns at once after the first time): with QUANTIZE,
     super-block t's 256 values of x quantized into the program's codes, scales and sums (every program of the
     split writes the same values there), a barrier making them every thread's."""
     pdl_wait(PDL)
     if QUANTIZE:
-        _quantize(x_row, q_row.to(tl.pointer_type(tl.int8)), xd_row, xs_row.to(tl.pointer_type(tl.int32)), t, 8)
+        _quantize(x_row, q_row.to(tl.pointer_type(tl.int8)), xd_row, xs_row.to(tl.pointer_type(tl.int32)), t, 8,
+                  INTERLEAVE)
         tl.debug_barrier()
 
 
@@ -219,7 +249,7 @@ def _q2k_block(x_row, q_row, xd_row, xs_row, sc_ptr, qs_ptr, dm_ptr, t, cols, m2
     s3 = tl.load(sc_ptr + (t * 4 + 3) * N + cols, mask=m2, other=0)
     a0, a1, a2, a3, a4, a5, a6, a7 = _words8(qs_ptr + (t * 16) * N + cols, m2, N)
     b0, b1, b2, b3, b4, b5, b6, b7 = _words8(qs_ptr + (t * 16 + 8) * N + cols, m2, N)
-    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE)
+    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE, False)
     part_q = tl.zeros(cols.shape, dtype=tl.float32)     # sum of xd * sc * dot(q, xq)
     part_m = tl.zeros(cols.shape, dtype=tl.float32)     # sum of xd * m * sum(xq)
     part_q, part_m = _q2k_half(q_row, xd_row, xs_row, t, 0, s0, s1, a0, a1, a2, a3, a4, a5, a6, a7, part_q, part_m,
@@ -241,7 +271,7 @@ def _q3k_block(x_row, q_row, xd_row, xs_row, hm_ptr, qs_ptr, sc_ptr, d_ptr, t, c
     m0, m1, m2_, m3, m4, m5, m6, m7 = _words8(hm_ptr + (t * 8) * N + cols, m2, N)
     a0, a1, a2, a3, a4, a5, a6, a7 = _words8(qs_ptr + (t * 16) * N + cols, m2, N)
     b0, b1, b2, b3, b4, b5, b6, b7 = _words8(qs_ptr + (t * 16 + 8) * N + cols, m2, N)
-    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE)
+    _codes_ready(x_row, q_row, xd_row, xs_row, t, PDL, QUANTIZE, False)
     part = tl.zeros(cols.shape, dtype=tl.float32)
     part = _q3k_half(q_row, xd_row, xs_row, t, 0, lo0, lo1, hi, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, m2_, m3, m4,
                      m5, m6, m7, part, PTX)
@@ -305,7 +335,7 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name
     caps = caps or device_caps(x2.device)
     m, k = x2.shape
-    q, xd, xs = quantized if quantized is not None else _code_buffers(m, k, x2.device)
+    q, xd, xs, in_programs = codes_for(x2, quantized)
     bn, warps, waves, min_tiles = tuple(config or DEFAULT_CONFIG)[:4]
     n = st.n
     assert not glu or n % 2 == 0
@@ -314,5 +344,5 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
         x2, q.view(torch.int32), xd, xs, *plane_args(st), bias if bias is not None else x2, y, ws, locks, n, k, per,
         st.tiles, x2.stride(0), y.stride(0),
         BLOCK_N=bn, HAS_BIAS=bias is not None, SPLIT_K=splits, PTX=caps.is_cuda if ptx is None else ptx, GLU=glu,
-        Q3=st.name == "q3_K", QUANTIZE=quantized is None, num_warps=warps, **pdl_launch(caps))
+        Q3=st.name == "q3_K", QUANTIZE=in_programs, num_warps=warps, **pdl_launch(caps))
     return y

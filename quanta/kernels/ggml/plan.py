@@ -11,7 +11,7 @@ import torch
 
 from quanta.kernels import activation
 from quanta.kernels.device_caps import DeviceCaps, device_caps
-from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, gemv_dp4a, mma, wgmma
+from quanta.kernels.ggml import cublas, gemm, gemv, gemv_cols, gemv_dp4a, gemv_iq4, mma, wgmma
 from quanta.kernels.ggml.layout import GgmlState
 from quanta.kernels.path_table import Path, PathTable
 from quanta.kernels.rotary import RopeStore
@@ -71,29 +71,40 @@ def cublas_min_m(st: GgmlState) -> int:
     return _rule(st).cublas_min_m
 
 
-# The types whose large weights (DP4A_MIN_VALUES values and more) the dp4a GEMV takes at one row, on 8-bit
-# activations: none until measured faster in the decode chain than the packed-half GEMV (benchmarks/gemv_dp4a.py,
-# benchmarks/engine_configs.py with DP4A_TYPES set). The small weights' GEMVs are latency-bound: fewer instructions
-# would not shorten them, and the quantization of x before their first dot would lengthen their chain of loads.
+# The types a dp4a GEMV takes at one row, on 8-bit activations: none until measured faster in the decode chain than
+# the GEMV before it (benchmarks/gemv_dp4a.py, benchmarks/engine_configs.py with DP4A_TYPES set). Q2_K's and Q3_K's
+# only on their large weights (DP4A_MIN_VALUES values and more): their small weights' packed-half GEMVs are
+# latency-bound, fewer instructions would not shorten them, and the quantization of x before their first dot would
+# lengthen their chain of loads. IQ4's on every weight: the table GEMV it replaces gathers a float per code.
 DP4A_TYPES: tuple[str, ...] = ()
 DP4A_MIN_VALUES = gemv_cols.LARGE_WEIGHT
 
 
-def _gemv_dp4a_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if m > GEMV_MAX_M:
-        return f"M={m} > {GEMV_MAX_M}"
-    if not caps.is_cuda:
-        return "not CUDA (PTX)"
-    if st.name not in DP4A_TYPES:
-        return f"{st.name}: not planned on the dp4a path"
-    if st.n * st.k < DP4A_MIN_VALUES:
-        return f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: x's quantization would add to its chain)"
-    return gemv_dp4a.applies(st, caps)
+def _dp4a_fits(kernel, large_only: bool = False):
+    """fits() of a dp4a GEMV path: one row, on CUDA, a type planned there (DP4A_TYPES), with large_only a weight of
+    DP4A_MIN_VALUES values or more, where kernel.applies runs it."""
+    def fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
+        if m > GEMV_MAX_M:
+            return f"M={m} > {GEMV_MAX_M}"
+        if not caps.is_cuda:
+            return "not CUDA (PTX)"
+        if st.name not in DP4A_TYPES:
+            return f"{st.name}: not planned on the dp4a path"
+        if large_only and st.n * st.k < DP4A_MIN_VALUES:
+            return (f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: x's quantization would add to its "
+                    "chain)")
+        return kernel.applies(st, caps)
+    return fits
 
 
 def _why_gemv_dp4a(st: GgmlState, caps: DeviceCaps, m: int) -> str:
     return (f"M={m} <= {GEMV_MAX_M}: GEMV over column-major words against x rounded to int8 in blocks of 32, "
             f"{st.name} codes four a dp4a")
+
+
+def _why_gemv_iq4(st: GgmlState, caps: DeviceCaps, m: int) -> str:
+    return (f"M={m} <= {GEMV_MAX_M}: GEMV over row-major words against x rounded to int8 in blocks of 32, "
+            f"{st.name} codes to table values by byte permutes, four a dp4a")
 
 
 def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
@@ -149,8 +160,10 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 
 # The paths in order:
-#   gemv_dp4a M <= GEMV_MAX_M, the large weights of fp16 DP4A_TYPES on CUDA: integer dot products against x
-#             rounded to int8 (a launch of its own) over column-major words
+#   gemv_dp4a M <= GEMV_MAX_M, the large weights of fp16 Q2_K / Q3_K in DP4A_TYPES on CUDA: integer dot products
+#             against x rounded to int8 (by the GEMV's programs) over column-major words
+#   gemv_iq4  M <= GEMV_MAX_M, fp16 IQ4_NL / IQ4_XS in DP4A_TYPES on CUDA: the same over row-major words, codes
+#             turned into the table's int8 values by byte permutes
 #   gemv_cols M <= GEMV_MAX_M, fp16 Q2_K .. Q6_K on CUDA: dot products (packed halves in PTX; float32 for Q2_K,
 #             Q3_K) over column-major words, a thread's columns walking K
 #   gemv    M <= GEMV_MAX_M: one program row per activation row, no tensor cores
@@ -159,7 +172,9 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
-    Path("gemv_dp4a", _gemv_dp4a_fits, gemv_dp4a.default_config, gemv_dp4a.matmul, _why_gemv_dp4a),
+    Path("gemv_dp4a", _dp4a_fits(gemv_dp4a, large_only=True), gemv_dp4a.default_config, gemv_dp4a.matmul,
+         _why_gemv_dp4a),
+    Path("gemv_iq4", _dp4a_fits(gemv_iq4), gemv_iq4.default_config, gemv_iq4.matmul, _why_gemv_iq4),
     Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
     Path("wgmma", _fits_to_max_m("wgmma", wgmma_max_m, wgmma), wgmma.default_config, wgmma.matmul, _why_wgmma),
@@ -211,12 +226,12 @@ def _planned(x: torch.Tensor, st: GgmlState):
     return x2, caps, TABLE.pick(st, caps, x2.shape[0], None)
 
 
-GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a")      # the paths whose run takes glu=True (SwiGLU in its epilogue)
+GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a", "gemv_iq4")      # the paths whose run takes glu=True (SwiGLU in its epilogue)
 
 
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the column-major
-    GEMVs' (packed-half or dp4a) epilogue where they run (one launch fewer a decode layer); else the planned path,
+    """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the GEMVs'
+    epilogue where they run (packed-half or dp4a: one launch fewer a decode layer); else the planned path,
     then silu_and_mul."""
     if x.numel() == 0:
         return x.new_empty(*x.shape[:-1], st.n // 2)

@@ -1,0 +1,120 @@
+"""IQ4_NL's and IQ4_XS's dp4a GEMV (gemv_iq4): the activations in IQ4's order against the plain codes, the GEMV
+against the gguf package's dequantization times x rounded to 8 bits (integer twins under the interpreter, the prmt +
+dp4a PTX through the emulator), and how far x's rounding takes it from the fp16 product."""
+import pytest
+import torch
+
+from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
+import ptx_emulator
+from test_ggml_dp4a import dequantized_x
+from test_ggml_gemm import make_gguf
+from quanta.kernels import activation, ggml_gemm
+from quanta.kernels.ggml import gemv_dp4a, gemv_iq4
+
+TYPES = ["IQ4_NL", "IQ4_XS"]
+
+
+def test_interleaved_codes_are_the_plain_codes_in_iq4_order():
+    """Byte 2i of each 32-value block holds value i's code, byte 2i + 1 value 16 + i's; scales and sums as plain."""
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.float16)
+    plain, inter = gemv_dp4a.quantize_rows(x), gemv_dp4a.quantize_rows(x, interleave=True)
+    blocks = plain[0].reshape(2, -1, 2, 16)
+    assert torch.equal(inter[0], blocks.transpose(2, 3).reshape(2, 512))
+    assert torch.equal(inter[1], plain[1]) and torch.equal(inter[2], plain[2])
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("m,config", [(1, None), (1, (16, 4, 64.0, 1)), (1, (64, 4, 1e-3, 1)), (3, None)])
+def test_iq4_gemv_is_the_gguf_weight_times_the_rounded_activations(name, m, config):
+    """N = 40 (not a multiple of BLOCK_N), K three tiles, with a bias: planned, split-K at every tile and one
+    program's K loop, three rows; against the gguf package's dequantization times x rounded to 8 bits; x's rounding
+    keeps it within 2% of the fp16 product; quantizing in the call gives the same as codes given."""
+    w, ref = make_gguf(40, 768, name, seed=m)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(m, 768, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
+    q, d, _ = gemv_dp4a.quantize_rows(x)
+    y = gemv_iq4.matmul(x, st, bias, config)
+    refd = ref.double().T.to(DEVICE)
+    assert y.dtype == torch.float16 and y.shape == (m, 40)
+    assert rel_err(y, dequantized_x(q, d) @ refd + bias.double()) < TOL[torch.float16]
+    assert rel_err(y, x.double() @ refd + bias.double()) < 2e-2
+    given = gemv_iq4.matmul(x, st, bias, config, quantized=gemv_dp4a.quantize_rows(x, interleave=True))
+    assert torch.equal(given, y)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_iq4_ptx_through_the_emulator(name, monkeypatch):
+    """The byte permutes and dp4a (emulated) give the integer twins' output exactly."""
+    if DEVICE != "cpu":
+        pytest.skip("the emulator runs under the interpreter")
+    w, _ = make_gguf(40, 512, name, seed=5)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.float16)
+    twin = gemv_iq4.matmul(x, st, None, (32, 4, 64.0, 1), ptx=False)
+    ptx_emulator.install(monkeypatch)
+    assert torch.equal(gemv_iq4.matmul(x, st, None, (32, 4, 64.0, 1), ptx=True), twin)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_iq4_glu_epilogue_equals_the_gemv_then_silu_and_mul(name):
+    w, _ = make_gguf(96, 512, name, seed=7)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.float16)
+    for config in ((32, 4, 1e-3, 1), (16, 4, 64.0, 1)):
+        fused = gemv_iq4.matmul(x, st, None, config, glu=True)
+        plain = gemv_iq4.matmul(x, st, None, config)
+        assert fused.shape == (1, 48) and rel_err(fused, activation.silu_and_mul(plain)) < TOL[torch.float16]
+
+
+def test_only_iq4_types_whole_tiles_and_fp16():
+    assert "no table dp4a GEMV" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 512, "Q4_0")[0], DEVICE,
+                                                                       torch.float16))
+    assert "not a multiple of 256" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 288, "IQ4_NL")[0], DEVICE,
+                                                                          torch.float16))
+    assert "bfloat16" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 512, "IQ4_XS")[0], DEVICE, torch.bfloat16))
+
+
+def test_plan_gives_the_iq4_gemv_every_weight_of_its_types_at_one_row(monkeypatch):
+    """Only with the type in plan.DP4A_TYPES, at one row on CUDA, whatever the weight's size; else the table GEMV."""
+    from quanta.kernels.device_caps import PRESETS
+    from quanta.kernels.ggml import plan
+    caps = PRESETS["sm90"]
+
+    def state():
+        return ggml_gemm.prepare(make_gguf(32, 256, "IQ4_XS")[0], DEVICE, torch.float16)    # plans cached on it
+    assert plan.choose(state(), caps, 1).path.name == "gemv"
+    monkeypatch.setattr(plan, "DP4A_TYPES", ("iq4_nl", "iq4_xs"))
+    st = state()
+    assert [plan.choose(st, caps, m).path.name for m in (1, 2)] == ["gemv_iq4", "cublas"]
+    assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"
+    assert "byte permutes" in plan.explain(st, caps, 1)[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336)])
+def test_gpu_iq4_gemv_at_the_8b_shapes(name, n, k):
+    """The PTX at real shapes, planned launch, with its SwiGLU epilogue: the gguf package's weight times the rounded
+    activations within fp16's error."""
+    w, ref = make_gguf(n, k, name, seed=11)
+    st = ggml_gemm.prepare(w, "cuda", torch.float16)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(12)).to("cuda", torch.float16)
+    q, d, _ = gemv_dp4a.quantize_rows(x)
+    want = dequantized_x(q, d) @ ref.double().T.cuda()
+    y = gemv_iq4.matmul(x, st)
+    assert rel_err(y, want) < TOL[torch.float16] and rel_err(y, x.double() @ ref.double().T.cuda()) < 2e-2
+    fused = gemv_iq4.matmul(x, st, glu=True)
+    assert rel_err(fused, activation.silu_and_mul(y)) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", ["Q2_K", "IQ4_XS"])
+def test_x_rounded_by_a_launch_of_its_own_gives_the_same(name, monkeypatch):
+    """QUANTIZE_IN_PROGRAMS off: quantize_rows first, the GEMV reads its codes; the output is the programs' own."""
+    w, _ = make_gguf(40, 512, name, seed=9)
+    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(10)).to(DEVICE, torch.float16)
+    module = gemv_iq4 if name.startswith("IQ4") else gemv_dp4a
+    in_programs = module.matmul(x, st)
+    monkeypatch.setattr(gemv_dp4a, "QUANTIZE_IN_PROGRAMS", False)
+    assert torch.equal(module.matmul(x, st), in_programs)
