@@ -226,7 +226,8 @@ def _planned(x: torch.Tensor, st: GgmlState):
     return x2, caps, TABLE.pick(st, caps, x2.shape[0], None)
 
 
-GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a", "gemv_iq4")      # the paths whose run takes glu=True (SwiGLU in its epilogue)
+# the paths whose run takes glu=True (SwiGLU in its epilogue)
+GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a", "gemv_iq4")
 
 
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
