@@ -4,7 +4,7 @@ get_int_from_table_16) and a dp4a takes their dot with four activation codes. Th
 gathers a float per code.
 
 The planes are row-major (layout.py): a program takes BLOCK_N weight rows and walks K a tile of 256 values a step,
-a thread 16 bytes of codes (one 32-value block of one row). Each program first rounds its tile of x to 8 bits
+each 16-byte load of codes one 32-value block of one row. Each program first rounds its tile of x to 8 bits
 (gemv_dp4a's rule and scratch row) in the order the permutes leave the weight's values: qs byte j holds values j and
 j + 16 of its block, so a word's first permute gives values (j, j + 16, j + 1, j + 17). A block's dot is summed in
 int32 and scaled once in float32 by the weight's and x's block scales; the affine GEMV's ends (gemv_out).
@@ -17,7 +17,7 @@ from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_ou
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.gemv import GemvConfig
 from quanta.kernels.ggml.gemv_dp4a import QBLOCK, _codes_ready, _dp4a, codes_for
-from quanta.kernels.ggml.layout import IQ4_VALUES, TILE, GgmlState, plane_args
+from quanta.kernels.ggml.layout import TILE, GgmlState, plane_args
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 TYPES = ("iq4_nl", "iq4_xs")
