@@ -61,6 +61,15 @@ def store_output(y, bias_ptr, HAS_BIAS: tl.constexpr, y_row, ws_ptr, lock_ptr, p
 
 
 @triton.jit
+def store_plain(y, bias_ptr, HAS_BIAS: tl.constexpr, y_row, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n, mask_n, N,
+                SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """store_output without the rotary + KV-store epilogue."""
+    store_output(y, bias_ptr, HAS_BIAS, y_row, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n, mask_n, N, SPLIT_K,
+                 BLOCK_N, GLU, y_row, y_row, y_row, y_row, y_row, y_row, y_row, 0, 0, False, 128, 0, 0.0, 0, 0, 0.0,
+                 0.0, 0)
+
+
+@triton.jit
 def _finish(y, y_row, pid_m, pid_n, offs_n, mask_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, pos_ptr, freq_ptr,
             k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, Q_SIZE, KV_SIZE, ROPE: tl.constexpr,
             HEAD_D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr,

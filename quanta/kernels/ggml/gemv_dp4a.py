@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_output
+from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_plain
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.decode import _half, q3k_scale
 from quanta.kernels.ggml.gemv_cols import ColsConfig, _words4
@@ -306,9 +306,8 @@ def _dp4a_kernel(x_ptr, q_ptr, xd_ptr, xs_ptr, p0, p1, p2, p3, bias_ptr, y_ptr, 
             acc += _q2k_block(x_row, q_row, xd_row, xs_row, p0, p1, p2, t, cols, m2, N, PTX, PDL, QUANTIZE)
     pdl_wait(PDL)
     y = tl.reshape(acc, (BLOCK_N,))
-    store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
-                 mask_n, N, SPLIT_K, BLOCK_N, GLU, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, 0, 0, False, 128,
-                 0, 0.0, 0, 0, 0.0, 0.0, 0)
+    store_plain(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                mask_n, N, SPLIT_K, BLOCK_N, GLU)
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> ColsConfig:

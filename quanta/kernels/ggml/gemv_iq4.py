@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_output
+from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_plain
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.gemv import GemvConfig
 from quanta.kernels.ggml.gemv_dp4a import QBLOCK, _codes_ready, _dp4a, codes_for
@@ -140,9 +140,8 @@ def _iq4_kernel(x_ptr, q_ptr, xd_ptr, xs_ptr, d_ptr, sc_ptr, qs_ptr, lut_ptr, bi
         acc += (scale * xd) * tl.sum(dot, axis=2, keep_dims=True).to(tl.float32)
     pdl_wait(PDL)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    store_output(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
-                 mask_n, N, SPLIT_K, BLOCK_N, GLU, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, 0, 0, False, 128,
-                 0, 0.0, 0, 0, 0.0, 0.0, 0)
+    store_plain(y, bias_ptr, HAS_BIAS, y_ptr + pid_m * stride_ym, ws_ptr, lock_ptr, pid_m, pid_n, pid_k, offs_n,
+                mask_n, N, SPLIT_K, BLOCK_N, GLU)
 
 
 def default_config(st: GgmlState, caps: DeviceCaps, m: int) -> GemvConfig:
