@@ -83,7 +83,7 @@ def main() -> None:
             print(f"{value:>9.1f} tok/s  {variant or '(as built)'}", flush=True)
     emit({"benchmark": "engine_configs", "bench": args.bench, "model": args.model,
           "device": result.get("device", "cpu"), "date": result["date"], "script_args": script_args,
-          "tokens_per_s": tok_s}, args.out)
+          "weight_bytes_per_token": result.get("weight_bytes_per_token"), "tokens_per_s": tok_s}, args.out)
 
 
 if __name__ == "__main__":
