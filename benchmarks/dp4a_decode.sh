@@ -20,8 +20,8 @@ done
 staged 50 python3 benchmarks/engine_configs.py --model synthetic:llama3-8b:w4g128 --output-len 256 --rounds 1 \
   --variant "" --timeout 45 --out "$OUT/dp4a-decode-w4g128.json" 2>&1 | tail -n 2
 echo "T=$(( $(date +%s) - T0 ))"
-if [ -z "$SKIP_KERNELS" ]; then
-  staged 110 python3 benchmarks/gemv_dp4a.py --out "$OUT/gemv-dp4a.json" --configs "256,4,16,1;256,4,8,1" \
+if [ -z "${SKIP_KERNELS:-}" ]; then
+  staged 110 python3 benchmarks/gemv_dp4a.py --out "$OUT/gemv-dp4a.json" --types "${KTYPES:-q2_K,q3_K,iq4_nl,iq4_xs}" --configs "256,4,16,1;256,4,8,1" \
     --iq4-configs "32,4,8,2;128,4,8,2;64,4,16,1" > "$OUT/gemv-dp4a.log" 2>&1
   tail -n 24 "$OUT/gemv-dp4a.log"
 fi

@@ -104,8 +104,9 @@ def test_gpu_iq4_gemv_at_the_8b_shapes(name, n, k):
     want = dequantized_x(q, d) @ ref.double().T.cuda()
     y = gemv_iq4.matmul(x, st)
     assert rel_err(y, want) < TOL[torch.float16] and rel_err(y, x.double() @ ref.double().T.cuda()) < 2e-2
-    fused = gemv_iq4.matmul(x, st, glu=True)
-    assert rel_err(fused, activation.silu_and_mul(y)) < TOL[torch.float16]
+    small = x / 64                                   # silu(gate) * up of random blocks' scales within fp16
+    fused = gemv_iq4.matmul(small, st, glu=True)
+    assert rel_err(fused, activation.silu_and_mul(gemv_iq4.matmul(small, st))) < TOL[torch.float16]
 
 
 @pytest.mark.parametrize("name", ["Q2_K", "IQ4_XS"])
