@@ -383,7 +383,7 @@ def test_plan_takes_the_gemv_for_one_row_the_gemm_above_and_cublas_when_compute_
     assert [plan.choose(st, caps, m).path.name for m in ms] == ["gemv_cols"] * 2 + ["wgmma"] * 7 + ["cublas"] * 2
     assert [plan.choose(st, PRESETS["sm80"], m).path.name for m in ms] == ["gemv_cols"] * 2 + ["gemm"] * 2 + \
         ["cublas"] * 7
-    assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv"] * 2 + ["cublas"] * 9
+    assert [plan.choose(iq4, caps, m).path.name for m in ms] == ["gemv_iq4"] * 2 + ["cublas"] * 9
     assert plan.choose(ggml_gemm.prepare(w, DEVICE, torch.bfloat16), caps, 1).path.name == "gemv"
     assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"                # the interpreter: no PTX
     for other in ("Q4_K", "Q5_K", "Q3_K", "Q2_K"):
@@ -416,7 +416,8 @@ def test_wgmma_takes_fp16_q4_k_q5_k_q6_k_on_sm90_with_gluon(monkeypatch):
                                                                      torch.bfloat16), caps)
     assert "sm90" in wgmma.applies(q4k, PRESETS["sm80"])
     assert plan.explain(q4k, caps, 16) == ("wgmma", plan._why_wgmma(q4k, caps, 16) + "; not gemv_dp4a: M=16 > 1; "
-                                                      "not gemv_cols: M=16 > 1; not gemv: M=16 > 1")
+                                                      "not gemv_iq4: M=16 > 1; not gemv_cols: M=16 > 1; "
+                                                      "not gemv: M=16 > 1")
     monkeypatch.setattr(wgmma, "GLUON_ERROR", "Gluon's Hopper API is not importable (test)")
     fresh = ggml_gemm.prepare(make_gguf(40, 256, "Q4_K")[0], DEVICE, torch.float16)      # an empty plan cache
     assert plan.choose(fresh, caps, 16).path.name == "mma"

@@ -67,28 +67,44 @@ def test_iq4_glu_epilogue_equals_the_gemv_then_silu_and_mul(name):
         assert fused.shape == (1, 48) and rel_err(fused, activation.silu_and_mul(plain)) < TOL[torch.float16]
 
 
-def test_only_iq4_types_whole_tiles_and_fp16():
+def test_only_iq4_types_whole_tiles_and_16_bit_floats():
     assert "no table dp4a GEMV" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 512, "Q4_0")[0], DEVICE,
                                                                        torch.float16))
     assert "not a multiple of 256" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 288, "IQ4_NL")[0], DEVICE,
                                                                           torch.float16))
-    assert "bfloat16" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 512, "IQ4_XS")[0], DEVICE, torch.bfloat16))
+    assert "float32" in gemv_iq4.applies(ggml_gemm.prepare(make_gguf(40, 512, "IQ4_XS")[0], DEVICE, torch.float32))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_iq4_gemv_in_bf16(name):
+    """bf16 activations (where the registry leaves IQ4 on the ggml kernels) and output, within bf16's error of the
+    gguf package's weight times the rounded activations."""
+    w, ref = make_gguf(40, 512, name, seed=4)
+    st = ggml_gemm.prepare(w, DEVICE, torch.bfloat16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(5)).to(DEVICE, torch.bfloat16)
+    q, d, _ = gemv_dp4a.quantize_rows(x)
+    y = gemv_iq4.matmul(x, st)
+    want = dequantized_x(q, d) @ ref.double().T.to(DEVICE)
+    assert y.dtype == torch.bfloat16 and rel_err(y, want) < TOL[torch.bfloat16]
 
 
 def test_plan_gives_the_iq4_gemv_every_weight_of_its_types_at_one_row(monkeypatch):
-    """Only with the type in plan.DP4A_TYPES, at one row on CUDA, whatever the weight's size; else the table GEMV."""
+    """With the type in plan.DP4A_TYPES (both IQ4 types as built), at one row on CUDA, whatever the weight's size, in
+    fp16 and bf16; else the table GEMV."""
     from quanta.kernels.device_caps import PRESETS
     from quanta.kernels.ggml import plan
     caps = PRESETS["sm90"]
 
-    def state():
-        return ggml_gemm.prepare(make_gguf(32, 256, "IQ4_XS")[0], DEVICE, torch.float16)    # plans cached on it
-    assert plan.choose(state(), caps, 1).path.name == "gemv"
-    monkeypatch.setattr(plan, "DP4A_TYPES", ("iq4_nl", "iq4_xs"))
+    def state(name="IQ4_XS", dtype=torch.float16):
+        return ggml_gemm.prepare(make_gguf(32, 256, name)[0], DEVICE, dtype)    # plans are cached on it
+    assert plan.DP4A_TYPES == ("iq4_nl", "iq4_xs")
     st = state()
     assert [plan.choose(st, caps, m).path.name for m in (1, 2)] == ["gemv_iq4", "cublas"]
-    assert plan.choose(st, PRESETS["cpu"], 1).path.name == "gemv"
+    assert plan.choose(state("IQ4_NL", torch.bfloat16), caps, 1).path.name == "gemv_iq4"
+    assert plan.choose(state(), PRESETS["cpu"], 1).path.name == "gemv"
     assert "byte permutes" in plan.explain(st, caps, 1)[1]
+    monkeypatch.setattr(plan, "DP4A_TYPES", ())
+    assert plan.choose(state(), caps, 1).path.name == "gemv"
 
 
 @pytest.mark.gpu
@@ -110,12 +126,14 @@ def test_gpu_iq4_gemv_at_the_8b_shapes(name, n, k):
 
 
 @pytest.mark.parametrize("name", ["Q2_K", "IQ4_XS"])
-def test_x_rounded_by_a_launch_of_its_own_gives_the_same(name, monkeypatch):
-    """QUANTIZE_IN_PROGRAMS off: quantize_rows first, the GEMV reads its codes; the output is the programs' own."""
+def test_x_rounded_in_the_programs_gives_the_same(name, monkeypatch):
+    """QUANTIZE_IN_PROGRAMS on: each program rounds its own tiles of x instead of quantize_rows' launch; the same
+    output."""
     w, _ = make_gguf(40, 512, name, seed=9)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(10)).to(DEVICE, torch.float16)
     module = gemv_iq4 if name.startswith("IQ4") else gemv_dp4a
-    in_programs = module.matmul(x, st)
-    monkeypatch.setattr(gemv_dp4a, "QUANTIZE_IN_PROGRAMS", False)
-    assert torch.equal(module.matmul(x, st), in_programs)
+    assert not gemv_dp4a.QUANTIZE_IN_PROGRAMS
+    launched = module.matmul(x, st)
+    monkeypatch.setattr(gemv_dp4a, "QUANTIZE_IN_PROGRAMS", True)
+    assert torch.equal(module.matmul(x, st), launched)

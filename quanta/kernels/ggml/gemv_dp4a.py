@@ -2,9 +2,9 @@
 llama.cpp's MMVQ takes them. In packed halves (gemv_cols) a pair of 2- or 3-bit codes costs a 4-bit pair's
 instructions at up to twice the pairs a byte, so that GEMV is issue-bound; dp4a takes four codes after a mask.
 
-Each program first quantizes its K range of the activations (no launch of their own; quantize_rows is the same rule
-alone) through a scratch row: int8 codes round(x * 127 / amax) in blocks of 32, each block's scale amax / 127, each
-16-value sub-block's sum of codes (Q2_K's mins, Q3_K's -4). A thread owns output columns over gemv_cols' planes; a
+x is rounded by quantize_rows, a launch of its own, or (QUANTIZE_IN_PROGRAMS) by each program for its K range through
+a scratch row: int8 codes round(x * 127 / amax) in blocks of 32, each block's scale amax / 127, each 16-value
+sub-block's sum of codes (Q2_K's mins, Q3_K's -4). A thread owns output columns over gemv_cols' planes; a
 32-value block's scaled dots are summed in int32, then scaled once in float32. The result is the weight times x
 rounded to 8 bits (the error is x's rounding); the affine GEMV's ends (gemv_out): split-K, SwiGLU.
 """
@@ -26,10 +26,10 @@ QUANT_BLOCKS = 8              # 32-value blocks a quantize program (one super-bl
 # Two columns a thread in four warps, the K loop split for sixteen programs an SM: gemv_cols' launch for Q2_K's
 # large weights (benchmarks/gemv_dp4a.py times others).
 DEFAULT_CONFIG = ColsConfig(block_n=256, warps=4, waves=16.0, min_tiles=1)
-# Where x is rounded when the caller gives no codes: in the GEMV's programs (no launch of its own, but every program
-# spends its own instructions and barriers on each tile of x), or by quantize_rows before it (a launch). For
-# benchmarks/engine_configs.py to compare; gemv_iq4 reads it too.
-QUANTIZE_IN_PROGRAMS = True
+# Where x is rounded when the caller gives no codes: by quantize_rows before the GEMV (a launch), or in the GEMV's
+# programs (no launch, but every program spends its own instructions and barriers on each tile of x: slower in the
+# decode chain for Q3_K and on every IQ4 weight alone, benchmarks/dp4a_decode.sh). gemv_iq4 reads it too.
+QUANTIZE_IN_PROGRAMS = False
 
 
 @triton.jit

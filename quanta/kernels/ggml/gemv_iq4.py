@@ -4,10 +4,11 @@ get_int_from_table_16) and a dp4a takes their dot with four activation codes. Th
 gathers a float per code.
 
 The planes are row-major (layout.py): a program takes BLOCK_N weight rows and walks K a tile of 256 values a step,
-each 16-byte load of codes one 32-value block of one row. Each program first rounds its tile of x to 8 bits
-(gemv_dp4a's rule and scratch row) in the order the permutes leave the weight's values: qs byte j holds values j and
-j + 16 of its block, so a word's first permute gives values (j, j + 16, j + 1, j + 17). A block's dot is summed in
-int32 and scaled once in float32 by the weight's and x's block scales; the affine GEMV's ends (gemv_out).
+each 16-byte load of codes one 32-value block of one row. x is rounded to 8 bits (gemv_dp4a's rule and codes_for:
+by a launch of its own, or by each program for its tile) in the order the permutes leave the weight's values: qs
+byte j holds values j and j + 16 of its block, so a word's first permute gives values (j, j + 16, j + 1, j + 17). A
+block's dot is summed in int32 and scaled once in float32 by the weight's and x's block scales; the affine GEMV's
+ends (gemv_out).
 """
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ prmt.b32 l, $3, $4, s;
 prmt.b32 u, $5, $6, s;
 prmt.b32 $1, l, u, h;
 }""")
-# Four rows a thread over eight lanes a row's tile in four warps; split-K for a few programs an SM of at least two
-# tiles (benchmarks/gemv_dp4a.py times others).
-DEFAULT_CONFIG = GemvConfig(block_n=64, warps=4, waves=8.0, min_tiles=2)
+# One row a thread over eight lanes a row's tile in four warps, split-K for eight programs an SM of at least two
+# tiles: of the configs timed (benchmarks/gemv_dp4a.py, x's codes given) the fastest on the large weights; more rows
+# a program hold more loads in flight a thread but leave too few programs.
+DEFAULT_CONFIG = GemvConfig(block_n=32, warps=4, waves=8.0, min_tiles=2)
 
 
 @triton.jit
@@ -155,16 +157,16 @@ def applies(st: GgmlState, caps: DeviceCaps | None = None) -> str | None:
         return f"{st.name} has no table dp4a GEMV (only {', '.join(TYPES)})"
     if st.k % TILE:
         return f"K={st.k} is not a multiple of {TILE} (x is rounded a tile at a time)"
-    if st.dtype != torch.float16:
-        return f"{str(st.dtype).removeprefix('torch.')} activations (the GEMV writes fp16)"
+    if st.dtype not in (torch.float16, torch.bfloat16):
+        return f"{str(st.dtype).removeprefix('torch.')} activations (the GEMV writes 16-bit floats)"
     return None
 
 
 def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, config: tuple | None = None, *,
            caps: DeviceCaps | None = None, glu: bool = False, ptx: bool | None = None,
            quantized: tuple | None = None) -> torch.Tensor:
-    """y[M, N] = x2[M, K] @ W.T (+ bias) for fp16 x2 rounded to 8 bits in blocks of 32: by the GEMV's programs, each
-    its K range, or `quantized`, quantize_rows(x2, interleave=True), given. `glu`: W stacks [gate; up] and
+    """y[M, N] = x2[M, K] @ W.T (+ bias) for 16-bit x2 rounded to 8 bits in blocks of 32 (codes_for), or
+    `quantized`, quantize_rows(x2, interleave=True), given. `glu`: W stacks [gate; up] and
     y[M, N/2] = silu(gate) * up. `config` (GemvConfig's fields) and `ptx` (prmt + dp4a, or integer twins) forced
     by tests and benchmarks."""
     assert x2.dim() == 2 and x2.shape[1] == st.k and x2.stride(1) == 1 and applies(st) is None, st.name

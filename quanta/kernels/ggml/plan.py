@@ -71,12 +71,12 @@ def cublas_min_m(st: GgmlState) -> int:
     return _rule(st).cublas_min_m
 
 
-# The types a dp4a GEMV takes at one row, on 8-bit activations: none until measured faster in the decode chain than
-# the GEMV before it (benchmarks/gemv_dp4a.py, benchmarks/engine_configs.py with DP4A_TYPES set). Q2_K's and Q3_K's
-# only on their large weights (DP4A_MIN_VALUES values and more): their small weights' packed-half GEMVs are
-# latency-bound, fewer instructions would not shorten them, and the quantization of x before their first dot would
-# lengthen their chain of loads. IQ4's on every weight: the table GEMV it replaces gathers a float per code.
-DP4A_TYPES: tuple[str, ...] = ()
+# The types a dp4a GEMV takes at one row, on 8-bit activations. IQ4's on every weight: the table GEMV it replaces
+# gathers a float per code (in fp16 the registry gives IQ4 the codebook kernels, so this is bf16's path). Not Q2_K's
+# or Q3_K's: in the decode chain their dp4a GEMV was no faster than the packed-half one (benchmarks/dp4a_decode.sh);
+# were they planned, only their large weights (DP4A_MIN_VALUES values and more): the small weights' GEMVs are
+# latency-bound, and x's quantization would lengthen their chain.
+DP4A_TYPES: tuple[str, ...] = ("iq4_nl", "iq4_xs")
 DP4A_MIN_VALUES = gemv_cols.LARGE_WEIGHT
 
 
@@ -161,8 +161,8 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 
 # The paths in order:
 #   gemv_dp4a M <= GEMV_MAX_M, the large weights of fp16 Q2_K / Q3_K in DP4A_TYPES on CUDA: integer dot products
-#             against x rounded to int8 (by the GEMV's programs) over column-major words
-#   gemv_iq4  M <= GEMV_MAX_M, fp16 IQ4_NL / IQ4_XS in DP4A_TYPES on CUDA: the same over row-major words, codes
+#             against x rounded to int8 over column-major words
+#   gemv_iq4  M <= GEMV_MAX_M, 16-bit IQ4_NL / IQ4_XS in DP4A_TYPES on CUDA: the same over row-major words, codes
 #             turned into the table's int8 values by byte permutes
 #   gemv_cols M <= GEMV_MAX_M, fp16 Q2_K .. Q6_K on CUDA: dot products (packed halves in PTX; float32 for Q2_K,
 #             Q3_K) over column-major words, a thread's columns walking K
