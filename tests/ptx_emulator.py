@@ -25,6 +25,11 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint32) if x.dtype.itemsize == 4 else x.astype(np.uint32)
 
 
+def _signed(v: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned `bits`-bit values (int64) as the signed values of the same bits."""
+    return v - ((v & (1 << bits - 1)) << 1)
+
+
 def _halves(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo = (bits & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
     hi = (bits >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
@@ -108,19 +113,12 @@ def run(asm: str, inputs: list[np.ndarray], outputs: int = 1) -> np.ndarray | li
         elif op == "shf.l.wrap.b32":
             a, b, c = (val(x).astype(np.uint64) for x in args)
             regs[dst] = ((((b << 32) | a) << (c & 31)) >> 32).astype(np.uint32)
-        elif op == "dp4a.u32.s32":                       # c + the unsigned bytes of a times the signed bytes of b
+        elif op in ("dp4a.u32.s32", "dp4a.s32.s32"):     # c + the bytes of a (unsigned or signed) times b's signed
             a, b, c = (val(x).astype(np.int64) for x in args)
-            total = c - ((c & 0x80000000) << 1)
+            total = _signed(c, 32)
             for i in range(4):
-                bb = (b >> 8 * i) & 0xFF
-                total = total + ((a >> 8 * i) & 0xFF) * (bb - ((bb & 0x80) << 1))
-            regs[dst] = (total & 0xFFFFFFFF).astype(np.uint32)
-        elif op == "dp4a.s32.s32":                       # c + the signed bytes of a times the signed bytes of b
-            a, b, c = (val(x).astype(np.int64) for x in args)
-            total = c - ((c & 0x80000000) << 1)
-            for i in range(4):
-                ab, bb = (a >> 8 * i) & 0xFF, (b >> 8 * i) & 0xFF
-                total = total + (ab - ((ab & 0x80) << 1)) * (bb - ((bb & 0x80) << 1))
+                ab = (a >> 8 * i) & 0xFF
+                total = total + (ab if op == "dp4a.u32.s32" else _signed(ab, 8)) * _signed((b >> 8 * i) & 0xFF, 8)
             regs[dst] = (total & 0xFFFFFFFF).astype(np.uint32)
         elif op == "or.b32":
             regs[dst] = val(args[0]) | val(args[1])

@@ -8,7 +8,7 @@ from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPR
 import ptx_emulator
 from test_ggml_gemm import make_gguf
 from quanta.kernels import activation, ggml_gemm
-from quanta.kernels.ggml import gemv_dp4a
+from quanta.kernels.ggml import gemv_dp4a, gemv_iq4
 
 
 def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,27 +58,34 @@ def test_dp4a_gemv_is_the_gguf_weight_times_the_rounded_activations(name, m, con
     assert torch.equal(gemv_dp4a.matmul(x, st, bias, config), y)          # quantizing in the call: the same
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K"])
+# Each dp4a GEMV by the types it takes, and the launch configs its SwiGLU test runs (one split, splits at every tile)
+KERNELS = {"Q2_K": gemv_dp4a, "Q3_K": gemv_dp4a, "IQ4_NL": gemv_iq4, "IQ4_XS": gemv_iq4}
+GLU_CONFIGS = {gemv_dp4a: ((32, 4, 1e-3, 1), (32, 4, 64.0, 1)), gemv_iq4: ((32, 4, 1e-3, 1), (16, 4, 64.0, 1))}
+
+
+@pytest.mark.parametrize("name", KERNELS)
 def test_dp4a_ptx_through_the_emulator(name, monkeypatch):
-    """The dp4a PTX (emulated) gives the integer twin's output exactly."""
+    """The dp4a PTX (IQ4's byte permutes too), emulated, gives the integer twins' output exactly."""
     if DEVICE != "cpu":
         pytest.skip("the emulator runs under the interpreter")
+    kernel = KERNELS[name]
     w, _ = make_gguf(40, 512, name, seed=5)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.float16)
-    twin = gemv_dp4a.matmul(x, st, None, (32, 4, 64.0, 1), ptx=False)
+    twin = kernel.matmul(x, st, None, (32, 4, 64.0, 1), ptx=False)
     ptx_emulator.install(monkeypatch)
-    assert torch.equal(gemv_dp4a.matmul(x, st, None, (32, 4, 64.0, 1), ptx=True), twin)
+    assert torch.equal(kernel.matmul(x, st, None, (32, 4, 64.0, 1), ptx=True), twin)
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K"])
+@pytest.mark.parametrize("name", KERNELS)
 def test_dp4a_glu_epilogue_equals_the_gemv_then_silu_and_mul(name):
+    kernel = KERNELS[name]
     w, _ = make_gguf(96, 512, name, seed=7)
     st = ggml_gemm.prepare(w, DEVICE, torch.float16)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.float16)
-    for config in ((32, 4, 1e-3, 1), (32, 4, 64.0, 1)):
-        fused = gemv_dp4a.matmul(x, st, None, config, glu=True)
-        plain = gemv_dp4a.matmul(x, st, None, config)
+    for config in GLU_CONFIGS[kernel]:
+        fused = kernel.matmul(x, st, None, config, glu=True)
+        plain = kernel.matmul(x, st, None, config)
         assert fused.shape == (1, 48) and rel_err(fused, activation.silu_and_mul(plain)) < TOL[torch.float16]
 
 

@@ -1,11 +1,11 @@
 """IQ4_NL's and IQ4_XS's dp4a GEMV (gemv_iq4): the activations in IQ4's order against the plain codes, the GEMV
-against the gguf package's dequantization times x rounded to 8 bits (integer twins under the interpreter, the prmt +
-dp4a PTX through the emulator), and how far x's rounding takes it from the fp16 product."""
+against the gguf package's dequantization times x rounded to 8 bits (integer twins under the interpreter), and how
+far x's rounding takes it from the fp16 product. Its PTX through the emulator and its SwiGLU epilogue are tested
+with the other dp4a GEMV's (test_ggml_dp4a)."""
 import pytest
 import torch
 
 from kernel_util import DEVICE, TOL, rel_err  # noqa: I001  (sets TRITON_INTERPRET)
-import ptx_emulator
 from test_ggml_dp4a import dequantized_x
 from test_ggml_gemm import make_gguf
 from quanta.kernels import activation, ggml_gemm
@@ -41,30 +41,6 @@ def test_iq4_gemv_is_the_gguf_weight_times_the_rounded_activations(name, m, conf
     assert rel_err(y, x.double() @ refd + bias.double()) < 2e-2
     given = gemv_iq4.matmul(x, st, bias, config, quantized=gemv_dp4a.quantize_rows(x, interleave=True))
     assert torch.equal(given, y)
-
-
-@pytest.mark.parametrize("name", TYPES)
-def test_iq4_ptx_through_the_emulator(name, monkeypatch):
-    """The byte permutes and dp4a (emulated) give the integer twins' output exactly."""
-    if DEVICE != "cpu":
-        pytest.skip("the emulator runs under the interpreter")
-    w, _ = make_gguf(40, 512, name, seed=5)
-    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
-    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.float16)
-    twin = gemv_iq4.matmul(x, st, None, (32, 4, 64.0, 1), ptx=False)
-    ptx_emulator.install(monkeypatch)
-    assert torch.equal(gemv_iq4.matmul(x, st, None, (32, 4, 64.0, 1), ptx=True), twin)
-
-
-@pytest.mark.parametrize("name", TYPES)
-def test_iq4_glu_epilogue_equals_the_gemv_then_silu_and_mul(name):
-    w, _ = make_gguf(96, 512, name, seed=7)
-    st = ggml_gemm.prepare(w, DEVICE, torch.float16)
-    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.float16)
-    for config in ((32, 4, 1e-3, 1), (16, 4, 64.0, 1)):
-        fused = gemv_iq4.matmul(x, st, None, config, glu=True)
-        plain = gemv_iq4.matmul(x, st, None, config)
-        assert fused.shape == (1, 48) and rel_err(fused, activation.silu_and_mul(plain)) < TOL[torch.float16]
 
 
 def test_only_iq4_types_whole_tiles_and_16_bit_floats():

@@ -19,12 +19,14 @@ from quanta.quant.errors import UnsupportedError
 
 class Path(NamedTuple):
     """One row of a plan: `fits` None where it runs M rows (else why not), `config` its launch config, `run`
-    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports."""
+    its launcher run(x2, state, bias, config, caps=caps), `why` the reason it runs, for reports; `glu` whether run
+    also takes glu=True (W stacking [gate; up], SwiGLU in its epilogue)."""
     name: str
     fits: Callable[[Any, DeviceCaps, int], str | None]
     config: Callable[[Any, DeviceCaps, int], tuple]
     run: Callable[..., torch.Tensor]
     why: Callable[[Any, DeviceCaps, int], str]
+    glu: bool = False
 
 
 class Choice(NamedTuple):

@@ -17,8 +17,8 @@ import torch
 from quanta.kernels.affine.gemv_out import gemv_launch, output_columns, store_plain
 from quanta.kernels.device_caps import DeviceCaps, device_caps
 from quanta.kernels.ggml.gemv import GemvConfig
-from quanta.kernels.ggml.gemv_dp4a import QBLOCK, _codes_ready, _dp4a, codes_for
-from quanta.kernels.ggml.layout import TILE, GgmlState, plane_args
+from quanta.kernels.ggml.gemv_dp4a import _codes_ready, _dp4a, codes_for
+from quanta.kernels.ggml.layout import TILE, GgmlState
 from quanta.kernels.triton_support import pdl_launch, pdl_launch_dependents, pdl_wait, tl, triton
 
 TYPES = ("iq4_nl", "iq4_xs")
@@ -111,7 +111,8 @@ def _iq4_kernel(x_ptr, q_ptr, xd_ptr, xs_ptr, d_ptr, sc_ptr, qs_ptr, lut_ptr, bi
                 HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, PTX: tl.constexpr, XS: tl.constexpr,
                 EVEN: tl.constexpr = False, PDL: tl.constexpr = False, GLU: tl.constexpr = False,
                 QUANTIZE: tl.constexpr = True):
-    """y[m, n] = sum_k xq[m, k] W[n, k] for an IQ4 weight (planes d, IQ4_XS's sc, qs as int32 [N, stride_qs = K / 8])
+    """y[m, n] = sum_k xq[m, k] W[n, k] for an IQ4 weight of NB ggml blocks a row (planes d, IQ4_XS's sc, qs as int32
+    [N, stride_qs = K / 8])
     and x's codes q in IQ4's order (as int64 words), scales xd; with QUANTIZE each program makes them from x for its
     K range first. Program (row m, BLOCK_N weight rows, split of whole tiles)."""
     pdl_launch_dependents(PDL)
@@ -177,10 +178,11 @@ def matmul(x2: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None, co
     n, xs_type = st.n, st.name == "iq4_xs"
     assert not glu or n % 2 == 0
     column_blocks, splits, per, y, ws, locks = gemv_launch(x2, n, st.tiles, bn, waves, min_tiles, glu, x2.dtype, caps)
-    d, sc, qs, _ = plane_args(st) if xs_type else (st.planes[0], st.planes[0], st.planes[1], None)
+    d, qs = st.planes[0], st.planes[-1]                 # IQ4_XS's scales plane between them (sc: d stands in)
+    sc = st.planes[1] if xs_type else d
     _iq4_kernel[(m, column_blocks, splits)](
         x2, q.view(torch.int64), xd, xs, d, sc, qs, st.lut, bias if bias is not None else x2, y, ws, locks, n, k,
-        k // TILE if xs_type else k // QBLOCK, qs.stride(0), per, st.tiles, x2.stride(0), y.stride(0),
+        st.blocks, qs.stride(0), per, st.tiles, x2.stride(0), y.stride(0),
         BLOCK_N=bn, EVEN=(n // 2 if glu else n) % (bn // 2 if glu else bn) == 0, HAS_BIAS=bias is not None,
         SPLIT_K=splits, PTX=caps.is_cuda if ptx is None else ptx, XS=xs_type, GLU=glu, QUANTIZE=in_programs,
         num_warps=warps, **pdl_launch(caps))

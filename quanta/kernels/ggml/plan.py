@@ -80,15 +80,15 @@ DP4A_TYPES: tuple[str, ...] = ("iq4_nl", "iq4_xs")
 DP4A_MIN_VALUES = gemv_cols.LARGE_WEIGHT
 
 
-def _dp4a_fits(kernel, large_only: bool = False):
-    """fits() of a dp4a GEMV path: one row, on CUDA, a type planned there (DP4A_TYPES), with large_only a weight of
-    DP4A_MIN_VALUES values or more, where kernel.applies runs it."""
+def _one_row_fits(kernel, dp4a: bool = False, large_only: bool = False):
+    """fits() of a PTX GEMV path: one row, on CUDA; for a dp4a path (`dp4a`) a type planned there (DP4A_TYPES), with
+    large_only a weight of DP4A_MIN_VALUES values or more; where kernel.applies runs it."""
     def fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
         if m > GEMV_MAX_M:
             return f"M={m} > {GEMV_MAX_M}"
         if not caps.is_cuda:
             return "not CUDA (PTX)"
-        if st.name not in DP4A_TYPES:
+        if dp4a and st.name not in DP4A_TYPES:
             return f"{st.name}: not planned on the dp4a path"
         if large_only and st.n * st.k < DP4A_MIN_VALUES:
             return (f"{st.n}x{st.k} < {DP4A_MIN_VALUES} values (latency-bound: x's quantization would add to its "
@@ -105,12 +105,6 @@ def _why_gemv_dp4a(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 def _why_gemv_iq4(st: GgmlState, caps: DeviceCaps, m: int) -> str:
     return (f"M={m} <= {GEMV_MAX_M}: GEMV over row-major words against x rounded to int8 in blocks of 32, "
             f"{st.name} codes to table values by byte permutes, four a dp4a")
-
-
-def _gemv_cols_fits(st: GgmlState, caps: DeviceCaps, m: int) -> str | None:
-    if m > GEMV_MAX_M:
-        return f"M={m} > {GEMV_MAX_M}"
-    return "not CUDA (PTX)" if not caps.is_cuda else gemv_cols.applies(st, caps)
 
 
 def _why_gemv_cols(st: GgmlState, caps: DeviceCaps, m: int) -> str:
@@ -172,10 +166,12 @@ def _why_gemm(st: GgmlState, caps: DeviceCaps, m: int) -> str:
 #   cublas  M >= cublas_min_m(st): the weight dequantized for the length of the call, then cuBLAS
 #   gemm    the rest: the tiled tl.dot GEMM (split-K for small M)
 PATHS: tuple[Path, ...] = (
-    Path("gemv_dp4a", _dp4a_fits(gemv_dp4a, large_only=True), gemv_dp4a.default_config, gemv_dp4a.matmul,
-         _why_gemv_dp4a),
-    Path("gemv_iq4", _dp4a_fits(gemv_iq4), gemv_iq4.default_config, gemv_iq4.matmul, _why_gemv_iq4),
-    Path("gemv_cols", _gemv_cols_fits, gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols),
+    Path("gemv_dp4a", _one_row_fits(gemv_dp4a, dp4a=True, large_only=True), gemv_dp4a.default_config,
+         gemv_dp4a.matmul, _why_gemv_dp4a, glu=True),
+    Path("gemv_iq4", _one_row_fits(gemv_iq4, dp4a=True), gemv_iq4.default_config, gemv_iq4.matmul, _why_gemv_iq4,
+         glu=True),
+    Path("gemv_cols", _one_row_fits(gemv_cols), gemv_cols.default_config, gemv_cols.matmul, _why_gemv_cols,
+         glu=True),
     Path("gemv", _gemv_fits, gemv.default_config, gemv.matmul, _why_gemv),
     Path("wgmma", _fits_to_max_m("wgmma", wgmma_max_m, wgmma), wgmma.default_config, wgmma.matmul, _why_wgmma),
     Path("mma", _fits_to_max_m("MMA", mma_max_m, mma), mma.default_config, mma.matmul, _why_mma),
@@ -226,10 +222,6 @@ def _planned(x: torch.Tensor, st: GgmlState):
     return x2, caps, TABLE.pick(st, caps, x2.shape[0], None)
 
 
-# the paths whose run takes glu=True (SwiGLU in its epilogue)
-GLU_EPILOGUE_PATHS = ("gemv_cols", "gemv_dp4a", "gemv_iq4")
-
-
 def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for [gate | up] = x @ W.T + bias, W stacking the MLP's gate and up: made in the GEMVs'
     epilogue where they run (packed-half or dp4a: one launch fewer a decode layer); else the planned path,
@@ -237,7 +229,7 @@ def matmul_glu(x: torch.Tensor, st: GgmlState, bias: torch.Tensor | None = None)
     if x.numel() == 0:
         return x.new_empty(*x.shape[:-1], st.n // 2)
     x2, caps, choice = _planned(x, st)
-    if choice.path.name in GLU_EPILOGUE_PATHS:
+    if choice.path.glu:
         y = choice.path.run(x2, st, bias, choice.config, caps=caps, glu=True)
     else:
         y = activation.silu_and_mul(choice.path.run(x2, st, bias, choice.config, caps=caps))
