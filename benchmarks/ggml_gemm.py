@@ -131,6 +131,25 @@ def summary(meta: dict, results: list[dict]) -> None:
               f"{gbps} {share}")
 
 
+def config_sums(results: list[dict]) -> None:
+    """Each swept wgmma config's µs summed over the layers, by type and M, against fp16's sum and the plan's."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["type"], r["m"]), []).append(r)
+    for (name, m), rows in groups.items():
+        fp16 = sum(r["fp16_us"] for r in rows)
+        keys = sorted({k for r in rows for k in r if k.startswith("wgmma_")})
+        if not keys:
+            continue
+        print(f"\n{name} M = {m} over {len(rows)} layers: fp16 {fp16:.1f} µs; planned "
+              f"{sum(r['ggml_us'] for r in rows):.1f} µs ({fp16 / sum(r['ggml_us'] for r in rows):.2f}x)")
+        for key in keys:
+            if all(key in r for r in rows):
+                total = sum(r[key] for r in rows)
+                print(f"  {key[6:-3]:>24} {total:>8.1f} µs {fp16 / total:>6.2f}x  "
+                      + " / ".join(f"{r[key]:.1f}" for r in rows))
+
+
 def profile(name: str = "q4_K") -> None:
     """GGML type `name`'s gate/up at M = 1 on its planned GEMV, then the W4A16 g128 GEMV on the same shape: three
     calls each."""
@@ -186,6 +205,7 @@ def main() -> None:
                  args.as_loaded, wgmma_sweep)
     write_run(args.out, meta, t0, results=results)
     summary(meta, results)
+    config_sums(results)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
 _DECODE_META = dict(GROUP=4, GROUP_PAD=16, GROUP_P2=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
-                    NUM_SPLITS=8, WINDOW=0, PRECISION="tf32")
+                    NUM_SPLITS=8, WINDOW=0, PRECISION="tf32", MIN_SPLIT_KEYS=64)
 CASES = {
     "affine_gemv_w4": ("affine.gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),

@@ -95,6 +95,18 @@ def test_decode_merges_more_splits_than_one_merge_step():
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
 
 
+@pytest.mark.parametrize("min_keys", [32, 64, 512])
+def test_decode_splits_take_at_least_min_split_keys(min_keys):
+    # 300 keys over 12 splits: at least 32 keys a split (ten splits, two merge steps), 64 (five) or 512 (one, written
+    # straight to out with no merge); the 5-key row takes one split in each
+    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
+    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
+    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
+    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=12, block_n=16, min_split_keys=min_keys, **kw)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+    assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the Triton interpreter computes bfloat16 wrongly (numpy has no bfloat16)"))])
 @pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])

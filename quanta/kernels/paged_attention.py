@@ -134,6 +134,42 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
     return m_i, l_i, acc
 
 
+@triton.jit
+def _merge_splits(part_o_ptr, part_lse_ptr, out_ptr, b, kv_head, n_active, num_q_heads, d, d_mask, stride_ot,
+                  stride_oh, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+    """out[b, the kv head's GROUP query heads] from the n_active splits' normalized partials and log-sum-exps
+    (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max)).
+
+    MERGE_CHUNK splits a step, unrolled: their loads are independent (one L2 round trip a step, not one a split),
+    each split's log-sum-exp and output folded in by an online softmax over the splits, elementwise over [group, d]
+    (no reduction across threads); .cg reads the other programs' partials from L2, not from this SM's L1."""
+    gm = tl.arange(0, GROUP_P2)
+    g_ok = gm < GROUP
+    first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
+    m = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_P2], tl.float32)
+    res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+    for s0 in range(0, n_active, MERGE_CHUNK):
+        for i in tl.static_range(MERGE_CHUNK):
+            ok = g_ok & (s0 + i < n_active)
+            lse_s = tl.load(part_lse_ptr + first + s0 + i, mask=ok, other=float("-inf"),
+                            cache_modifier=".cg")
+            o = tl.load(part_o_ptr + (first + s0 + i)[:, None] * BLOCK_D + d[None, :],
+                        mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, lse_s)
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)   # rows whose splits so far saw no key
+            alpha = tl.exp(m - m_safe)
+            w = tl.where(ok, tl.exp(lse_s - m_safe), 0.0)
+            res = res * alpha[:, None] + o * w[:, None]
+            total = total * alpha + w
+            m = m_new
+    res = res / tl.where(total > 0, total, 1.0)[:, None]
+    heads_m = kv_head * GROUP + gm
+    tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
+             res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_mask[None, :])
+
+
 # Arguments that change from one eager step to the next are not specialized on, or Triton compiles a variant
 # mid-run per divisibility (found by benchmarks/throughput.py's compile check): stride_bt, the block tables'
 # row length, follows the step's longest sequence; the prefill's tables and lengths are slices that start
@@ -151,15 +187,16 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr,
-    FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr,
+    FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
     MERGE_CHUNK: tl.constexpr = 8, PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
 
     Each split that sees keys writes its normalized output and log-sum-exp and counts itself in lock[b, kv
     head]; the last to arrive merges them into out (out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s -
-    max)) and resets the count: no second launch per layer. GROUP_PAD pads the group for tl.dot (16 rows);
-    the merge works on GROUP_P2 rows."""
+    max)) and resets the count: no second launch per layer. A split takes at least MIN_SPLIT_KEYS keys (a multiple
+    of BLOCK_N); a sequence that one split covers writes out directly, with no partial, count or merge.
+    GROUP_PAD pads the group for tl.dot (16 rows); the merge works on GROUP_P2 rows."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -170,7 +207,7 @@ def _decode_kernel(
     lo = 0
     if WINDOW > 0:
         lo = tl.maximum(seq_len - WINDOW, 0)
-    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.maximum(tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
     start = lo + split * per_split
     end = tl.minimum(seq_len, start + per_split)
     # --- the splits that see keys run, and count to their number; split 0 alone for a sequence of none (a
@@ -191,45 +228,23 @@ def _decode_kernel(
                                         block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d,
                                         d_mask, stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D,
                                         BLOCK_N, False, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
-        # --- normalized partial output and its log-sum-exp (-inf for an empty sequence's split)
         safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
-        lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
-        row = (b * num_q_heads + heads) * NUM_SPLITS + split
-        tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
-        tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
-        # --- the last split of this (sequence, kv head) merges the splits that saw keys
-        lock = lock_ptr + b * tl.num_programs(1) + kv_head
-        tl.debug_barrier()                     # every thread's partial is written before the count is released
-        if tl.atomic_add(lock, 1, sem="acq_rel") == n_active - 1:
-            # MERGE_CHUNK splits a step, unrolled: their loads are independent (one L2 round trip a step, not one
-            # a split), each split's log-sum-exp and output folded in by an online softmax over the splits,
-            # elementwise over [group, d] (no reduction across threads); .cg reads the other programs' partials
-            # from L2, not from this SM's L1
-            gm = tl.arange(0, GROUP_P2)
-            g_ok = gm < GROUP
-            first = (b * num_q_heads + kv_head * GROUP + gm) * NUM_SPLITS
-            m = tl.full([GROUP_P2], float("-inf"), tl.float32)
-            total = tl.zeros([GROUP_P2], tl.float32)
-            res = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
-            for s0 in range(0, n_active, MERGE_CHUNK):
-                for i in tl.static_range(MERGE_CHUNK):
-                    ok = g_ok & (s0 + i < n_active)
-                    lse_s = tl.load(part_lse_ptr + first + s0 + i, mask=ok, other=float("-inf"),
-                                    cache_modifier=".cg")
-                    o = tl.load(part_o_ptr + (first + s0 + i)[:, None] * BLOCK_D + d[None, :],
-                                mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-                    m_new = tl.maximum(m, lse_s)
-                    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)   # rows whose splits so far saw no key
-                    alpha = tl.exp(m - m_safe)
-                    w = tl.where(ok, tl.exp(lse_s - m_safe), 0.0)
-                    res = res * alpha[:, None] + o * w[:, None]
-                    total = total * alpha + w
-                    m = m_new
-            res = res / tl.where(total > 0, total, 1.0)[:, None]
-            heads_m = kv_head * GROUP + gm
-            tl.store(out_ptr + b * stride_ot + heads_m[:, None] * stride_oh + d[None, :],
-                     res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_mask[None, :])
-            tl.store(lock, 0)
+        if n_active == 1:       # the split saw every key (or none: zeros): its output is the sequence's
+            tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                     (acc / safe_l[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
+        else:
+            # --- normalized partial output and its log-sum-exp (-inf for an empty sequence's split)
+            lse = tl.where(l_i > 0, m_i + tl.log(safe_l), float("-inf"))
+            row = (b * num_q_heads + heads) * NUM_SPLITS + split
+            tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None], mask=q_mask)
+            tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
+            # --- the last split of this (sequence, kv head) merges the splits that saw keys
+            lock = lock_ptr + b * tl.num_programs(1) + kv_head
+            tl.debug_barrier()                     # every thread's partial is written before the count is released
+            if tl.atomic_add(lock, 1, sem="acq_rel") == n_active - 1:
+                _merge_splits(part_o_ptr, part_lse_ptr, out_ptr, b, kv_head, n_active, num_q_heads, d, d_mask,
+                              stride_ot, stride_oh, GROUP, GROUP_P2, BLOCK_D, NUM_SPLITS, MERGE_CHUNK)
+                tl.store(lock, 0)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "block_tables_ptr", "seq_lens_ptr"])     # see _decode_kernel
@@ -295,6 +310,9 @@ def _check(q, k_cache, v_cache, fmt):
 DECODE_BLOCK_N = 64
 DECODE_WARPS = 8
 DECODE_WARPS_UNSPLIT = 4
+# The fewest keys a split takes (a multiple of DECODE_BLOCK_N): a sequence that one split covers skips the
+# partials, the count and the merge, two dependent round trips through L2 that a short context pays in every layer.
+DECODE_MIN_SPLIT_KEYS = 64
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int | None = None) -> int:
@@ -318,11 +336,15 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding_window: int | None = None,
            k_scale=None, v_scale=None, fmt: Fp8Format | None = None, num_splits: int = 8,
-           out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, block_n: int | None = None,
+           min_split_keys: int | None = None) -> torch.Tensor:
     """One query per sequence: q [B, Hq, D] -> [B, Hq, D]. `num_splits` is fixed per launch (and
-    so per CUDA graph); each sequence divides its own context over the splits. `block_n`: keys a step of a split
-    (default DECODE_BLOCK_N)."""
+    so per CUDA graph); each sequence divides its own context over the splits, each split at least
+    `min_split_keys` keys (default DECODE_MIN_SPLIT_KEYS). `block_n`: keys a step of a split (default
+    DECODE_BLOCK_N)."""
     block_n = block_n or DECODE_BLOCK_N
+    min_split_keys = min_split_keys or DECODE_MIN_SPLIT_KEYS
+    min_split_keys = -(-min_split_keys // block_n) * block_n
     _check(q, k_cache, v_cache, fmt)
     bsz, hq, d = q.shape
     hk, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -341,7 +363,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
+        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys,
+        num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
         **pdl_launch(device_caps(q.device)))
     return out
 
