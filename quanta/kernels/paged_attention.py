@@ -90,14 +90,24 @@ def _fp8_factor(scale_ptr, kv_head, FP8: tl.constexpr, FP8_UP_MUL: tl.constexpr)
 
 
 @triton.jit
+def _fold(s, m_new, m_safe, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One step of the online softmax: scores s [ROWS, N] (their new row max m_new, m_safe its finite stand-in)
+    and values v [N, BLOCK_D] folded into (max, sum, unnormalized output)."""
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
 def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_scale, d, d_mask,
                     stride_block, stride_slot, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
                     FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, PRECISION: tl.constexpr):
-    """The online softmax of the query rows q [ROWS, BLOCK_D] over the cached keys [lo, hi) of one sequence (its
-    block table `table`) and kv head: returns (max, sum, unnormalized output) per row, the max -inf and the sum 0
-    for a row that saw no key. CAUSAL: row r sees the keys up to q_pos[r] (and within WINDOW), so a row may see none
-    of a block (prefill); else every key of the range (a decode split)."""
+    """The causal online softmax of the query rows q [ROWS, BLOCK_D] (a prefill tile) over the cached keys [lo, hi)
+    of one sequence (its block table `table`) and kv head: row r sees the keys up to q_pos[r] (and within WINDOW),
+    so a row may see none of a block. Returns (max, sum, unnormalized output) per row, the max -inf and the sum 0
+    for a row that saw no key. V is loaded after the scores, so that K's and V's tiles are not live at once."""
     k_base = k_cache_ptr + kv_head * HEAD_DIM
     v_base = v_cache_ptr + kv_head * HEAD_DIM
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
@@ -108,29 +118,50 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
         n_mask = offs_n < hi
         k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
                        BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-        if not CAUSAL:      # a decode split: V's loads in flight while the scores are computed
-            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
-        if CAUSAL:
-            allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-            if WINDOW > 0:
-                allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
-        else:
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = m_new
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        if CAUSAL:
-            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if WINDOW > 0:
+            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)     # rows with nothing allowed yet
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        m_i, l_i, acc = _fold(s, m_new, m_safe, v, m_i, l_i, acc, PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_softmax(q, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_scale, d, d_mask, stride_block,
+                   stride_slot, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr,
+                   FP8_UP_SHIFT: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax of a decode split: q [ROWS, BLOCK_D] over every key of [lo, hi), as _online_softmax returns
+    it. Step i + 1's K and V are loaded (block table, then rows) before step i's arithmetic: a split of several
+    steps waits on one chain of dependent loads, not one a step."""
+    k_base = k_cache_ptr + kv_head * HEAD_DIM
+    v_base = v_cache_ptr + kv_head * HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+    v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+    for _ in range(lo, hi, BLOCK_N):
+        next_n = offs_n + BLOCK_N
+        next_mask = next_n < hi            # past the split's end: masked, no memory read
+        k_next = _load_tile(k_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
+                            BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        v_next = _load_tile(v_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
+                            BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_i, l_i, acc = _fold(s, m_new, m_new, v, m_i, l_i, acc, PRECISION)
+        offs_n, n_mask, k, v = next_n, next_mask, k_next, v_next
     return m_i, l_i, acc
 
 
@@ -224,10 +255,10 @@ def _decode_kernel(
         score_scale = sm_scale * _fp8_factor(k_scale_ptr, kv_head, FP8, FP8_UP_MUL)
         v_factor = _fp8_factor(v_scale_ptr, kv_head, FP8, FP8_UP_MUL)
         # --- online softmax over the split
-        m_i, l_i, acc = _online_softmax(q, 0, start, end, k_cache_ptr, v_cache_ptr,
-                                        block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d,
-                                        d_mask, stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D,
-                                        BLOCK_N, False, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
+        m_i, l_i, acc = _split_softmax(q, start, end, k_cache_ptr, v_cache_ptr,
+                                       block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d,
+                                       d_mask, stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D,
+                                       BLOCK_N, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
         safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
         if n_active == 1:       # the split saw every key (or none: zeros): its output is the sequence's
             tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -290,7 +321,7 @@ def _prefill_kernel(
     m_i, l_i, acc = _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr,
                                     block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d, d_mask,
                                     stride_block, stride_slot, BLOCK_M, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N,
-                                    True, WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
+                                    WINDOW, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
     out = acc / (tl.where(l_i > 0, l_i, 1.0) / v_factor)[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
