@@ -4,11 +4,11 @@ read by bit operations or by the sm89+ conversion instruction. Reports µs per c
 per µs (GB/s, against the device-to-device copy bandwidth).
 
     python benchmarks/attention.py [--out attention.json]
-    python benchmarks/attention.py --decode-configs "4,64;8,64;8,64,256" [--out ...]
+    python benchmarks/attention.py --decode-configs "4,64;8,64;8,64,256,1" [--out ...]
 
 --decode-configs: batch-1 decode over short contexts as the engine runs it (its CUDA graphs' splits, 32 on this
-GPU for a long max_model_len) in each (DECODE_WARPS, DECODE_BLOCK_N[, DECODE_MIN_SPLIT_KEYS]), fp16 cache: the
-per-layer cost a batch-1 token pays where the program's chain of loads, not its bytes, is the time.
+GPU for a long max_model_len) in each (DECODE_WARPS, DECODE_BLOCK_N[, DECODE_MIN_SPLIT_KEYS[, DECODE_PREFETCH]]),
+fp16 cache: the per-layer cost a batch-1 token pays where the program's chain of loads, not its bytes, is the time.
 """
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def measure(kind: str, batch: int, ctx: int, read: str, splits: int | None = Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
-    ap.add_argument("--decode-configs", help="WARPS,BLOCK_N[,MIN_SPLIT_KEYS];...: batch-1 short-context decode "
-                    "in each")
+    ap.add_argument("--decode-configs", help="WARPS,BLOCK_N[,MIN_SPLIT_KEYS[,PREFETCH 0/1]];...: batch-1 "
+                    "short-context decode in each")
     args = ap.parse_args()
     bw = copy_bandwidth()
     if args.decode_configs:
@@ -100,14 +100,16 @@ def decode_configs(spec: str, bw: float, out: str | None) -> None:
     splits = paged_attention.default_num_splits(1, HK, 1 << 15)
     rows = []
     for item in spec.split(";"):
-        warps, block_n, min_keys = ([int(v) for v in item.split(",")] + [0])[:3]
+        warps, block_n, min_keys, prefetch = ([int(v) for v in item.split(",")] + [0, 0])[:4]
         paged_attention.DECODE_WARPS, paged_attention.DECODE_BLOCK_N = warps, block_n
         paged_attention.DECODE_MIN_SPLIT_KEYS = min_keys or block_n
+        if hasattr(paged_attention, "DECODE_PREFETCH"):
+            paged_attention.DECODE_PREFETCH = bool(prefetch)
         for ctx in (128, 384, 1024):
             rows.append(dict(measure("decode", 1, ctx, "fp16", splits), warps=warps, block_n=block_n,
-                             min_split_keys=min_keys or block_n))
-            print(f"warps {warps} block_n {block_n} min split keys {min_keys or block_n} ctx {ctx}: "
-                  f"{rows[-1]['us']} µs", flush=True)
+                             min_split_keys=min_keys or block_n, prefetch=bool(prefetch)))
+            print(f"warps {warps} block_n {block_n} min split keys {min_keys or block_n} prefetch {prefetch} "
+                  f"ctx {ctx}: {rows[-1]['us']} µs", flush=True)
     if out:
         Path(out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_GBps": round(bw, 1),
                                          "splits": splits, "rows": rows}, indent=1))

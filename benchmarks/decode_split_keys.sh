@@ -1,11 +1,12 @@
 # Batch-1 decode attention over short contexts in fewer, longer splits: each split at least DECODE_MIN_SPLIT_KEYS
 # keys (a sequence one split covers writes its output with no partials, count or merge), DECODE_BLOCK_N keys a
-# step. The attention tests on the GPU; the kernel alone at 128 / 384 / 1,024 keys in each (block_n, floor)
-# (attention.py --decode-configs); the w4g128 engine's batch-1 decode (input 128, output 256) in each, alternating
+# step, the next step's K / V loaded before this step's arithmetic or not (DECODE_PREFETCH). The attention tests on
+# the GPU; the kernel alone at 128 / 384 / 1,024 keys in each (block_n, floor, prefetch) (attention.py
+# --decode-configs); the w4g128 engine's batch-1 decode (input 128, output 256) in each, alternating
 # (engine_configs.py). BASELINE=DIR (a checkout of another commit): its kernel and engine as built, too.
-#   usage: [SPLITS="64,64 64,128 128,128"] [ROUNDS=2] [BASELINE=.base] bash benchmarks/decode_split_keys.sh
+#   usage: [SPLITS="64,64,0 64,128,1 128,128,0"] [ROUNDS=2] [BASELINE=.base] bash benchmarks/decode_split_keys.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
-SPLITS=${SPLITS:-64,64 64,128 64,256 128,128}
+SPLITS=${SPLITS:-64,64,0 64,64,1 64,128,1 64,256,1 128,128,0}
 staged 120 python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -n 2 \
   | tee "$OUT/attention-tests.txt"
 grep -q " passed" "$OUT/attention-tests.txt" && ! grep -q "failed\|error" "$OUT/attention-tests.txt" \
@@ -24,7 +25,10 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 P=quanta.kernels.paged_attention
 VARIANTS=()
-for s in $SPLITS; do VARIANTS+=(--variant "$P:DECODE_BLOCK_N=${s%,*}; DECODE_MIN_SPLIT_KEYS=${s#*,}"); done
+for s in $SPLITS; do
+  IFS=, read -r n keys prefetch <<< "$s"
+  VARIANTS+=(--variant "$P:DECODE_BLOCK_N=$n; $P:DECODE_MIN_SPLIT_KEYS=$keys; $P:DECODE_PREFETCH=${prefetch:-0} == 1")
+done
 engine_baseline 1
 staged 330 python3 benchmarks/engine_configs.py --model synthetic:llama3-8b:w4g128 --rounds "${ROUNDS:-2}" \
   "${VARIANTS[@]}" --timeout 60 --out "$OUT/decode-split-keys-engine.json" 2>&1 | grep "tok/s"

@@ -86,7 +86,7 @@ _DECODE = dict(q_ptr="*fp16", k_cache_ptr="*u8", v_cache_ptr="*u8", part_o_ptr="
                block_tables_ptr="*i32", seq_lens_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                out_ptr="*fp16", lock_ptr="*i32", sm_scale="fp32")
 _DECODE_META = dict(GROUP=4, GROUP_PAD=16, GROUP_P2=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
-                    NUM_SPLITS=8, WINDOW=0, PRECISION="tf32", MIN_SPLIT_KEYS=64)
+                    NUM_SPLITS=8, WINDOW=0, PRECISION="tf32", MIN_SPLIT_KEYS=64, PREFETCH=False)
 CASES = {
     "affine_gemv_w4": ("affine.gemv", "_affine_gemv_kernel", _P16,
                        dict(_AFF, BITS=4, RS=4, BLOCK_N=256, SPLIT_K=2, TILE_SCALE=True, EVEN_K=True), 2, 1, 75),
@@ -330,7 +330,7 @@ CASES = {
                             dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True, PDL=True), 4, 1, 90),
     "paged_decode_pdl": ("paged_attention", "_decode_kernel", dict(_DECODE, k_cache_ptr="*fp16",
                                                                    v_cache_ptr="*fp16"),
-                         dict(_DECODE_META, **NO_FP8_READ, PDL=True), 4, 1, 90),
+                         dict(_DECODE_META, **NO_FP8_READ, PDL=True, PREFETCH=True), 4, 1, 90),
     # Gluon (sm90 only: wgmma); num_stages unused (the kernel's ring of STAGES is its own)
     "affine_wgmma_w4": ("affine.wgmma", "_affine_wgmma_kernel", _WG, _WGMMA, 4, 1, 90),
     "affine_wgmma_w4_bf16_zb_bias_128": ("affine.wgmma", "_affine_wgmma_kernel", dict(_WG, x_ptr="*bf16", y_ptr="*fp32",

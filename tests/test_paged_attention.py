@@ -95,10 +95,12 @@ def test_decode_merges_more_splits_than_one_merge_step():
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("min_keys", [32, 64, 512])
-def test_decode_splits_take_at_least_min_split_keys(min_keys):
+def test_decode_splits_take_at_least_min_split_keys(min_keys, prefetch, monkeypatch):
     # 300 keys over 12 splits: at least 32 keys a split (ten splits, two merge steps), 64 (five) or 512 (one, written
-    # straight to out with no merge); the 5-key row takes one split in each
+    # straight to out with no merge); the 5-key row takes one split in each. Prefetch: each step's loads one ahead
+    monkeypatch.setattr(paged_attention, "DECODE_PREFETCH", prefetch)
     lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
     q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
     ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)

@@ -135,10 +135,11 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
 def _split_softmax(q, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_scale, d, d_mask, stride_block,
                    stride_slot, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr,
-                   FP8_UP_SHIFT: tl.constexpr, PRECISION: tl.constexpr):
+                   FP8_UP_SHIFT: tl.constexpr, PRECISION: tl.constexpr, PREFETCH: tl.constexpr):
     """The online softmax of a decode split: q [ROWS, BLOCK_D] over every key of [lo, hi), as _online_softmax returns
-    it. Step i + 1's K and V are loaded (block table, then rows) before step i's arithmetic: a split of several
-    steps waits on one chain of dependent loads, not one a step."""
+    it; V's loads in flight while the scores are computed. PREFETCH: step i + 1's K and V are loaded (block table,
+    then rows) before step i's arithmetic, so that a split of several steps waits on one chain of dependent loads,
+    not one a step, for a second pair of tiles in registers."""
     k_base = k_cache_ptr + kv_head * HEAD_DIM
     v_base = v_cache_ptr + kv_head * HEAD_DIM
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
@@ -146,22 +147,31 @@ def _split_softmax(q, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_sc
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     offs_n = lo + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hi
-    k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-    v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+    if PREFETCH:
+        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
     for _ in range(lo, hi, BLOCK_N):
         next_n = offs_n + BLOCK_N
         next_mask = next_n < hi            # past the split's end: masked, no memory read
-        k_next = _load_tile(k_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
-                            BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-        v_next = _load_tile(v_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
-                            BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        if PREFETCH:
+            k_next = _load_tile(k_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
+                                BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+            v_next = _load_tile(v_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
+                                BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        else:
+            k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_i, l_i, acc = _fold(s, m_new, m_new, v, m_i, l_i, acc, PRECISION)
-        offs_n, n_mask, k, v = next_n, next_mask, k_next, v_next
+        if PREFETCH:
+            k, v = k_next, v_next
+        offs_n, n_mask = next_n, next_mask
     return m_i, l_i, acc
 
 
@@ -218,7 +228,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr,
-    FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
+    FP8_UP_MUL: tl.constexpr, PRECISION: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr, PREFETCH: tl.constexpr,
     MERGE_CHUNK: tl.constexpr = 8, PDL: tl.constexpr = False,
 ):
     """grid (B, Hk, NUM_SPLITS): the GROUP query heads of one kv head over one split of the context.
@@ -258,7 +268,7 @@ def _decode_kernel(
         m_i, l_i, acc = _split_softmax(q, start, end, k_cache_ptr, v_cache_ptr,
                                        block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head, score_scale, d,
                                        d_mask, stride_block, stride_slot, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_D,
-                                       BLOCK_N, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION)
+                                       BLOCK_N, FP8, FP8_HW, FP8_UP_SHIFT, PRECISION, PREFETCH)
         safe_l = tl.where(l_i > 0, l_i, 1.0) / v_factor
         if n_active == 1:       # the split saw every key (or none: zeros): its output is the sequence's
             tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -344,6 +354,9 @@ DECODE_WARPS_UNSPLIT = 4
 # The fewest keys a split takes (a multiple of DECODE_BLOCK_N): a sequence that one split covers skips the
 # partials, the count and the merge, two dependent round trips through L2 that a short context pays in every layer.
 DECODE_MIN_SPLIT_KEYS = 64
+# Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax); off until timed
+# on a GPU against the loads at each step's top.
+DECODE_PREFETCH = False
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int | None = None) -> int:
@@ -394,7 +407,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys,
+        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys, PREFETCH=DECODE_PREFETCH,
         num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
         **pdl_launch(device_caps(q.device)))
     return out
