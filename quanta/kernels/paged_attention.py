@@ -351,8 +351,9 @@ def _check(q, k_cache, v_cache, fmt):
 DECODE_BLOCK_N = 64
 DECODE_WARPS = 8
 DECODE_WARPS_UNSPLIT = 4
-# The fewest keys a split takes (a multiple of DECODE_BLOCK_N): a sequence that one split covers skips the
-# partials, the count and the merge, two dependent round trips through L2 that a short context pays in every layer.
+# The fewest keys a split takes (a multiple of DECODE_BLOCK_N). Fewer splits a sequence trade the merge (partials
+# written, counted and read back through L2) for more steps in one program, each a block-table load and the K / V
+# loads that wait on it; a sequence that one split covers writes its output with no merge.
 DECODE_MIN_SPLIT_KEYS = 64
 # Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax); off until timed
 # on a GPU against the loads at each step's top.
