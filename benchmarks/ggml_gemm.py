@@ -141,12 +141,12 @@ def config_sums(results: list[dict]) -> None:
     for r in results:
         groups.setdefault((r["type"], r["m"]), []).append(r)
     for (name, m), rows in groups.items():
-        fp16 = sum(r["fp16_us"] for r in rows)
         keys = sorted({k for r in rows for k in r if k.startswith("wgmma_")})
         if not keys:
             continue
-        print(f"\n{name} M = {m} over {len(rows)} layers: fp16 {fp16:.1f} µs; planned "
-              f"{sum(r['ggml_us'] for r in rows):.1f} µs ({fp16 / sum(r['ggml_us'] for r in rows):.2f}x)")
+        fp16, planned = sum(r["fp16_us"] for r in rows), sum(r["ggml_us"] for r in rows)
+        print(f"\n{name} M = {m} over {len(rows)} layers: fp16 {fp16:.1f} µs; planned {planned:.1f} µs "
+              f"({fp16 / planned:.2f}x)")
         for key in keys:
             if all(key in r for r in rows):
                 total = sum(r[key] for r in rows)

@@ -132,6 +132,17 @@ def _online_softmax(q, q_pos, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, 
 
 
 @triton.jit
+def _load_kv(k_base, v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot, BLOCK_SIZE: tl.constexpr,
+             FP8: tl.constexpr, FP8_HW: tl.constexpr, FP8_UP_SHIFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """K's and V's rows at positions offs_n (_load_tile's), V's loads issued with K's."""
+    k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, OUT_DTYPE)
+    v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                   BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, OUT_DTYPE)
+    return k, v
+
+
+@triton.jit
 def _split_softmax(q, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_scale, d, d_mask, stride_block,
                    stride_slot, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, FP8_HW: tl.constexpr,
@@ -148,23 +159,17 @@ def _split_softmax(q, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head, score_sc
     offs_n = lo + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hi
     if PREFETCH:
-        k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-        v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                       BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+        k, v = _load_kv(k_base, v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                        BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
     for _ in range(lo, hi, BLOCK_N):
         next_n = offs_n + BLOCK_N
         next_mask = next_n < hi            # past the split's end: masked, no memory read
         if PREFETCH:
-            k_next = _load_tile(k_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
-                                BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-            v_next = _load_tile(v_base, table, next_n, next_mask, d, d_mask, stride_block, stride_slot,
-                                BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+            k_next, v_next = _load_kv(k_base, v_base, table, next_n, next_mask, d, d_mask, stride_block,
+                                      stride_slot, BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         else:
-            k = _load_tile(k_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
-            v = _load_tile(v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
-                           BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
+            k, v = _load_kv(k_base, v_base, table, offs_n, n_mask, d, d_mask, stride_block, stride_slot,
+                            BLOCK_SIZE, FP8, FP8_HW, FP8_UP_SHIFT, q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
