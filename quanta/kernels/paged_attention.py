@@ -360,9 +360,10 @@ DECODE_WARPS_UNSPLIT = 4
 # written, counted and read back through L2) for more steps in one program, each a block-table load and the K / V
 # loads that wait on it; a sequence that one split covers writes its output with no merge.
 DECODE_MIN_SPLIT_KEYS = 64
-# Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax); off until timed
-# on a GPU against the loads at each step's top.
-DECODE_PREFETCH = False
+# Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax): the loads of a
+# split's first step are then issued ahead of its loop, which the batch-1 decode's chain of kernels gains from
+# even where each split is one step.
+DECODE_PREFETCH = True
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int | None = None) -> int:
