@@ -330,7 +330,7 @@ CASES = {
                             dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64, STORE_KV=True, PDL=True), 4, 1, 90),
     "paged_decode_pdl": ("paged_attention", "_decode_kernel", dict(_DECODE, k_cache_ptr="*fp16",
                                                                    v_cache_ptr="*fp16"),
-                         dict(_DECODE_META, **NO_FP8_READ, PDL=True, PREFETCH=True), 4, 1, 90),
+                         dict(_DECODE_META, **NO_FP8_READ, PDL=True, PREFETCH=True), 8, 1, 90),
     # Gluon (sm90 only: wgmma); num_stages unused (the kernel's ring of STAGES is its own)
     "affine_wgmma_w4": ("affine.wgmma", "_affine_wgmma_kernel", _WG, _WGMMA, 4, 1, 90),
     "affine_wgmma_w4_bf16_zb_bias_128": ("affine.wgmma", "_affine_wgmma_kernel", dict(_WG, x_ptr="*bf16", y_ptr="*fp32",

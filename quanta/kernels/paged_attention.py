@@ -362,7 +362,8 @@ DECODE_WARPS_UNSPLIT = 4
 DECODE_MIN_SPLIT_KEYS = 64
 # Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax): the loads of a
 # split's first step are then issued ahead of its loop, which the batch-1 decode's chain of kernels gains from
-# even where each split is one step.
+# even where each split is one step. Split launches only: the unsplit launch of large batches runs in
+# DECODE_WARPS_UNSPLIT warps, whose registers would hold the second pair of K / V tiles at half the threads.
 DECODE_PREFETCH = True
 
 
@@ -414,7 +415,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys, PREFETCH=DECODE_PREFETCH,
+        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys, PREFETCH=DECODE_PREFETCH and num_splits > 1,
         num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
         **pdl_launch(device_caps(q.device)))
     return out
