@@ -109,6 +109,18 @@ def test_decode_splits_take_at_least_min_split_keys(min_keys, prefetch, monkeypa
     assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_unsplit_decode_with_and_without_the_prefetch(prefetch, monkeypatch):
+    # one program a (sequence, kv head) over every key, as large batches launch it: 300 keys in 19 steps of 16 and
+    # 5 keys in one, the prefetch's next loads past the end masked
+    monkeypatch.setattr(paged_attention, "DECODE_PREFETCH_UNSPLIT", prefetch)
+    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
+    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
+    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
+    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=1, block_n=16, **kw)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the Triton interpreter computes bfloat16 wrongly (numpy has no bfloat16)"))])
 @pytest.mark.parametrize("fmt", [None, "fp8_e4m3"])

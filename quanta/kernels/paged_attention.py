@@ -362,9 +362,11 @@ DECODE_WARPS_UNSPLIT = 4
 DECODE_MIN_SPLIT_KEYS = 64
 # Whether a split loads its next step's K and V before this step's arithmetic (_split_softmax): the loads of a
 # split's first step are then issued ahead of its loop, which the batch-1 decode's chain of kernels gains from
-# even where each split is one step. Split launches only: the unsplit launch of large batches runs in
-# DECODE_WARPS_UNSPLIT warps, whose registers would hold the second pair of K / V tiles at half the threads.
+# even where each split is one step. The unsplit launch of large batches (DECODE_PREFETCH_UNSPLIT) runs in
+# DECODE_WARPS_UNSPLIT warps, whose registers would hold the second pair of K / V tiles at half the threads: off
+# until its offline throughput is timed with it.
 DECODE_PREFETCH = True
+DECODE_PREFETCH_UNSPLIT = False
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int | None = None) -> int:
@@ -415,7 +417,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_SIZE=block_size, HEAD_DIM=d,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
-        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys, PREFETCH=DECODE_PREFETCH and num_splits > 1,
+        PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys,
+        PREFETCH=DECODE_PREFETCH if num_splits > 1 else DECODE_PREFETCH_UNSPLIT,
         num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
         **pdl_launch(device_caps(q.device)))
     return out

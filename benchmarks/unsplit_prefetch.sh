@@ -1,0 +1,15 @@
+# The unsplit decode launch (batches of 33 and more on 132 SMs: one program a sequence and kv head) with its next
+# step's K / V loaded before this step's arithmetic (paged_attention.DECODE_PREFETCH_UNSPLIT), in its 4 warps and
+# in 8, against as built: the attention tests on the GPU, then offline 1000 x 512/128 w4g128 output tok/s
+# (engine_configs.py --bench throughput, fp16 KV), the variants alternating round after round.
+#   usage: [ROUNDS=1] bash benchmarks/unsplit_prefetch.sh
+source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
+staged 120 python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -n 2 \
+  | tee "$OUT/attention-tests.txt"
+grep -q " passed" "$OUT/attention-tests.txt" && ! grep -q "failed\|error" "$OUT/attention-tests.txt" \
+  || { echo "TESTS FAILED"; exit 1; }
+P=quanta.kernels.paged_attention
+staged 560 python3 benchmarks/engine_configs.py --bench throughput --model synthetic:llama3-8b:w4g128 \
+  --input-len 512 --output-len 128 --num-prompts 1000 --rounds "${ROUNDS:-1}" --timeout 150 --variant "" \
+  --variant "$P:DECODE_PREFETCH_UNSPLIT=True" --variant "$P:DECODE_PREFETCH_UNSPLIT=True; $P:DECODE_WARPS_UNSPLIT=8" \
+  --out "$OUT/unsplit-prefetch-throughput.json" 2>&1 | grep "tok/s"
