@@ -7,10 +7,7 @@
 #   usage: [SPLITS="64,64,0 64,128,1 128,128,0"] [ROUNDS=2] [BASELINE=.base] bash benchmarks/decode_split_keys.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 SPLITS=${SPLITS:-64,64,0 64,64,1 64,128,1 64,256,1 128,128,0}
-staged 120 python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -n 2 \
-  | tee "$OUT/attention-tests.txt"
-grep -q " passed" "$OUT/attention-tests.txt" && ! grep -q "failed\|error" "$OUT/attention-tests.txt" \
-  || { echo "TESTS FAILED"; exit 1; }
+tests_pass attention-tests 120 tests/test_paged_attention.py
 CONFIGS=$(for s in $SPLITS; do printf "8,%s;" "$s"; done)
 staged 150 python3 benchmarks/attention.py --decode-configs "${CONFIGS%;}" --out "$OUT/attention-split-keys.json" \
   2>&1 | grep "µs"

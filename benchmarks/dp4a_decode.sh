@@ -5,9 +5,7 @@
 #   usage: MODELS="q2_K q3_K" ROUNDS=1 bash benchmarks/dp4a_decode.sh  (IQ4 models run on the codebook kernels in fp16)
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 T0=$(date +%s)
-staged 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_ggml_dp4a.py tests/test_ggml_iq4_dp4a.py 2>&1 \
-  | tail -n 3 | tee "$OUT/tests.txt"
-grep -q " passed" "$OUT/tests.txt" && ! grep -q "failed\|error" "$OUT/tests.txt" || { echo "TESTS FAILED"; exit 1; }
+tests_pass tests 120 -m gpu tests/test_ggml_dp4a.py tests/test_ggml_iq4_dp4a.py
 echo "T=$(( $(date +%s) - T0 ))"
 DP4A="quanta.kernels.ggml.plan:DP4A_TYPES=${DP4A_TYPES:-('q2_K', 'q3_K', 'iq4_nl', 'iq4_xs')}"
 IN="$DP4A; quanta.kernels.ggml.gemv_dp4a:QUANTIZE_IN_PROGRAMS=True"     # x rounded by the GEMVs' programs

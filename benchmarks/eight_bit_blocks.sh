@@ -6,9 +6,7 @@
 #   usage: bash benchmarks/eight_bit_blocks.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
 T0=$(date +%s)
-staged 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_affine_wgmma.py -k "eight_bit" -x 2>&1 \
-  | tail -n 3 | tee "$OUT/tests.txt"
-grep -q " passed" "$OUT/tests.txt" && ! grep -q "failed\|error" "$OUT/tests.txt" || { echo "TESTS FAILED"; exit 1; }
+tests_pass tests 200 -m gpu tests/test_affine_wgmma.py -k eight_bit -x
 echo "T=$(( $(date +%s) - T0 ))"
 for blocks in 1 2; do
   staged 90 python3 -c "

@@ -21,3 +21,11 @@ staged() {
   pkill -P "$dog" 2>/dev/null; kill "$dog" 2>/dev/null
   return $rc
 }
+
+# tests_pass NAME LIMIT PYTEST_ARGS...: run pytest (quiet, no cache) under staged, its last lines shown and kept in
+# $OUT/NAME.txt; a script stops here ("TESTS FAILED") unless they pass, so no figure is measured on a broken build.
+tests_pass() {
+  local name=$1 limit=$2; shift 2
+  staged "$limit" python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -n 3 | tee "$OUT/$name.txt"
+  grep -q " passed" "$OUT/$name.txt" && ! grep -q "failed\|error" "$OUT/$name.txt" || { echo "TESTS FAILED"; exit 1; }
+}

@@ -4,10 +4,7 @@
 # (engine_configs.py --bench throughput, fp16 KV), the variants alternating round after round.
 #   usage: [ROUNDS=1] bash benchmarks/unsplit_prefetch.sh
 source benchmarks/gpu_env.sh; export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks
-staged 120 python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -n 2 \
-  | tee "$OUT/attention-tests.txt"
-grep -q " passed" "$OUT/attention-tests.txt" && ! grep -q "failed\|error" "$OUT/attention-tests.txt" \
-  || { echo "TESTS FAILED"; exit 1; }
+tests_pass attention-tests 120 tests/test_paged_attention.py
 P=quanta.kernels.paged_attention
 staged 560 python3 benchmarks/engine_configs.py --bench throughput --model synthetic:llama3-8b:w4g128 \
   --input-len 512 --output-len 128 --num-prompts 1000 --rounds "${ROUNDS:-1}" --timeout 150 --variant "" \

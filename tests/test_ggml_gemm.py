@@ -88,16 +88,15 @@ def test_packed_half_gemv_matches_the_gguf_dequantization(name, m, monkeypatch):
     # halves and quarters (each of two parts; the four steps of one a quarter's single one)
     configs = (None, (16, 4, 1e-3, 1), (32, 4, 64.0, 1), (16, 4, 1e-3, 1, 2), (32, 4, 8.0, 1, 4),
                (32, 4, 64.0, 1, 1, 2), (16, 4, 64.0, 2, 2, 2), (32, 4, 64.0, 1, 4, 4), (16, 4, 64.0, 2, 1, 4))
-    planned = None
-    for config in configs if m == 1 else (None, (32, 4, 64.0, 1)):              # three rows: planned, split-K
-        y = gemv_cols.matmul(x, st, bias, config)
+    outputs = {config: gemv_cols.matmul(x, st, bias, config)                     # three rows: planned, split-K
+               for config in (configs if m == 1 else (None, (32, 4, 64.0, 1)))}
+    for config, y in outputs.items():
         assert y.dtype == torch.float16 and rel_err(y, want) < TOL[torch.float16], config
-        planned = y if config is None else planned
     if m == 1:                                                       # rows not 8-byte aligned: copied first
         shifted = torch.empty(m, 769, dtype=x.dtype, device=DEVICE)[:, 1:]
         shifted.copy_(x)
         assert shifted.data_ptr() % 8
-        assert torch.equal(gemv_cols.matmul(shifted, st, bias), planned)
+        assert torch.equal(gemv_cols.matmul(shifted, st, bias), outputs[None])
     if DEVICE == "cpu" and m == 1:
         ptx_emulator.install(monkeypatch)
         y_ptx = gemv_cols.matmul(x, st, bias, None, ptx=True)

@@ -85,39 +85,41 @@ def test_decode_kernel_matches_reference(case, splits, fmt):
     assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
 
 
-def test_decode_merges_more_splits_than_one_merge_step():
+@pytest.fixture
+def long_and_short():
+    """A 300-key and a 5-key sequence (8 query heads over 2 kv heads, d 32, blocks of 16) to decode: decode's
+    arguments, its keyword arguments and the reference output."""
+    q, kc, vc, bt, sl, qsl, kw = build([300, 5], [1, 1], 8, 2, 32, 16, torch.float32, None)
+    return (q, kc, vc, bt, sl, 0.3), kw, paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
+
+
+def test_decode_merges_more_splits_than_one_merge_step(long_and_short):
     # 300 keys over 12 splits of 32: ten splits see keys (two merge steps of 8, the second partial), two are
     # empty; the 5-key row fills one split and leaves eleven empty
-    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
-    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
-    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
-    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=12, block_n=16, **kw)
+    args, kw, ref = long_and_short
+    out = paged_attention.decode(*args, num_splits=12, block_n=16, **kw)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("min_keys", [32, 64, 512])
-def test_decode_splits_take_at_least_min_split_keys(min_keys, prefetch, monkeypatch):
+def test_decode_splits_take_at_least_min_split_keys(min_keys, prefetch, monkeypatch, long_and_short):
     # 300 keys over 12 splits: at least 32 keys a split (ten splits, two merge steps), 64 (five) or 512 (one, written
     # straight to out with no merge); the 5-key row takes one split in each. Prefetch: each step's loads one ahead
     monkeypatch.setattr(paged_attention, "DECODE_PREFETCH", prefetch)
-    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
-    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
-    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
-    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=12, block_n=16, min_split_keys=min_keys, **kw)
+    args, kw, ref = long_and_short
+    out = paged_attention.decode(*args, num_splits=12, block_n=16, min_split_keys=min_keys, **kw)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
-    assert not paged_attention.split_counts(DEVICE, len(lens) * hk).any()
+    assert not paged_attention.split_counts(DEVICE, 2 * 2).any()        # two sequences, two kv heads
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_unsplit_decode_with_and_without_the_prefetch(prefetch, monkeypatch):
+def test_unsplit_decode_with_and_without_the_prefetch(prefetch, monkeypatch, long_and_short):
     # one program a (sequence, kv head) over every key, as large batches launch it: 300 keys in 19 steps of 16 and
     # 5 keys in one, the prefetch's next loads past the end masked
     monkeypatch.setattr(paged_attention, "DECODE_PREFETCH_UNSPLIT", prefetch)
-    lens, hq, hk, d, bs = [300, 5], 8, 2, 32, 16
-    q, kc, vc, bt, sl, qsl, kw = build(lens, [1, 1], hq, hk, d, bs, torch.float32, None)
-    ref = paged_attention.reference(q, kc, vc, bt, sl, qsl, 0.3, None, **kw)
-    out = paged_attention.decode(q, kc, vc, bt, sl, 0.3, num_splits=1, block_n=16, **kw)
+    args, kw, ref = long_and_short
+    out = paged_attention.decode(*args, num_splits=1, block_n=16, **kw)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
 
 

@@ -408,6 +408,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
     part_o = torch.empty(bsz, hq, num_splits, block_d, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(bsz, hq, num_splits, device=q.device, dtype=torch.float32)
     dummy = k_scale if k_scale is not None else seq_lens
+    split = num_splits > 1                  # the split launch's settings, else the unsplit launch's (large batches)
     _decode_kernel[(bsz, hk, num_splits)](
         q, k_cache, v_cache, part_o, part_lse, block_tables, seq_lens, dummy,
         v_scale if v_scale is not None else dummy, out, split_counts(q.device, bsz * hk), scale, hq,
@@ -418,8 +419,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, *, sliding
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=sliding_window or 0,
         **fp8_read_constexprs(fmt, q.device),
         PRECISION=dot_precision(q.dtype), MIN_SPLIT_KEYS=min_split_keys,
-        PREFETCH=DECODE_PREFETCH if num_splits > 1 else DECODE_PREFETCH_UNSPLIT,
-        num_warps=DECODE_WARPS if num_splits > 1 else DECODE_WARPS_UNSPLIT,
+        PREFETCH=DECODE_PREFETCH if split else DECODE_PREFETCH_UNSPLIT,
+        num_warps=DECODE_WARPS if split else DECODE_WARPS_UNSPLIT,
         **pdl_launch(device_caps(q.device)))
     return out
 
