@@ -10,7 +10,8 @@ Each variant runs benchmarks/latency.py in a process of its own; the variants al
 
 A variant is ';'-separated MODULE:NAME=EXPR assignments, EXPR evaluated in the module's namespace with band()
 added; "" runs the build as it is. `--bench throughput` runs throughput.py instead (offline output tok/s over
---num-prompts). JSON on the last line (--out: also to a file).
+--num-prompts). Flags this script does not know go to the bench script as they are (--max-num-seqs 1024). JSON on
+the last line (--out: also to a file).
 """
 from __future__ import annotations
 
@@ -69,10 +70,10 @@ def main() -> None:
                     help="batch-1 decode tok/s (latency.py) or offline output tok/s (throughput.py)")
     ap.add_argument("--num-prompts", type=int, default=1000, help="with --bench throughput")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args, passed = ap.parse_known_args()     # unknown flags (--max-num-seqs 1024, ...) go to the bench script
     script_args = ["--model", args.model, "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
     script_args += (["--runs", str(args.runs)] if args.bench == "latency"
-                    else ["--num-prompts", str(args.num_prompts), "--quiet"])
+                    else ["--num-prompts", str(args.num_prompts), "--quiet"]) + passed
     tok_s: dict[str, list[float]] = {v: [] for v in args.variant}
     for _ in range(args.rounds):
         for variant in args.variant:

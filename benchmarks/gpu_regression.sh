@@ -7,6 +7,8 @@
 #   BASELINE=DIR     a checkout of the build to compare with (quanta/ and benchmarks/ of another commit): the
 #                    ggml, latency and throughput stages then run it too, alternating with this build, on one machine
 #   MODEL=synthetic:llama3-8b:FMT   the latency and throughput stages' model (default w4g128)
+#   THROUGHPUT_ARGS="--kv-cache-dtype fp8 --max-num-seqs 1024"   more throughput.py flags (later ones win)
+#   ROUNDS=N         throughput runs of each build, alternating (default 1; files throughput-BUILD[-ROUND].json)
 #   GGML_TYPES=q4_K,q6_K            the ggml stage's types (its kernels at M = 1 on the Llama-3-8B shapes)
 #   KERNELS_TIMEOUT, GGUF_TIMEOUT, SM75_TIMEOUT   seconds for those stages (a cold machine compiles every kernel
 #                    the tests run first: the GGUF stage's 80 s ended it after four tests)
@@ -45,10 +47,13 @@ if has latency; then
   done
 fi
 if has throughput; then
-  for b in "${builds[@]}"; do set -- $b
-    echo "== throughput ($2)"
-    engine "$1" "throughput-$2" timeout 150 python3 benchmarks/throughput.py --num-prompts 1000 --input-len 512 \
-      --output-len 128 --kv-cache-dtype auto --quiet --model "${MODEL:-synthetic:llama3-8b:w4g128}"
+  for r in $(seq "${ROUNDS:-1}"); do
+    for b in "${builds[@]}"; do set -- $b
+      echo "== throughput ($2, round $r)"
+      engine "$1" "throughput-$2$([ "$r" = 1 ] || echo "-$r")" timeout 150 python3 benchmarks/throughput.py \
+        --num-prompts 1000 --input-len 512 --output-len 128 --kv-cache-dtype auto --quiet \
+        --model "${MODEL:-synthetic:llama3-8b:w4g128}" ${THROUGHPUT_ARGS:-}
+    done
   done
 fi
 if has gguf; then
