@@ -1,5 +1,6 @@
 """Next-token choice: penalties, temperature, top-k, top-p, min-p, then a draw with the
-exponential trick (argmax of p / Exp(1) noise: one kernel, no host sync), seeded per request."""
+exponential trick (argmax of p / Exp(1) noise, no host sync), seeded per request; a batch's plain rows on a GPU
+in one read of their logits (kernels/draw.py)."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +8,9 @@ import functools
 import torch
 
 from quanta.engine.sampling_params import SamplingParams
+from quanta.kernels import draw
+
+SEED_BOUND = 1 << 31        # the draw kernel's Philox key is the seed plus the row, an int32
 
 
 def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
@@ -98,7 +102,7 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
                  histories: list[tuple[list[int], list[int]]], default_generator: torch.Generator | None = None,
                  errors: dict[int, Exception] | None = None) -> torch.Tensor:
     """Token ids [B] (on the logits' device, no host sync) for logits [B, V]. Plain rows without their
-    own generator are drawn together (one softmax, one noise draw); the others row by row with
+    own generator are drawn together (_draw_rows); the others row by row with
     apply_processors, apply_penalties and sample_row's rules and their own generator. `logits` is
     modified. With `errors`, a row whose own sampling raises (a logits processor) is recorded there as
     {row: exception}, its token left meaningless, and the other rows are sampled as usual."""
@@ -107,9 +111,7 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     if any(pl and not p.greedy for pl, p in zip(plain, params)):
         temps = torch.tensor([p.temperature if pl and not p.greedy else 1.0 for p, pl in zip(params, plain)],
                              dtype=logits.dtype, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
-        probs = (logits / temps[:, None]).softmax(-1)
-        noise = torch.empty_like(probs).exponential_(generator=default_generator)
-        drawn = argmax_rows(probs / noise)
+        drawn = _draw_rows(logits, temps, default_generator)
         sampled = torch.tensor([pl and not p.greedy for p, pl in zip(params, plain)],
                                pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
         tokens = torch.where(sampled, drawn, tokens)
@@ -125,6 +127,18 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
                 raise
             errors[i] = e
     return tokens
+
+
+def _draw_rows(logits: torch.Tensor, temps: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A token a row from softmax(logits / temps) [B, V]: on a GPU one read of the logits (draw.py, its noise seeded
+    from `generator` on the device); elsewhere the exponential trick in torch."""
+    if logits.is_cuda:
+        seed = torch.randint(0, SEED_BOUND - logits.shape[0], (1,), device=logits.device, generator=generator,
+                             dtype=torch.int32)
+        return draw.temperature_draw(logits, temps, seed)
+    probs = (logits / temps[:, None]).softmax(-1)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return argmax_rows(probs / noise)
 
 
 def top_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, dict[int, tuple[float, int]]]:
