@@ -89,3 +89,34 @@ def test_quantize_rows_against_torch(m, k):
         assert ((got - want).abs() <= step)[~carry].all()
     else:
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("m,k", [(3, 300), (2, 20000)])                # one pass, two passes
+def test_quantize_rows_of_the_swiglu_product(m, k):
+    """quantize_rows(x, glu=True) of x = [gate | up] equals quantizing silu_and_mul(x) (each checked against torch
+    above and in test_activation), bit for bit; and on the GPU (the interpreter's e4m3 rounding is off, see above)
+    its codes times its scales are torch's SwiGLU within e4m3's rounding."""
+    from quanta.kernels import activation
+    x = (torch.randn(m, 2 * k) * torch.rand(m, 1) * 4).to(DEVICE, torch.float16)
+    q, scale = fp8_gemm.quantize_rows(x, glu=True)
+    q2, scale2 = fp8_gemm.quantize_rows(activation.silu_and_mul(x))
+    assert torch.equal(scale, scale2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    if DEVICE == "cuda":
+        assert rel_err(q.float() * scale, activation.reference(x.double())) < 4e-2
+
+
+@pytest.mark.gpu
+def test_gpu_swiglu_hands_fp8_rows_to_the_down_projection():
+    """The MLP's two W8A8 GEMMs at 64 rows: gate/up's apply_glu(fp8_rows=True) into down's apply gives the output
+    of the unfused chain (GEMM, silu_and_mul, down's own quantization) exactly."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("W8A8 needs sm89+")
+    from quanta.kernels import activation
+    gate_up = fp8_gemm.prepare(make_fp8(2 * 1536, 1024, device="cuda"), "cuda", torch.float16)
+    down = fp8_gemm.prepare(make_fp8(1024, 1536, device="cuda", seed=1), "cuda", torch.float16)
+    assert fp8_gemm.takes_fp8_rows(down, 64) and not fp8_gemm.takes_fp8_rows(down, 1)
+    x = torch.randn(2, 32, 1024, device="cuda", dtype=torch.float16)
+    rows = fp8_gemm.apply_glu(x, gate_up, fp8_rows=True)
+    assert isinstance(rows, fp8_gemm.Fp8Rows)
+    want = fp8_gemm.apply(activation.silu_and_mul(fp8_gemm.apply(x, gate_up)), down)
+    assert torch.equal(fp8_gemm.apply(rows, down), want) and want.shape == (2, 32, 1024)

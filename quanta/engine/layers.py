@@ -115,6 +115,13 @@ class QuantLinear(nn.Module):
             return self.kernel.apply(x, self.state, self.bias, lora=epilogue)
         return self.lora.add(x, self.kernel.apply(x, self.state, self.bias), self.lora_step)
 
+    def takes_fp8_rows(self, m: int) -> bool:
+        """Whether m rows of input may come as fp8_gemm.Fp8Rows (quantized by the launch that made them): a W8A8
+        kernel at this M (its takes_fp8_rows), no padding, no adapter this step."""
+        takes = getattr(self.kernel, "takes_fp8_rows", None)
+        return (takes is not None and self.pad == (0, 0) and (self.lora is None or not self.lora_step.active)
+                and takes(self.state, m))
+
     def compute_dtype(self) -> torch.dtype:
         """What the GEMM's arithmetic runs in: the kernel's declared compute_dtype of the layer's dtype, else that."""
         declared = getattr(self.kernel, "compute_dtype", None)
@@ -265,12 +272,15 @@ class MergedQuantLinear(nn.Module):
         self.pending = (out if residual is None else out[0], epilogue)
         return out
 
-    def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_glu(self, x: torch.Tensor, fp8_rows: bool = False):
         """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can (adapter
-        products too, where its epilogue adds them)."""
+        products too, where its epilogue adds them). `fp8_rows`: the reader takes fp8_gemm.Fp8Rows, which this
+        returns where its own GEMM is W8A8 too (the product quantized as it is formed); else a tensor."""
         fused_glu = getattr(self.fused.kernel, "apply_glu", None) if self.fused is not None else None
         if fused_glu is not None:
             if not self._adapted():
+                if fp8_rows and self.fused.takes_fp8_rows(x.reshape(-1, x.shape[-1]).shape[0]):
+                    return fused_glu(x, self.fused.state, self.fused.bias, fp8_rows=True)
                 return fused_glu(x, self.fused.state, self.fused.bias)
             epilogue = self._epilogue(x)
             if epilogue is not None:

@@ -11,10 +11,12 @@ integer operations (fp8_bits.py), never through the hardware FP8 type, which Tri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from quanta.kernels import activation, fp8_gemv
+from quanta.kernels.activation import silu_mul
 from quanta.kernels.affine import plan
 from quanta.kernels.affine.layout import FP8_E4M3, FP8_E5M2, AffineState, R, pack
 from quanta.kernels.dequantized import reference  # noqa: F401  (the oracle)
@@ -30,6 +32,17 @@ E4M3_MAX = 448.0
 
 
 @triton.jit
+def _row_values(x_row, cols, mask, K, GLU: tl.constexpr):
+    """Float32 values of a row's columns `cols`: x's own, or with GLU silu(gate) * up of the row [gate | up] (K
+    each), rounded to x's dtype as activation.silu_and_mul rounds them."""
+    if GLU:
+        g = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_row + K + cols, mask=mask, other=0.0)
+        return silu_mul(g, u.to(tl.float32), u.dtype).to(tl.float32)
+    return tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _quant_rows_kernel(
     # pointers
     x_ptr, q_ptr, scale_ptr,
@@ -38,9 +51,10 @@ def _quant_rows_kernel(
     # strides
     stride_xm, stride_qm,
     # meta
-    BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr, GLU: tl.constexpr,
 ):
-    """q[m, :] = x[m, :] / scale[m] in e4m3, scale[m] = max|x[m, :]| / FP8_MAX; one program per row.
+    """q[m, :] = y[m, :] / scale[m] in e4m3, scale[m] = max|y[m, :]| / FP8_MAX, for y = x, or with GLU
+    y = silu(gate) * up of x = [gate | up] (the SwiGLU output never written); one program per row.
 
     When BLOCK_K covers the row it is read once and kept in registers; longer rows are read twice (the
     second time from L2).
@@ -49,7 +63,7 @@ def _quant_rows_kernel(
     offs = tl.arange(0, BLOCK_K)
     x_row, q_row = x_ptr + row * stride_xm, q_ptr + row * stride_qm
     if BLOCK_K >= K:
-        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        x = _row_values(x_row, offs, offs < K, K, GLU)
         scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
         tl.store(scale_ptr + row, scale)
         q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
@@ -58,13 +72,13 @@ def _quant_rows_kernel(
         # --- pass 1: the row's absolute maximum
         amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            x = _row_values(x_row, k0 + offs, k0 + offs < K, K, GLU)
             amax = tl.maximum(amax, tl.abs(x))
         scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
         tl.store(scale_ptr + row, scale)
         # --- pass 2: scale and round to e4m3
         for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            x = _row_values(x_row, k0 + offs, k0 + offs < K, K, GLU)
             q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
             tl.store(q_row + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
 
@@ -72,16 +86,25 @@ def _quant_rows_kernel(
 ONE_PASS_MAX_K = 16384      # rows up to this long stay in registers (64 fp32 per thread at 8 warps)
 
 
-def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token dynamic e4m3 quantization of x2 [M, K]: (q [M, K] float8_e4m3fn, scales [M, 1] float32)."""
-    m, k = x2.shape
+def quantize_rows(x2: torch.Tensor, glu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token dynamic e4m3 quantization of x2 [M, K]: (q [M, K] float8_e4m3fn, scales [M, 1] float32). With
+    `glu`, of silu(gate) * up for x2 = [gate | up] [M, 2K] (activation.silu_and_mul's values), in one launch."""
+    m, k = x2.shape[0], x2.shape[1] // (2 if glu else 1)
     assert x2.stride(1) == 1
     q = torch.empty(m, k, device=x2.device, dtype=torch.float8_e4m3fn)
     scale = torch.empty(m, 1, device=x2.device, dtype=torch.float32)
     block = triton.next_power_of_2(k) if k <= ONE_PASS_MAX_K else 4096
-    _quant_rows_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK_K=block, FP8_MAX=E4M3_MAX,
+    _quant_rows_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK_K=block, FP8_MAX=E4M3_MAX, GLU=glu,
                              num_warps=max(4, min(8, block // 1024)))
     return q, scale
+
+
+class Fp8Rows(NamedTuple):
+    """Activations already quantized for a W8A8 GEMM (quantize_rows' q and scale), as a SwiGLU hands them to
+    the down projection so that its [M, I] 16-bit output is never written; `lead`: x's leading dimensions."""
+    q: torch.Tensor
+    scale: torch.Tensor
+    lead: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -101,7 +124,11 @@ def w8a8(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None = None) -> t
     FP8 kernels do) is faster at large M; against an fp64 product of the same fp8 operands its relative error
     stays within a few times the bf16 output's rounding (it grows with K), far below the e4m3 activation
     rounding's ~3e-2."""
-    q, scale = quantize_rows(x2)
+    return _scaled_mm(*quantize_rows(x2), st, bias)
+
+
+def _scaled_mm(q: torch.Tensor, scale: torch.Tensor, st: W8A8State, bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLASLt's e4m3 GEMM of rows quantized by quantize_rows with the state's weight (w8a8's rule)."""
     return torch._scaled_mm(q, st.w_t, scale_a=scale, scale_b=st.w_scale, bias=bias, out_dtype=st.dtype,
                             use_fast_accum=True)
 
@@ -152,9 +179,13 @@ def _gemv(x2: torch.Tensor, st: W8A8State, bias: torch.Tensor | None, **epilogue
     return fp8_gemv.matmul(x2, st.w_t.t(), st.w_scale.reshape(-1), bias, **epilogue)
 
 
-def apply(x: torch.Tensor, state, bias: torch.Tensor | None = None, lora: LoRAEpilogue | None = None) -> torch.Tensor:
-    """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above.
-    `lora`: adapter products the GEMV's epilogue adds (where lora_fuses says it runs)."""
+def apply(x: torch.Tensor | Fp8Rows, state, bias: torch.Tensor | None = None,
+          lora: LoRAEpilogue | None = None) -> torch.Tensor:
+    """y = x @ W.T + bias: the affine plan's path for a weight-only state; else the GEMV at one row, W8A8 above,
+    whose input may come quantized already (Fp8Rows, where takes_fp8_rows). `lora`: adapter products the GEMV's
+    epilogue adds (where lora_fuses says it runs)."""
+    if isinstance(x, Fp8Rows):
+        return _scaled_mm(x.q, x.scale, state, bias).reshape(*x.lead, state.n)
     if isinstance(state, AffineState):
         return plan.matmul(x, state, bias, lora=lora)
     x2 = x.reshape(-1, state.k).contiguous()
@@ -173,9 +204,16 @@ def lora_fuses(state, m: int) -> bool:
     return m <= min(fp8_gemv.MAX_ROWS, LORA_MAX_ROWS)
 
 
-def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None,
-              lora: LoRAEpilogue | None = None) -> torch.Tensor:
-    """silu(gate) * up for a weight stacking [gate; up]: made in the GEMV's epilogue at one row."""
+def takes_fp8_rows(state, m: int) -> bool:
+    """Whether m rows of input reach this state's W8A8 GEMM, which then takes them as Fp8Rows."""
+    return isinstance(state, W8A8State) and m > fp8_gemv.MAX_ROWS
+
+
+def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None, lora: LoRAEpilogue | None = None,
+              fp8_rows: bool = False) -> torch.Tensor | Fp8Rows:
+    """silu(gate) * up for a weight stacking [gate; up]: made in the GEMV's epilogue at one row. `fp8_rows`
+    (the next GEMM takes_fp8_rows): where W8A8 runs, the product comes as Fp8Rows, quantized in the launch that
+    forms it."""
     if isinstance(state, AffineState):
         return plan.matmul_glu(x, state, bias, lora)
     x2 = x.reshape(-1, state.k).contiguous()
@@ -183,6 +221,8 @@ def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None,
         y = _gemv(x2, state, bias, glu=True, lora=lora)
     else:
         assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
+        if fp8_rows:
+            return Fp8Rows(*quantize_rows(w8a8(x2, state, bias), glu=True), tuple(x.shape[:-1]))
         y = activation.silu_and_mul(w8a8(x2, state, bias))
     return y.reshape(*x.shape[:-1], state.n // 2)
 

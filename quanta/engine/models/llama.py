@@ -93,7 +93,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = QuantLinear(size, cfg.hidden_size, cut=_split(full, tp, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.forward_glu(x))
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        return self.down_proj(self.gate_up_proj.forward_glu(x, fp8_rows=self.down_proj.takes_fp8_rows(rows)))
 
 
 class LlamaDecoderLayer(nn.Module):
