@@ -104,3 +104,20 @@ def test_argmax_rows_is_torch_argmax_ties_included(vocab):
     assert torch.equal(argmax_rows(x), x.argmax(-1))
     if torch.cuda.is_available():                             # CUDA's reductions pick among ties too
         assert torch.equal(argmax_rows(x.cuda()).cpu(), x.argmax(-1))
+
+
+def test_sample_batch_mixes_greedy_drawn_and_seeded_rows():
+    """A batch of a greedy row, plain drawn rows and a row with its own generator: the greedy row is argmax, the
+    seeded row repeats its generator's draw, and an all-drawn batch follows the softmax."""
+    from quanta.engine.sampler import sample_batch
+    logits = torch.tensor([0.0, 1.0, 2.0, -1.0])
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=1.0)]
+    seeded = lambda: torch.Generator().manual_seed(3)
+    tokens = sample_batch(logits.repeat(3, 1), params, [None, None, seeded()], [([], [])] * 3,
+                          torch.Generator().manual_seed(0))
+    assert tokens[0] == 2 and 0 <= tokens[1] < 4
+    assert tokens[2] == sample_row(logits.clone(), params[2], seeded())
+    rows = 4000
+    drawn = sample_batch(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [None] * rows,
+                         [([], [])] * rows, torch.Generator().manual_seed(1))
+    assert torch.allclose(torch.bincount(drawn, minlength=4).float() / rows, logits.softmax(-1), atol=0.03)

@@ -107,14 +107,17 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     modified. With `errors`, a row whose own sampling raises (a logits processor) is recorded there as
     {row: exception}, its token left meaningless, and the other rows are sampled as usual."""
     plain = [is_plain(p) and g is None for p, g in zip(params, generators)]
-    tokens = argmax_rows(logits)
-    if any(pl and not p.greedy for pl, p in zip(plain, params)):
-        temps = torch.tensor([p.temperature if pl and not p.greedy else 1.0 for p, pl in zip(params, plain)],
+    drawn = [pl and not p.greedy for p, pl in zip(params, plain)]
+    tokens = None if all(drawn) else argmax_rows(logits)         # greedy rows (the others' are overwritten)
+    if any(drawn):
+        temps = torch.tensor([p.temperature if d else 1.0 for p, d in zip(params, drawn)],
                              dtype=logits.dtype, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
-        drawn = _draw_rows(logits, temps, default_generator)
-        sampled = torch.tensor([pl and not p.greedy for p, pl in zip(params, plain)],
-                               pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
-        tokens = torch.where(sampled, drawn, tokens)
+        tokens_drawn = _draw_rows(logits, temps, default_generator)
+        if tokens is None:
+            tokens = tokens_drawn
+        else:
+            mask = torch.tensor(drawn, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
+            tokens = torch.where(mask, tokens_drawn, tokens)
     for i, (p, g) in enumerate(zip(params, generators)):
         if plain[i]:
             continue
