@@ -79,15 +79,19 @@ def test_full_vocabulary_draw_on_gpu():
 
 
 @pytest.mark.gpu
-def test_engine_sampler_draws_through_the_kernel_on_gpu():
+def test_engine_sampler_draws_through_the_kernel_on_gpu(monkeypatch):
     """sample_batch on the GPU draws its plain rows through the kernel: a greedy row stays argmax beside them, the
     sampled rows follow softmax(x / T) by chi-square."""
-    from quanta.engine.sampler import sample_batch
+    from quanta.engine import sampler
     from quanta.engine.sampling_params import SamplingParams
+    monkeypatch.setattr(sampler, "GPU_DRAW_KERNEL", True)
+    drawn = []
+    real = draw.temperature_draw
+    monkeypatch.setattr(draw, "temperature_draw", lambda *args: drawn.append(1) or real(*args))
     logits = torch.tensor([0.0, 1.0, 2.0, -1.0, float("-inf"), 0.5, -2.0, 1.5]).repeat(2000, 1)
     params = [SamplingParams(temperature=0.0)] + [SamplingParams(temperature=0.9)] * 1999
     g = torch.Generator(device="cuda").manual_seed(0)
-    tokens = sample_batch(logits.cuda(), params, [None] * 2000, [([], [])] * 2000, g).cpu()
-    assert tokens[0] == 2
+    tokens = sampler.sample_batch(logits.cuda(), params, [None] * 2000, [([], [])] * 2000, g).cpu()
+    assert drawn and tokens[0] == 2
     probs = torch.softmax(logits[0].double() / 0.9, -1)
     assert chi_square(tokens[1:], probs) < 22.46

@@ -120,3 +120,37 @@ def test_gpu_swiglu_hands_fp8_rows_to_the_down_projection():
     assert isinstance(rows, fp8_gemm.Fp8Rows)
     want = fp8_gemm.apply(activation.silu_and_mul(fp8_gemm.apply(x, gate_up)), down)
     assert torch.equal(fp8_gemm.apply(rows, down), want) and want.shape == (2, 32, 1024)
+
+
+def test_llama_mlp_hands_fp8_rows_from_gate_up_to_down(monkeypatch):
+    """The decoder's MLP with both GEMMs on the W8A8 path (cuBLASLt's `_scaled_mm` also runs on the CPU; the
+    chip's caps and the kernel choice patched to an sm90's): at 5 rows gate/up hands down Fp8Rows, made by one
+    quantize_rows(glu=True), and the output equals the chain with down quantizing silu_and_mul's output itself;
+    at one row both run their GEMVs and no rows are quantized."""
+    from types import SimpleNamespace
+
+    from quanta.engine import layers
+    from quanta.engine.models.llama import LlamaMLP
+    from quanta.kernels.device_caps import PRESETS
+    monkeypatch.setattr(fp8_gemm, "device_caps", lambda device: PRESETS["sm90"])
+    monkeypatch.setattr(layers.registry, "select", lambda *args, **kw: (fp8_gemm, "test: W8A8"))
+    quantized = []
+    real = fp8_gemm.quantize_rows
+    monkeypatch.setattr(fp8_gemm, "quantize_rows", lambda x2, glu=False: quantized.append(glu) or real(x2, glu))
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=64, intermediate_size=96), triton=False)
+    gate, up, down = make_fp8(96, 64, device=DEVICE), make_fp8(96, 64, device=DEVICE, seed=1), \
+        make_fp8(64, 96, device=DEVICE, seed=2)
+    mlp.gate_up_proj.load([gate, up], [None, None], DEVICE, torch.float16, ["gate_proj", "up_proj"])
+    mlp.down_proj.load(down, None, DEVICE, torch.float16, "down_proj")
+    assert isinstance(mlp.down_proj.state, fp8_gemm.W8A8State) and mlp.down_proj.takes_fp8_rows(5)
+    x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
+    y = mlp(x)
+    assert quantized == [False, True]                    # gate/up's input, then the SwiGLU product for down
+    from quanta.kernels import activation
+    want = fp8_gemm.apply(activation.silu_and_mul(fp8_gemm.apply(x, mlp.gate_up_proj.fused.state)),
+                          mlp.down_proj.state)
+    assert torch.equal(y, want)
+    quantized.clear()
+    if DEVICE == "cuda":                                  # the fp8 GEMV (Triton) at one row
+        mlp(x[:1])
+        assert quantized == []

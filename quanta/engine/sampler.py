@@ -11,6 +11,9 @@ from quanta.engine.sampling_params import SamplingParams
 from quanta.kernels import draw
 
 SEED_BOUND = 1 << 31        # the draw kernel's Philox key is the seed plus the row, an int32
+# Plain rows on a GPU drawn by kernels/draw.py (one read of the logits); off, as on the CPU (torch's exponential
+# trick, seven passes). Off until the engine has run it on a GPU: it runs in every GPU engine's start-up.
+GPU_DRAW_KERNEL = False
 
 
 def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
@@ -134,8 +137,8 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
 
 def _draw_rows(logits: torch.Tensor, temps: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """A token a row from softmax(logits / temps) [B, V]: on a GPU one read of the logits (draw.py, its noise seeded
-    from `generator` on the device); elsewhere the exponential trick in torch."""
-    if logits.is_cuda:
+    from `generator` on the device; GPU_DRAW_KERNEL); elsewhere the exponential trick in torch."""
+    if logits.is_cuda and GPU_DRAW_KERNEL:
         seed = torch.randint(0, SEED_BOUND - logits.shape[0], (1,), device=logits.device, generator=generator,
                              dtype=torch.int32)
         return draw.temperature_draw(logits, temps, seed)

@@ -38,8 +38,10 @@ def _row_values(x_row, cols, mask, K, GLU: tl.constexpr):
     if GLU:
         g = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_row + K + cols, mask=mask, other=0.0)
-        return silu_mul(g, u.to(tl.float32), u.dtype).to(tl.float32)
-    return tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = silu_mul(g, u.to(tl.float32), u.dtype).to(tl.float32)
+    else:
+        y = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
 
 
 @triton.jit
