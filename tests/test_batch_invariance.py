@@ -181,7 +181,7 @@ def test_greedy_request_after_preemption_equals_it_alone():
     flags = FLAGS | dict(max_model_len=64, enable_prefix_caching=False)
     with LLM(TINY, **flags) as llm:
         alone = [_result(llm.generate(p, params, use_tqdm=False)[0]) for p in prompts]
-    with LLM(TINY, num_kv_blocks=4, **flags) as llm:
+    with LLM(TINY, num_kv_blocks=4, schedule_conservativeness=0, **flags) as llm:
         assert [_result(o) for o in llm.generate(prompts, params, use_tqdm=False)] == alone
         assert llm.scheduler.num_preemptions > 0
 
@@ -208,6 +208,7 @@ def test_default_model_greedy_equals_alone_chunked_preempted_and_cached(default_
                                                      tokenize=False) for text in CHATS]
         alone = [_result(llm.generate(p, params, use_tqdm=False)[0]) for p in prompts]
     with LLM(str(default_model_path), enable_prefix_caching=True, max_num_batched_tokens=8, num_kv_blocks=6,
+             schedule_conservativeness=0,
              **flags) as llm:
         assert [_result(o) for o in llm.generate(prompts, params, use_tqdm=False)] == alone
         assert llm.scheduler.num_preemptions > 0 and llm.pool.prefix_hits > 0

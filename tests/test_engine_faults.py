@@ -204,7 +204,7 @@ def test_abort_while_a_step_is_in_flight(tiny, alone, async_scheduling):
 def test_many_requests_on_a_pool_of_one_sequence(tiny, alone, async_scheduling):
     """16 requests (one with n=3) on 8 blocks of 16 tokens, just over what one max_model_len (128)
     sequence needs: preemption and recomputation, never a failure, and every output as run alone."""
-    llm = engine(tiny, num_kv_blocks=8, async_scheduling=async_scheduling)
+    llm = engine(tiny, num_kv_blocks=8, async_scheduling=async_scheduling, schedule_conservativeness=0)
     ids = prompts(16)
     params = [GREEDY] * 16
     params[7] = SamplingParams(n=3, max_tokens=10, temperature=0.0, ignore_eos=True)

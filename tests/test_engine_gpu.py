@@ -169,7 +169,8 @@ def test_tiny_hf_model_matches_transformers_on_gpu(tmp_path):
 
 
 def test_preemption_and_prefix_cache_on_gpu():
-    llm = LLM(model="synthetic:tiny:fp16", num_kv_blocks=12, max_model_len=128, max_num_seqs=8)
+    llm = LLM(model="synthetic:tiny:fp16", num_kv_blocks=12, max_model_len=128, max_num_seqs=8,
+              schedule_conservativeness=0)
     ps = prompts((40, 41, 42, 43, 44, 45))
     a = tokens(llm.generate(ps, GREEDY, use_tqdm=False))
     assert llm.scheduler.num_preemptions > 0

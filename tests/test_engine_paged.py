@@ -110,10 +110,43 @@ def test_preemption_under_memory_pressure_keeps_outputs(tiny, alone, async_sched
     # 8 blocks of 16 tokens for six sequences growing to 13..52 tokens (13 blocks): forces recompute; with
     # async scheduling no step is launched ahead that would need a preemption
     llm = engine(tiny, num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False,
-                 async_scheduling=async_scheduling)
+                 async_scheduling=async_scheduling, schedule_conservativeness=0)
     assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == alone
     assert llm.scheduler.num_preemptions > 0
     assert_pool_empty(llm)
+
+
+def test_admission_keeps_room_for_growth_so_nothing_is_preempted(tiny, alone):
+    """The pool of the test above, with admission keeping room for what each running sequence will still write
+    (they run to max_tokens: ignore_eos): fewer run at once, none is preempted, the outputs are as run alone."""
+    llm = engine(tiny, num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False)
+    assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == alone
+    assert llm.scheduler.num_preemptions == 0
+    assert_pool_empty(llm)
+
+
+def test_growth_reserve_counts_certain_tokens_whole_and_others_by_a_decaying_ratio():
+    """A sample only its length can end reserves all its remaining blocks; one EOS can end, GROWTH_INIT of them,
+    falling to GROWTH_MIN as steps pass without a preemption; schedule_conservativeness scales both, 0 none."""
+    from quanta.engine import scheduler as sched_mod
+    from quanta.engine.block_pool import BlockPool
+    from quanta.engine.sequence import Sequence
+
+    def seq(**kw):       # 20 prompt tokens, up to 40 more (max_len 60): blocks of 16 for 20 tokens 2, for 60 4
+        return Sequence("r", 0, list(range(3, 23)), SamplingParams(max_tokens=40, **kw), max_len=60)
+
+    s = sched_mod.Scheduler(BlockPool(100, 16, False), 8, 64)
+    assert s.growth_blocks(seq(ignore_eos=True)) == 2                      # 60 tokens: 4 blocks, 2 held
+    assert s.growth_blocks(seq()) == 1                                     # 20 + ceil(0.7 x 40) = 48: 3 blocks
+    assert s.growth_blocks(seq(ignore_eos=True, stop=["x"])) == 1          # a stop string can end it early
+    for _ in range(round((sched_mod.GROWTH_INIT - sched_mod.GROWTH_MIN) / sched_mod.GROWTH_DECAY) + 1):
+        s.schedule()
+    assert s.growth_ratio == pytest.approx(sched_mod.GROWTH_MIN)
+    assert s.growth_blocks(seq()) == 0                                     # 20 + 4 tokens: still 2 blocks
+    assert sched_mod.Scheduler(BlockPool(100, 16, False), 8, 64, conservativeness=2).growth_blocks(
+        seq(ignore_eos=True)) == 5                                          # 20 + 80 tokens: 7 blocks
+    assert sched_mod.Scheduler(BlockPool(100, 16, False), 8, 64, conservativeness=0).growth_blocks(
+        seq(ignore_eos=True)) == 0
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
@@ -313,3 +346,9 @@ def test_async_scheduling_abort_while_a_step_is_in_flight(tiny, alone):
         done |= {o.request_id: o for o in llm.step() if o.finished}
     assert tokens([done[keep]]) == [alone[0]]
     assert_pool_empty(llm)
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), "1", True])
+def test_schedule_conservativeness_is_checked(tiny, value):
+    with pytest.raises(ConfigError, match="schedule_conservativeness"):
+        EngineConfig(model=tiny, device="cpu", schedule_conservativeness=value)

@@ -65,7 +65,8 @@ def test_staggered_requests_with_prefix_caching_equal_each_alone(alone):
     """The server's engine with prefix caching on, requests joining a running batch at staggered times
     (some while another's shared prompt blocks are still being prefilled in chunks), some aborted midway,
     a pool small enough to preempt: every request that ran to its end equals its run alone."""
-    engine = _engine(enable_prefix_caching=True, num_kv_blocks=24, max_num_batched_tokens=32)
+    engine = _engine(enable_prefix_caching=True, num_kv_blocks=24, max_num_batched_tokens=32,
+                     schedule_conservativeness=0)
     work = _requests()
 
     async def main():

@@ -35,7 +35,7 @@ def test_seeded_n2_equal_with_and_without_preemption():
     flags = dict(device="cpu", dtype="float32", max_model_len=96, quiet=True, enable_prefix_caching=False)
     with LLM(TINY, **flags) as llm:
         alone = [_samples(llm.generate(p, q, use_tqdm=False))[0] for p, q in zip(prompts, params)]
-    with LLM(TINY, num_kv_blocks=8, **flags) as llm:
+    with LLM(TINY, num_kv_blocks=8, schedule_conservativeness=0, **flags) as llm:
         together = _samples(llm.generate(prompts, params, use_tqdm=False))
         assert llm.scheduler.num_preemptions > 0
     assert together == alone
@@ -58,7 +58,8 @@ def test_default_model_seeded_n2_under_a_small_pool(default_model_path):
     params = SamplingParams(n=2, seed=11, temperature=0.9, max_tokens=48, ignore_eos=True)
     with LLM(str(default_model_path), device="cpu", max_model_len=256, quiet=True) as llm:
         want = _samples(llm.generate(prompts, params, use_tqdm=False))
-    with LLM(str(default_model_path), device="cpu", max_model_len=256, num_kv_blocks=16, quiet=True) as llm:
+    with LLM(str(default_model_path), device="cpu", max_model_len=256, num_kv_blocks=16, quiet=True,
+             schedule_conservativeness=0) as llm:
         got = _samples(llm.generate(prompts, params, use_tqdm=False))
         assert llm.scheduler.num_preemptions > 0
     assert got == want

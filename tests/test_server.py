@@ -394,7 +394,7 @@ def test_preemption_under_a_small_kv_pool(default_model_path):
     """A pool too small for every request at once: sequences are preempted and recomputed, every
     request still completes in full, /metrics counts the preemptions and the pool ends all free."""
     with _serving(default_model_path, "--max-model-len", "96", "--block-size", "16",
-                  "--num-kv-blocks", "6") as url:
+                  "--num-kv-blocks", "6", "--schedule-conservativeness", "0") as url:
         body = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
         seeded = {"max_tokens": 40, "temperature": 0.8, "ignore_eos": True, "n": 2}
 

@@ -60,6 +60,9 @@ ENGINE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--num-kv-blocks", "num_kv_blocks", dict(type=int, help="fix the number of KV-cache blocks")),
     ("--max-num-seqs", "max_num_seqs", dict(type=int, help="most sequences in one step")),
     ("--max-num-batched-tokens", "max_num_batched_tokens", dict(type=int, help="token budget of one step")),
+    ("--schedule-conservativeness", "schedule_conservativeness",
+     dict(type=float, help="room kept for running requests' growth when admitting new ones (default 1; 0: admit "
+                           "whatever fits now and preempt later)")),
     ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="ranks (one process and GPU each) "
                                                                            "to split the model over")),
     ("--max-loras", "max_loras", dict(type=int, help="LoRA adapters resident at once (default 1; serve: the "

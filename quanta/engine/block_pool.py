@@ -88,13 +88,13 @@ class BlockPool:
         return hits
 
     # --- verbs --------------------------------------------------------------------------------
-    def can_allocate(self, seq, reserve: bool = True) -> bool:
+    def can_allocate(self, seq, reserve: bool = True, extra: int = 0) -> bool:
         """Room for all of `seq`'s current tokens (counting prefix-cache hits), keeping a small
-        watermark of blocks free for the running sequences' growth when `reserve`."""
+        watermark of blocks and `extra` more free for the running sequences' growth when `reserve`."""
         hits = self._cached_prefix(seq)
         revived = sum(self.blocks[b].ref_count == 0 for b in hits)
         needed = self.blocks_needed(seq.num_tokens) - len(hits) + revived
-        return needed + (self.watermark_blocks if reserve else 0) <= self.num_free
+        return needed + (self.watermark_blocks + extra if reserve else 0) <= self.num_free
 
     def allocate(self, seq, use_cache: bool = True) -> None:
         """Give `seq` blocks for all its tokens; leading cached blocks are shared, and

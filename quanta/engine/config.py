@@ -38,6 +38,8 @@ class EngineConfig(MemoryRequest):
     allow_pickle: bool = False          # load an HF checkpoint's .bin/.pt weights (torch.load(weights_only=True));
                                         # off, they are refused: unpickling can run code
     max_cpu_loras: int | None = None    # adapters kept read on the host (default max_loras; at least that)
+    schedule_conservativeness: float = 1.0   # room admission keeps for the running sequences' growth, scaled
+                                             # (scheduler.py); 0 admits whatever fits now, preempting later
 
     def __post_init__(self):
         if self.kernel == "auto":
@@ -51,6 +53,9 @@ class EngineConfig(MemoryRequest):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        room = self.schedule_conservativeness
+        if isinstance(room, bool) or not isinstance(room, (int, float)) or not 0 <= room < float("inf"):
+            raise ConfigError(f"schedule_conservativeness must be a finite number >= 0, got {room!r}")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = self.max_loras
         if not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras:

@@ -180,7 +180,8 @@ class EngineCore:
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - reserved_before if graphs else 0
         self.pool = BlockPool(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.pool, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.async_scheduling,
-                                   max_loras=cfg.max_loras if cfg.enable_lora else None)
+                                   max_loras=cfg.max_loras if cfg.enable_lora else None,
+                                   conservativeness=cfg.schedule_conservativeness)
         self.requests = Requests(self.scheduler, self.tokenizer, self.eos_ids, mc.vocab_size, self.max_model_len,
                                  self.device)
         self._in_flight: LaunchedStep | None = None    # launched ahead by async scheduling, not collected

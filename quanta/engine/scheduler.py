@@ -4,21 +4,32 @@ Every step is one flat batch under two budgets, `max_num_batched_tokens` and `ma
 sequences go first, oldest first: a decode takes one token; a prompt being prefilled takes the next chunk
 that fits, leaving a token for each running sequence after it and at most half the budget while others
 wait, so a long prefill runs beside decodes and a new request starts in the next step. Waiting sequences
-are then admitted in arrival order while the budgets, the block pool and max_loras (adapters in use) allow.
-A running sequence that needs a block when none is free preempts the newest running one, which goes back
-to the queue's front to be recomputed later.
+are then admitted in arrival order while the budgets, the block pool and max_loras (adapters in use) allow,
+the pool keeping room for the running sequences' expected growth (growth_blocks). A running sequence that
+needs a block when none is free preempts the newest running one, which goes back to the queue's front to be
+recomputed later.
 
 Async scheduling has its whole rule in schedule_ahead: which decode step may launch while the previous
 step's tokens are on their way to the host, so the host's bookkeeping overlaps the device.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from quanta.engine.block_pool import BlockPool
 from quanta.engine.sampler import is_plain
 from quanta.engine.sequence import Sequence
+
+
+# Admission keeps blocks free for what the running sequences will still write (SGLang's new-token ratio), so that
+# a batch does not outgrow the pool: each preemption recomputes a prompt. A sample that only its length limit can
+# end will write all its remaining tokens; any other is expected to write growth_ratio of them (at most GROWTH_CAP):
+# the ratio falls by GROWTH_DECAY a step while nothing is preempted (samples end early, on EOS or a stop) down to
+# GROWTH_MIN, and is back at GROWTH_INIT after a preemption. schedule_conservativeness scales the room kept (0: a
+# sequence is admitted whenever its prompt fits now).
+GROWTH_INIT, GROWTH_MIN, GROWTH_DECAY, GROWTH_CAP = 0.7, 0.1, 0.001, 4096
 
 
 @dataclass(slots=True)
@@ -43,9 +54,11 @@ class Scheduler:
     adapters the running sequences may use at once (None: LoRA off)."""
 
     def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
-                 async_scheduling: bool = False, max_loras: int | None = None):
+                 async_scheduling: bool = False, max_loras: int | None = None, conservativeness: float = 1.0):
         self.pool, self.async_scheduling, self.max_loras = pool, async_scheduling, max_loras
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.conservativeness = conservativeness
+        self.growth_ratio = GROWTH_INIT
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -79,21 +92,36 @@ class Scheduler:
                 budget -= n
                 i += 1
         passed: list[Sequence] = []                 # waiting on an adapter slot, kept in their order
+        growth = sum(map(self.growth_blocks, self.running)) if self.waiting and not preempted else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if not self._adapter_fits(seq):
                 passed.append(self.waiting.popleft())
                 continue
-            if not self.pool.can_allocate(seq, reserve=bool(self.running)):
+            own = self.growth_blocks(seq)
+            if not self.pool.can_allocate(seq, reserve=bool(self.running), extra=growth + own):
                 break
             self.pool.allocate(seq)
             self.running.append(self.waiting.popleft())
+            growth += own
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             batch.append(ScheduledSeq(seq, n))
             budget -= n
         self.waiting.extendleft(reversed(passed))
+        self.growth_ratio = GROWTH_INIT if preempted else max(GROWTH_MIN, self.growth_ratio - GROWTH_DECAY)
         assert budget >= 0 and len(batch) <= self.max_num_seqs
         return batch
+
+    def growth_blocks(self, seq: Sequence) -> int:
+        """The blocks `seq` is expected to need beyond those its tokens fill now (module note on admission),
+        scaled by the conservativeness."""
+        if self.conservativeness <= 0:
+            return 0
+        tokens = seq.tokens_to_come()
+        if not seq.runs_to_length:
+            tokens = min(tokens, GROWTH_CAP) * self.growth_ratio
+        tokens = math.ceil(tokens * self.conservativeness)
+        return self.pool.blocks_needed(seq.num_tokens + tokens) - self.pool.blocks_needed(seq.num_tokens)
 
     def _adapter_fits(self, seq: Sequence) -> bool:
         """Whether `seq` may join the running ones without their adapters exceeding max_loras."""

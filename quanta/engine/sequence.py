@@ -52,6 +52,16 @@ class Sequence:
         """Whether a stop rule, a length limit or an abort has ended the sample."""
         return self.finish_reason is not None
 
+    @property
+    def runs_to_length(self) -> bool:
+        """Whether only its length limit can end the sample (ignore_eos, no stop tokens or strings)."""
+        p = self.params
+        return p.ignore_eos and not p.stop_token_ids and not p.stop
+
+    def tokens_to_come(self) -> int:
+        """Tokens the sample may still add before max_tokens / max_len (0 without max_len)."""
+        return 0 if self.max_len is None else max(0, self.max_len - self.num_tokens)
+
     def ends_by_length(self, pending: int = 0) -> bool:
         """Whether the sample is finished by max_tokens / max_len once `pending` more tokens are appended."""
         p = self.params
