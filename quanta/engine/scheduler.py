@@ -4,10 +4,9 @@ Every step is one flat batch under two budgets, `max_num_batched_tokens` and `ma
 sequences go first, oldest first: a decode takes one token; a prompt being prefilled takes the next chunk
 that fits, leaving a token for each running sequence after it and at most half the budget while others
 wait, so a long prefill runs beside decodes and a new request starts in the next step. Waiting sequences
-are then admitted in arrival order while the budgets, the block pool and max_loras (adapters in use) allow,
-the pool keeping room for the running sequences' expected growth (growth_blocks). A running sequence that
-needs a block when none is free preempts the newest running one, which goes back to the queue's front to be
-recomputed later.
+are then admitted in arrival order while the budgets, the block pool (room kept for the running ones' growth:
+growth_blocks) and max_loras allow. A running sequence that needs a block when none is free preempts the
+newest running one, which goes back to the queue's front to be recomputed later.
 
 Async scheduling has its whole rule in schedule_ahead: which decode step may launch while the previous
 step's tokens are on their way to the host, so the host's bookkeeping overlaps the device.
