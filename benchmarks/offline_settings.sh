@@ -20,7 +20,7 @@ from pathlib import Path
 print("| format | max_num_seqs | batched tokens | KV | output tok/s | KV capacity | preemptions | late compiles |")
 print("|---|---|---|---|---|---|---|---|")
 for f in sorted(Path(sys.argv[1]).glob("offline-*-*-*.json")):
-    _, fmt, seqs, tokens = f.stem.rsplit("-", 3)
+    fmt, seqs, tokens = f.stem.removeprefix("offline-").rsplit("-", 2)
     for r in json.loads(f.read_text())["runs"]:
         print(f"| {fmt} | {seqs} | {tokens} | {r['kv_cache_dtype']} | {r['output_tokens_per_s']:,} | "
               f"{r['kv_capacity_tokens']:,} | {r['preemptions']} | {len(r['compiled_during_run'])} |")
