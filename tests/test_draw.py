@@ -32,7 +32,9 @@ def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
-def test_draws_follow_the_tempered_softmax(small_chunks):
+def test_draws_follow_the_tempered_softmax(monkeypatch):
+    monkeypatch.setattr(draw, "CHUNK", 8)                   # a row a program, in one step (the interpreter is slow)
+    monkeypatch.setattr(draw, "BLOCK", 8)
     logits = torch.tensor([0.0, 1.0, 2.0, -1.0, float("-inf"), 0.5, -2.0, 1.5])
     rows = 600
     temps = torch.tensor([1.0] * rows + [0.5] * rows)
@@ -53,10 +55,12 @@ def test_small_temperature_is_argmax_across_chunks(small_chunks):
     assert torch.equal(tokens.cpu(), x.argmax(-1))
 
 
-def test_same_seed_same_tokens_other_seed_others(small_chunks):
-    x = torch.zeros(64, 16, device=DEVICE)                   # uniform rows: every token as likely
+def test_same_seed_same_tokens_other_seed_others(monkeypatch):
+    monkeypatch.setattr(draw, "CHUNK", 16)
+    monkeypatch.setattr(draw, "BLOCK", 16)
+    x = torch.zeros(32, 16, device=DEVICE)                   # uniform rows: every token as likely
     seed = seed_tensor(77)
-    ones = torch.ones(64, device=DEVICE)
+    ones = torch.ones(32, device=DEVICE)
     first = draw.temperature_draw(x, ones, seed).cpu()
     assert torch.equal(first, draw.temperature_draw(x, ones, seed).cpu())
     other = draw.temperature_draw(x, ones, seed + 1).cpu()
