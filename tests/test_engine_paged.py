@@ -348,6 +348,39 @@ def test_async_scheduling_abort_while_a_step_is_in_flight(tiny, alone):
     assert_pool_empty(llm)
 
 
+def test_an_offline_batch_larger_than_the_pool_runs_without_recompute_under_the_reserve():
+    """The scheduler alone (no model), as an offline run meets it: 400 requests of 100 + 40 tokens (ignore_eos, 9
+    blocks each at the end) on 2,000 blocks, 1,024 sequences allowed in a step. Without the reserve the batch
+    outgrows the pool and recomputes preempted prompts; with it nothing is preempted, every token is computed once,
+    and the pool still runs at least 200 sequences at once (of the 222 it holds at their full length)."""
+    from quanta.engine.block_pool import BlockPool
+    from quanta.engine.scheduler import Scheduler
+    from quanta.engine.sequence import Sequence
+
+    def run(conservativeness: float) -> tuple[int, int, int]:
+        s = Scheduler(BlockPool(2000, 16, False), 1024, 16384, conservativeness=conservativeness)
+        for i in range(400):
+            s.add(Sequence(f"r{i}", 0, [3 + i % 7] * 100, SamplingParams(max_tokens=40, ignore_eos=True), max_len=140))
+        computed, widest = 0, 0
+        while s.has_unfinished():
+            batch = s.schedule()
+            s.update(batch)
+            computed += sum(it.num_tokens for it in batch)
+            widest = max(widest, len(s.running))
+            for it in batch:
+                if it.seq.num_computed_tokens == it.seq.num_tokens:        # sampled its next token
+                    it.seq.output_ids.append(5)
+                    if it.seq.ends_by_length():
+                        s.finish(it.seq)
+        assert s.pool.num_free == 2000
+        return s.num_preemptions, computed, widest
+
+    once = 400 * (100 + 40 - 1)                     # every prompt token and every sampled token but the last
+    preempted, computed, _ = run(0)
+    assert preempted > 0 and computed > once
+    assert run(1) == (0, once, pytest.approx(222, abs=22))
+
+
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), "1", True])
 def test_schedule_conservativeness_is_checked(tiny, value):
     with pytest.raises(ConfigError, match="schedule_conservativeness"):
