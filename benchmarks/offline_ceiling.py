@@ -25,16 +25,20 @@ from bench_io import emit  # noqa: E402
 from linears import bench, copies, copy_bandwidth  # noqa: E402
 
 from quanta.kernels import fp8_gemm  # noqa: E402
-from quanta.loaders.synthetic import SHAPES  # noqa: E402
+from quanta.loaders.synthetic import model_config  # noqa: E402
+from quanta.quant.quantize_model import linear_shapes  # noqa: E402
 
 
-def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
-    """(N, K) of one decoder layer's four GEMMs and of the lm_head."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = h // heads
-    return {"qkv": ((heads + 2 * kv) * d, h), "o": (h, heads * d), "gate_up": (2 * i, h), "down": (h, i),
-            "lm_head": (cfg["vocab_size"], h)}
+def gemm_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """(N, K) of the engine's GEMMs of one decoder layer (quantize_model.linear_shapes' q / k / v and gate / up
+    stacked, as the engine runs them) and of the lm_head."""
+    s = linear_shapes(cfg)
+
+    def stacked(*names: str) -> tuple[int, int]:
+        return sum(s[n][0] for n in names), s[names[0]][1]
+    return {"qkv": stacked("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": s["self_attn.o_proj"],
+            "gate_up": stacked("mlp.gate_proj", "mlp.up_proj"), "down": s["mlp.down_proj"],
+            "lm_head": (cfg.vocab_size, cfg.hidden_size)}
 
 
 def gemm_us(n: int, k: int, m: int, fp8: bool = True) -> dict[str, float]:
@@ -67,17 +71,17 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=8192, help="rows of the timed GEMMs (a prefill step's tokens)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    cfg = SHAPES[args.model]
-    shapes = linear_shapes(cfg)
+    cfg = model_config(args.model, "fp16")
+    shapes = gemm_shapes(cfg)
     times = {name: gemm_us(n, k, args.m, fp8=name != "lm_head") for name, (n, k) in shapes.items()}
     tflops = {name: {kind: round(2 * args.m * n * k / us / 1e6, 1) for kind, us in times[name].items()}
               for name, (n, k) in shapes.items()}
     gbs = copy_bandwidth()
-    layers, n_prompts = cfg["num_hidden_layers"], args.num_prompts
+    layers, n_prompts = cfg.num_hidden_layers, args.num_prompts
     tokens = n_prompts * (args.input_len + args.output_len)        # every token passes the decoder layers once
     out_tokens = n_prompts * args.output_len
     mean_context = args.input_len + (args.output_len + 1) / 2      # keys a generated token reads, on average
-    kv_token = 2 * layers * cfg["num_key_value_heads"] * (cfg["hidden_size"] // cfg["num_attention_heads"])
+    kv_token = 2 * layers * cfg.num_key_value_heads * cfg.head_dim
     result = {"benchmark": "offline_ceiling", "model": args.model, "device": torch.cuda.get_device_name(),
               "m": args.m, "num_prompts": n_prompts, "input_len": args.input_len, "output_len": args.output_len,
               "copy_gb_s": round(gbs, 1), "gemm_us": times, "gemm_tflops": tflops, "ceilings": {}}

@@ -13,11 +13,10 @@ from quanta.kernels import draw
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """Chunks of 8 entries in blocks of 4 (the interpreter runs a program at a time)."""
-    monkeypatch.setattr(draw, "CHUNK", 8)
-    monkeypatch.setattr(draw, "BLOCK", 4)
+def use_chunks(monkeypatch, chunk: int, block: int) -> None:
+    """Programs of `chunk` entries in blocks of `block` (the interpreter runs a program at a time)."""
+    monkeypatch.setattr(draw, "CHUNK", chunk)
+    monkeypatch.setattr(draw, "BLOCK", block)
 
 
 def seed_tensor(value: int) -> torch.Tensor:
@@ -33,8 +32,7 @@ def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def test_draws_follow_the_tempered_softmax(monkeypatch):
-    monkeypatch.setattr(draw, "CHUNK", 8)                   # a row a program, in one step (the interpreter is slow)
-    monkeypatch.setattr(draw, "BLOCK", 8)
+    use_chunks(monkeypatch, 8, 8)                            # a row a program, in one step
     logits = torch.tensor([0.0, 1.0, 2.0, -1.0, float("-inf"), 0.5, -2.0, 1.5])
     rows = 600
     temps = torch.tensor([1.0] * rows + [0.5] * rows)
@@ -48,7 +46,8 @@ def test_draws_follow_the_tempered_softmax(monkeypatch):
     assert (tokens[rows:] == 2).float().mean() - (tokens[:rows] == 2).float().mean() > 0.15
 
 
-def test_small_temperature_is_argmax_across_chunks(small_chunks):
+def test_small_temperature_is_argmax_across_chunks(monkeypatch):
+    use_chunks(monkeypatch, 8, 4)
     x = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
     x[1, 7], x[2, 49], x[3, 16] = 9.0, 9.0, 9.0            # a chunk's first, the row's last, a chunk edge
     tokens = draw.temperature_draw(x.to(DEVICE), torch.full((6,), 1e-4, device=DEVICE), seed_tensor(5))
@@ -56,8 +55,7 @@ def test_small_temperature_is_argmax_across_chunks(small_chunks):
 
 
 def test_same_seed_same_tokens_other_seed_others(monkeypatch):
-    monkeypatch.setattr(draw, "CHUNK", 16)
-    monkeypatch.setattr(draw, "BLOCK", 16)
+    use_chunks(monkeypatch, 16, 16)
     x = torch.zeros(32, 16, device=DEVICE)                   # uniform rows: every token as likely
     seed = seed_tensor(77)
     ones = torch.ones(32, device=DEVICE)

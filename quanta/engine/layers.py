@@ -275,11 +275,12 @@ class MergedQuantLinear(nn.Module):
     def forward_glu(self, x: torch.Tensor, fp8_rows: bool = False):
         """silu_and_mul(self(x)) for the parts (gate, up), fused into the GEMM where its kernel can (adapter
         products too, where its epilogue adds them). `fp8_rows`: the reader takes fp8_gemm.Fp8Rows, which this
-        returns where its own GEMM is W8A8 too (the product quantized as it is formed); else a tensor."""
+        returns where its own kernel makes them (one with takes_fp8_rows: it decides by its state and x's rows); else
+        a tensor."""
         fused_glu = getattr(self.fused.kernel, "apply_glu", None) if self.fused is not None else None
         if fused_glu is not None:
             if not self._adapted():
-                if fp8_rows and self.fused.takes_fp8_rows(x.reshape(-1, x.shape[-1]).shape[0]):
+                if fp8_rows and hasattr(self.fused.kernel, "takes_fp8_rows"):
                     return fused_glu(x, self.fused.state, self.fused.bias, fp8_rows=True)
                 return fused_glu(x, self.fused.state, self.fused.bias)
             epilogue = self._epilogue(x)

@@ -223,9 +223,10 @@ def apply_glu(x: torch.Tensor, state, bias: torch.Tensor | None = None, lora: Lo
         y = _gemv(x2, state, bias, glu=True, lora=lora)
     else:
         assert lora is None, "only the GEMV takes a LoRA epilogue (lora_fuses)"
+        h = w8a8(x2, state, bias)
         if fp8_rows:
-            return Fp8Rows(*quantize_rows(w8a8(x2, state, bias), glu=True), tuple(x.shape[:-1]))
-        y = activation.silu_and_mul(w8a8(x2, state, bias))
+            return Fp8Rows(*quantize_rows(h, glu=True), tuple(x.shape[:-1]))
+        y = activation.silu_and_mul(h)
     return y.reshape(*x.shape[:-1], state.n // 2)
 
 

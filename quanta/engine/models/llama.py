@@ -93,7 +93,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = QuantLinear(size, cfg.hidden_size, cut=_split(full, tp, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        rows = x.numel() // x.shape[-1]
         return self.down_proj(self.gate_up_proj.forward_glu(x, fp8_rows=self.down_proj.takes_fp8_rows(rows)))
 
 
